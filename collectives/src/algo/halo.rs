@@ -1,0 +1,419 @@
+//! HALO: hierarchical, locality-optimised all-to-all over any number of levels.
+//!
+//! The levels HALO aggregates at (default: the node) and the top of the tree make
+//! *tiers* `t_0 < t_1 < ... < t_m = system`. Every rank starts holding one packet:
+//! its own row, for the whole system. At tier `j` (from the top down) a rank splits
+//! each packet it holds for its `t_j` domain into the `t_{j-1}` domains inside it:
+//! the part for its own `t_{j-1}` domain stays with it; every other part goes, as
+//! one message, to the *rank-aligned* peer in that domain (same local index, so the
+//! same NIC position: Frontier's GCD i talks to GCD i). At tier 0 (inside the node)
+//! every block goes straight to its destination. With two levels this is the paper's
+//! Phase I (intra-node exchange of own blocks, no dependencies, runs alongside),
+//! Phase II (one aggregated message per remote node to the aligned peer) and
+//! Phase III (redistribution of what arrived, per arriving chunk).
+//!
+//! Packets are laid out in *routing order* (ranks sorted by their domains at the
+//! tiers, outermost first), so every domain is one contiguous byte range of a packet:
+//! forwarding never re-packs, and a rank's own row is sent straight from the send
+//! buffer when its blocks are contiguous there. Messages at tiers >= 1 are cut into
+//! chunks of `chunk_bytes`; forwarding a piece depends only on the chunks covering it,
+//! so redistribution of one chunk overlaps the transfer of the next.
+//!
+//! Per rank, two levels, `R` ranks per node, `H` nodes: `R-1` own intra-node
+//! messages, `H-1` inter-node messages (instead of `N-R`), and about `(H-1)(R-1)`
+//! forwarded blocks; inter-node bytes are those of the flat fan-out.
+//!
+//! Tags: `tier << 44 | chunk << 32 | source rank`, unique per (sender, receiver).
+
+use super::BuildCtx;
+use crate::error::{CollectiveError, Result};
+use crate::schedule::{Buf, Region, Schedule, ScheduleBuilder, StepId};
+use halo_topology::{Level, Rank, Topology};
+use std::rc::Rc;
+
+/// Most chunks one message is cut into (12 bits of the tag).
+const MAX_CHUNKS: usize = 1 << 12;
+
+fn tag(tier: usize, chunk: usize, src: Rank) -> u64 {
+    ((tier as u64) << 44) | ((chunk as u64) << 32) | src as u64
+}
+
+/// The routing order and the intervals of every domain at every tier below the top.
+struct Plan {
+    tiers: Vec<Level>,
+    /// order[i]: the rank at position i.
+    order: Vec<u32>,
+    /// Per tier j < m, per domain: [lo, hi) in `order`.
+    span: Vec<Vec<(u32, u32)>>,
+}
+
+impl Plan {
+    fn new(topo: &Topology, levels: &[Level]) -> Plan {
+        let mut tiers = levels.to_vec();
+        tiers.push(Level::System);
+        let n = topo.size();
+        // LSD radix sort: by rank (given), then by domain at t_0, t_1, ... (stable).
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        let mut next = vec![0u32; n];
+        for &level in &tiers[..tiers.len() - 1] {
+            let d = topo.num_domains(level);
+            let mut start = vec![0usize; d + 1];
+            for &r in &order {
+                start[topo.domain(r as usize, level) + 1] += 1;
+            }
+            for i in 1..=d {
+                start[i] += start[i - 1];
+            }
+            for &r in &order {
+                let k = topo.domain(r as usize, level);
+                next[start[k]] = r;
+                start[k] += 1;
+            }
+            std::mem::swap(&mut order, &mut next);
+        }
+        let span = tiers[..tiers.len() - 1]
+            .iter()
+            .map(|&level| {
+                let mut s = vec![(u32::MAX, 0u32); topo.num_domains(level)];
+                for (i, &r) in order.iter().enumerate() {
+                    let e = &mut s[topo.domain(r as usize, level)];
+                    e.0 = e.0.min(i as u32);
+                    e.1 = i as u32 + 1;
+                }
+                s
+            })
+            .collect();
+        Plan { tiers, order, span }
+    }
+
+    fn m(&self) -> usize {
+        self.tiers.len() - 1
+    }
+
+    /// Interval of `rank`'s domain at tier `j` (the whole order at the top).
+    fn interval(&self, topo: &Topology, rank: Rank, j: usize) -> (usize, usize) {
+        if j == self.m() {
+            return (0, self.order.len());
+        }
+        let (lo, hi) = self.span[j][topo.domain(rank, self.tiers[j])];
+        (lo as usize, hi as usize)
+    }
+
+    /// The `t_{j-1}` domains inside the `t_j` domain spanning `[lo, hi)`, as intervals.
+    fn children<'p>(
+        &'p self,
+        topo: &'p Topology,
+        j: usize,
+        lo: usize,
+        hi: usize,
+    ) -> impl Iterator<Item = (usize, usize)> + 'p {
+        let level = self.tiers[j - 1];
+        let span = &self.span[j - 1];
+        let order = &self.order;
+        let topo_domain = move |i: usize| topo.domain(order[i] as usize, level);
+        let mut at = lo;
+        std::iter::from_fn(move || {
+            if at >= hi {
+                return None;
+            }
+            let (a, b) = span[topo_domain(at)];
+            at = b as usize;
+            Some((a as usize, b as usize))
+        })
+    }
+
+    /// Ranks `g` that send packets for `x`'s `t_{j-1}` domain to `x` at tier `j`:
+    /// those in `x`'s `t_j` domain, outside its `t_{j-1}` domain, whose aligned peer there is `x`.
+    fn senders_to(&self, topo: &Topology, x: Rank, j: usize) -> Vec<Rank> {
+        let level = self.tiers[j - 1];
+        let mine = topo.domain(x, level);
+        let my_size = topo.domain_size(level, mine);
+        let k = topo.local_index(x, level);
+        let (lo, hi) = self.interval(topo, x, j);
+        let mut out = Vec::new();
+        for (a, _) in self.children(topo, j, lo, hi) {
+            let d = topo.domain(self.order[a] as usize, level);
+            if d == mine {
+                continue;
+            }
+            let members = topo.ranks(level, d);
+            let mut p = k;
+            while p < members.len() {
+                out.push(members[p] as usize);
+                p += my_size;
+            }
+        }
+        out
+    }
+
+    /// Sources whose packet for `x`'s `t_j` domain `x` holds.
+    fn sources(&self, topo: &Topology, x: Rank, j: usize, out: &mut Vec<Rank>) {
+        if j == self.m() {
+            out.push(x);
+            return;
+        }
+        self.sources(topo, x, j + 1, out);
+        for g in self.senders_to(topo, x, j + 1) {
+            self.sources(topo, g, j + 1, out);
+        }
+    }
+}
+
+/// Where a held packet's bytes are.
+#[derive(Clone)]
+enum Loc {
+    /// This rank's own row: block q at `layout.send_region(q)`.
+    Own,
+    /// Contiguous in scratch from `start`, received as chunks `(start, end, step)` (absolute offsets).
+    Scratch {
+        start: usize,
+        chunks: Rc<Vec<(usize, usize, StepId)>>,
+    },
+}
+
+#[derive(Clone)]
+struct Packet {
+    src: Rank,
+    lo: usize,
+    hi: usize,
+    at: Loc,
+}
+
+struct Builder<'c, 'a> {
+    ctx: &'c BuildCtx<'a>,
+    plan: Plan,
+    b: ScheduleBuilder,
+    deps: Vec<StepId>,
+}
+
+impl Builder<'_, '_> {
+    fn bytes(&self, src: Rank, pos: usize) -> usize {
+        self.ctx.sizes.bytes(src, self.plan.order[pos] as usize)
+    }
+
+    /// Byte offsets of the blocks at positions lo..hi relative to lo (len hi-lo+1).
+    fn offsets(&self, src: Rank, lo: usize, hi: usize) -> Vec<usize> {
+        let mut off = Vec::with_capacity(hi - lo + 1);
+        let mut acc = 0usize;
+        off.push(0);
+        for i in lo..hi {
+            acc += self.bytes(src, i);
+            off.push(acc);
+        }
+        off
+    }
+
+    /// The region holding positions `a..b` of packet `p` (whose offsets are `off`),
+    /// with the steps it depends on left in `self.deps`. Own rows that are not
+    /// contiguous in the send buffer are packed into scratch first.
+    fn region(&mut self, p: &Packet, off: &[usize], a: usize, b: usize) -> Region {
+        self.deps.clear();
+        let (ra, rb) = (off[a - p.lo], off[b - p.lo]);
+        let len = rb - ra;
+        match &p.at {
+            Loc::Scratch { start, chunks } => {
+                let (s, e) = (start + ra, start + rb);
+                self.deps
+                    .extend(chunks.iter().filter(|c| c.0 < e && c.1 > s).map(|c| c.2));
+                Region::new(Buf::Scratch, s, len)
+            }
+            Loc::Own => {
+                let layout = self.ctx.layout;
+                // Contiguous when every non-empty block starts where the previous one ended.
+                let mut start: Option<usize> = None;
+                let mut end = 0usize;
+                let contiguous = (a..b).all(|i| {
+                    let r = layout.send_region(self.plan.order[i] as usize);
+                    if r.len == 0 {
+                        return true;
+                    }
+                    let ok = start.is_none() || r.offset == end;
+                    start.get_or_insert(r.offset);
+                    end = r.offset + r.len;
+                    ok
+                });
+                if contiguous {
+                    return Region::new(Buf::Send, start.unwrap_or(0), len);
+                }
+                let pack = self.b.scratch(len);
+                let mut at = 0;
+                for i in a..b {
+                    let r = layout.send_region(self.plan.order[i] as usize);
+                    if r.len > 0 {
+                        let c = self.b.copy(r, pack.sub(at, r.len), &[]);
+                        self.deps.push(c);
+                        at += r.len;
+                    }
+                }
+                pack
+            }
+        }
+    }
+
+    fn chunk_plan(&self, len: usize) -> (usize, usize) {
+        let cb = self.ctx.options.chunk_bytes.max(1);
+        let k = len.div_ceil(cb).clamp(1, MAX_CHUNKS);
+        (k, len.div_ceil(k))
+    }
+
+    /// Sends `region` to `peer` at tier `j` in chunks.
+    fn send_chunked(&mut self, peer: Rank, j: usize, src: Rank, region: Region, p: &Packet) {
+        let (k, cs) = self.chunk_plan(region.len);
+        for c in 0..k {
+            let at = c * cs;
+            let len = cs.min(region.len - at);
+            let piece = region.sub(at, len);
+            // Depend only on what covers this piece.
+            let deps: Vec<StepId> = match &p.at {
+                Loc::Scratch { chunks, .. } if region.buf == Buf::Scratch => chunks
+                    .iter()
+                    .filter(|ch| ch.0 < piece.end() && ch.1 > piece.offset)
+                    .map(|ch| ch.2)
+                    .collect(),
+                _ => self.deps.clone(),
+            };
+            self.b.send(peer, tag(j, c, src), piece, &deps);
+        }
+    }
+
+    fn run(mut self) -> Schedule {
+        let topo = self.ctx.topology;
+        let me = self.ctx.rank;
+        let m = self.plan.m();
+        let mut held = vec![Packet {
+            src: me,
+            lo: 0,
+            hi: topo.size(),
+            at: Loc::Own,
+        }];
+        for j in (1..=m).rev() {
+            let child = self.plan.tiers[j - 1];
+            let (mlo, mhi) = self.plan.interval(topo, me, j - 1);
+            let mut next: Vec<Packet> = Vec::new();
+            // Receives first, so a transport can pre-post them.
+            let mut srcs = Vec::new();
+            for g in self.plan.senders_to(topo, me, j) {
+                srcs.clear();
+                self.plan.sources(topo, g, j, &mut srcs);
+                for &src in &srcs {
+                    let off = self.offsets(src, mlo, mhi);
+                    let len = off[off.len() - 1];
+                    if len == 0 {
+                        continue;
+                    }
+                    let base = self.b.scratch(len);
+                    let (k, cs) = self.chunk_plan(len);
+                    let mut chunks = Vec::with_capacity(k);
+                    for c in 0..k {
+                        let at = c * cs;
+                        let l = cs.min(len - at);
+                        let id = self.b.recv(g, tag(j, c, src), base.sub(at, l), &[]);
+                        chunks.push((base.offset + at, base.offset + at + l, id));
+                    }
+                    for (i, pos) in (mlo..mhi).enumerate() {
+                        self.b.note_routed(
+                            src,
+                            self.plan.order[pos] as usize,
+                            base.offset + off[i],
+                        );
+                    }
+                    next.push(Packet {
+                        src,
+                        lo: mlo,
+                        hi: mhi,
+                        at: Loc::Scratch {
+                            start: base.offset,
+                            chunks: Rc::new(chunks),
+                        },
+                    });
+                }
+            }
+            // Split what this rank holds.
+            for p in &held {
+                let off = self.offsets(p.src, p.lo, p.hi);
+                let children: Vec<(usize, usize)> =
+                    self.plan.children(topo, j, p.lo, p.hi).collect();
+                for (a, b) in children {
+                    if a == mlo {
+                        let at = match &p.at {
+                            Loc::Own => Loc::Own,
+                            Loc::Scratch { start, chunks } => Loc::Scratch {
+                                start: start + off[a - p.lo],
+                                chunks: chunks.clone(),
+                            },
+                        };
+                        next.push(Packet {
+                            src: p.src,
+                            lo: a,
+                            hi: b,
+                            at,
+                        });
+                        continue;
+                    }
+                    if off[b - p.lo] == off[a - p.lo] {
+                        continue;
+                    }
+                    let d = topo.domain(self.plan.order[a] as usize, child);
+                    let peer = topo.aligned_peer(me, child, d);
+                    let region = self.region(p, &off, a, b);
+                    self.send_chunked(peer, j, p.src, region, p);
+                }
+            }
+            held = next;
+        }
+        // Tier 0: straight to the destination. Receives first.
+        let (lo, hi) = self.plan.interval(topo, me, 0);
+        let layout = self.ctx.layout;
+        let mut srcs = Vec::new();
+        for pos in lo..hi {
+            let g = self.plan.order[pos] as usize;
+            if g == me {
+                continue;
+            }
+            srcs.clear();
+            self.plan.sources(topo, g, 0, &mut srcs);
+            for &src in &srcs {
+                let r = layout.recv_region(src);
+                if r.len > 0 {
+                    self.b.recv(g, tag(0, 0, src), r, &[]);
+                }
+            }
+        }
+        for p in &held {
+            let off = self.offsets(p.src, p.lo, p.hi);
+            for pos in p.lo..p.hi {
+                if off[pos + 1 - p.lo] == off[pos - p.lo] {
+                    continue;
+                }
+                let q = self.plan.order[pos] as usize;
+                let region = self.region(p, &off, pos, pos + 1);
+                let deps = std::mem::take(&mut self.deps);
+                if q == me {
+                    self.b.copy(region, layout.recv_region(p.src), &deps);
+                } else {
+                    self.b.send(q, tag(0, 0, p.src), region, &deps);
+                }
+                self.deps = deps;
+            }
+        }
+        self.b.finish()
+    }
+}
+
+pub(crate) fn build(ctx: &BuildCtx<'_>) -> Result<Schedule> {
+    let levels = ctx.options.halo_levels(ctx.topology)?;
+    if levels.len() >= 15 {
+        return Err(CollectiveError::InvalidArgument(
+            "too many HALO levels".into(),
+        ));
+    }
+    let plan = Plan::new(ctx.topology, &levels);
+    let n = ctx.size();
+    let builder = Builder {
+        ctx,
+        plan,
+        b: ScheduleBuilder::new(ctx.rank, n, "halo"),
+        deps: Vec::new(),
+    };
+    Ok(builder.run())
+}

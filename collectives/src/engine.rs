@@ -1,0 +1,225 @@
+//! The transport interface and the engine that runs a schedule over it.
+//!
+//! A [`Transport`] moves tagged byte regions between ranks. For one collective the
+//! engine opens a [`Session`] over the caller's buffers (so a transport can register
+//! them once), posts every step whose dependencies are complete, drives progress,
+//! and unlocks dependants as steps complete — until all are done, the timeout
+//! passes, or the operation is aborted.
+
+use crate::error::{CollectiveError, Result};
+use crate::schedule::{Region, Schedule, Step, StepId};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The buffers of one collective call on one rank.
+#[derive(Debug)]
+pub struct Buffers<'a> {
+    /// The caller's send buffer.
+    pub send: &'a [u8],
+    /// The caller's receive buffer.
+    pub recv: &'a mut [u8],
+    /// Scratch, at least [`Schedule::scratch_len`] bytes.
+    pub scratch: &'a mut [u8],
+}
+
+/// A way to move bytes between the ranks of a communicator.
+///
+/// Implementations: the in-process transport in `halo` (ranks as threads), the
+/// libfabric transport, RCCL/NCCL. An algorithm never knows which one it runs on.
+pub trait Transport {
+    /// One collective's use of a set of buffers.
+    type Session<'a>: Session
+    where
+        Self: 'a;
+
+    /// This rank.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn size(&self) -> usize;
+
+    /// Opens a session over `bufs`. `tag_base` is combined with every step's tag
+    /// (it holds the collective's sequence number above [`crate::TAG_BITS`]).
+    fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> Result<Self::Session<'a>>;
+}
+
+/// Non-blocking operations over one collective's buffers.
+///
+/// Every posted operation is identified by a token chosen by the caller (the engine
+/// uses the step id). Dropping a session must cancel what is still outstanding and
+/// must not return while the transport could still touch the buffers.
+pub trait Session {
+    /// Starts sending `region` to `peer` with `tag`.
+    fn post_send(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()>;
+
+    /// Starts receiving exactly `region.len` bytes from `peer` with `tag` into `region`.
+    fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()>;
+
+    /// Copies a region to another, now.
+    fn copy(&mut self, src: Region, dst: Region) -> Result<()>;
+
+    /// Drives progress without blocking and appends the tokens of operations that
+    /// completed since the last call.
+    fn progress(&mut self, completed: &mut Vec<u32>) -> Result<()>;
+
+    /// Whether the operation with `token` has completed (it is then not reported by
+    /// [`Session::progress`] again).
+    fn test(&mut self, token: u32) -> Result<bool>;
+
+    /// Cancels an outstanding operation (no effect if it already completed).
+    fn cancel(&mut self, token: u32) -> Result<()>;
+
+    /// Waits until something may have completed or `max` has passed. The default
+    /// yields the processor; transports with a wait object block on it.
+    fn wait(&mut self, max: Duration) -> Result<()> {
+        let _ = max;
+        std::thread::yield_now();
+        Ok(())
+    }
+}
+
+/// How the engine runs one collective.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecOptions<'a> {
+    /// The whole operation must finish within this time.
+    pub timeout: Duration,
+    /// Set from another thread to make the operation return `Aborted` promptly.
+    pub abort: Option<&'a AtomicBool>,
+    /// Polls without waiting before the engine starts to back off.
+    pub spin: u32,
+}
+
+impl Default for ExecOptions<'_> {
+    fn default() -> Self {
+        ExecOptions {
+            timeout: Duration::from_secs(60),
+            abort: None,
+            spin: 64,
+        }
+    }
+}
+
+/// Runs `schedule` on `session`: posts ready steps, progresses, completes.
+///
+/// Returns an error naming the step and its peer when a step fails, when the
+/// timeout passes (the oldest pending step is named) or when the operation is aborted.
+pub fn execute<S: Session + ?Sized>(
+    schedule: &Schedule,
+    session: &mut S,
+    opts: &ExecOptions<'_>,
+) -> Result<()> {
+    let n = schedule.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let (rstart, rdeps) = schedule.dependants();
+    let mut waiting: Vec<u32> = (0..n)
+        .map(|s| schedule.deps(s as StepId).len() as u32)
+        .collect();
+    let mut ready: Vec<StepId> = (0..n as StepId)
+        .filter(|&s| waiting[s as usize] == 0)
+        .collect();
+    // Post in program order: pop from the back of a reversed list.
+    ready.reverse();
+    let mut done = vec![false; n];
+    let mut remaining = n;
+    let mut completed: Vec<u32> = Vec::with_capacity(64);
+    let start = Instant::now();
+    let mut idle: u32 = 0;
+
+    let fail = |step: StepId, e: CollectiveError| -> CollectiveError {
+        match e {
+            CollectiveError::System(m) => CollectiveError::System(format!(
+                "{} step {step} ({}): {m}",
+                schedule.algorithm(),
+                schedule.steps()[step as usize]
+            )),
+            other => other,
+        }
+    };
+
+    while remaining > 0 {
+        // Post everything that is ready; copies complete at once.
+        while let Some(s) = ready.pop() {
+            let step = schedule.steps()[s as usize];
+            let local_done = match step {
+                Step::Send { peer, tag, region } => {
+                    session
+                        .post_send(peer as usize, tag, region, s)
+                        .map_err(|e| fail(s, e))?;
+                    false
+                }
+                Step::Recv { peer, tag, region } => {
+                    session
+                        .post_recv(peer as usize, tag, region, s)
+                        .map_err(|e| fail(s, e))?;
+                    false
+                }
+                Step::Copy { src, dst } => {
+                    session.copy(src, dst).map_err(|e| fail(s, e))?;
+                    true
+                }
+            };
+            if local_done {
+                completed.push(s);
+            }
+        }
+        if completed.is_empty() {
+            session.progress(&mut completed)?;
+        }
+        if completed.is_empty() {
+            if let Some(flag) = opts.abort
+                && flag.load(Ordering::Relaxed)
+            {
+                return Err(CollectiveError::Aborted(format!(
+                    "{} aborted with {remaining} of {n} steps pending",
+                    schedule.algorithm()
+                )));
+            }
+            let waited = start.elapsed();
+            if waited >= opts.timeout {
+                let oldest = (0..n).find(|&s| !done[s]).expect("a step is pending") as StepId;
+                let step = schedule.steps()[oldest as usize];
+                let peer = match step {
+                    Step::Send { peer, .. } | Step::Recv { peer, .. } => Some(peer as usize),
+                    Step::Copy { .. } => None,
+                };
+                return Err(CollectiveError::Timeout {
+                    algorithm: schedule.algorithm(),
+                    step: oldest,
+                    peer,
+                    what: step.to_string(),
+                    waited,
+                });
+            }
+            idle = idle.saturating_add(1);
+            if idle > opts.spin {
+                // Back off: yield first, then wait with a growing bound (oversubscribed
+                // ranks must leave the processor to the peers they wait for).
+                let max = Duration::from_micros(u64::from((idle - opts.spin).min(1000)));
+                session.wait(max.min(opts.timeout.saturating_sub(waited)))?;
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
+        }
+        idle = 0;
+        for s in completed.drain(..) {
+            let su = s as usize;
+            if done[su] {
+                return Err(CollectiveError::Internal(format!(
+                    "step {s} completed twice"
+                )));
+            }
+            done[su] = true;
+            remaining -= 1;
+            for &d in &rdeps[rstart[su] as usize..rstart[su + 1] as usize] {
+                waiting[d as usize] -= 1;
+                if waiting[d as usize] == 0 {
+                    ready.push(d);
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! Collective algorithms as data.
+//!
+//! An algorithm does not move bytes: it *builds a schedule* — for one rank, a program
+//! of [`Step`]s (`Send`, `Recv`, `Copy` over [`Region`]s of the send, receive and
+//! scratch buffers), each with the steps it depends on. The same schedules are
+//! [`verify`]-ed symbolically for all ranks, simulated against a topology, and
+//! [`execute`]-d by one engine over any [`Transport`].
+//!
+//! ```
+//! use halo_collectives::{build, verify_all_to_all, AlgoOptions, Algorithm, BuildCtx, Layout, UniformSizes};
+//! use halo_topology::Topology;
+//!
+//! let topo = Topology::preset("nodes:2x2").unwrap();
+//! let options = AlgoOptions::default();
+//! let sizes = UniformSizes(8);
+//! let schedules: Vec<_> = (0..topo.size())
+//!     .map(|rank| {
+//!         let ctx = BuildCtx { topology: &topo, rank, layout: Layout::Uniform { block: 8 }, sizes: &sizes, options: &options };
+//!         build(Algorithm::Flat, &ctx).unwrap()
+//!     })
+//!     .collect();
+//! verify_all_to_all(&schedules, &topo, &sizes).unwrap();
+//! ```
+
+mod algo;
+mod engine;
+mod error;
+mod layout;
+mod schedule;
+mod verify;
+
+pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
+pub use engine::{Buffers, ExecOptions, Session, Transport, execute};
+pub use error::{CollectiveError, Result, VerifyError};
+pub use layout::{BlockSizes, KnownSizes, Layout, META_BLOCK, MatrixSizes, UniformSizes};
+pub use schedule::{
+    Buf, Region, RoutedBlock, Schedule, ScheduleBuilder, ScheduleStats, Step, StepId, TAG_BITS,
+};
+pub use verify::{Expectation, VerifyReport, verify, verify_all_to_all};

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian/Ubuntu packages HALO needs to build and test.
+# As root it runs apt-get; otherwise it prints the exact command to run.
+set -euo pipefail
+
+PACKAGES=(
+  pkg-config     # finds hwloc for the hwlocality crate
+  libhwloc-dev   # hwloc 2.x: local topology discovery (halo-topology, feature "hwloc")
+  libudev-dev    # hwloc's static link needs libudev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "HALO needs these packages: ${missing[*]}" >&2
+  echo "Run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null

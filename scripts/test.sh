@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Installs what the tests need, then runs every test of the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+cargo test --workspace --all-targets "$@"
+cargo test --workspace --doc

@@ -1,0 +1,63 @@
+//! Command-line arguments and the commands.
+
+mod topo;
+
+use clap::{Parser, Subcommand};
+use std::io::Write as _;
+
+/// `halo`: tools around the HALO collective communication library.
+#[derive(Debug, Parser)]
+#[command(name = "halo", version, about, long_about = None)]
+#[command(after_help = "Logging: set HALO_DEBUG=info|debug|trace for logs on stderr.")]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show a topology: this machine (discovery), a preset or a file.
+    Topo(topo::TopoArgs),
+}
+
+/// A failed command: what to print after `error: ` and the exit status.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) message: String,
+    pub(crate) code: u8,
+}
+
+impl Failure {
+    /// Bad input from the user (a preset, a file): status 2, as for usage errors.
+    fn input(message: impl std::fmt::Display) -> Self {
+        Failure {
+            message: message.to_string(),
+            code: 2,
+        }
+    }
+
+    /// Anything else that went wrong: status 1.
+    fn other(message: impl std::fmt::Display) -> Self {
+        Failure {
+            message: message.to_string(),
+            code: 1,
+        }
+    }
+}
+
+/// Runs the command.
+pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Topo(args) => topo::run(&args),
+    }
+}
+
+/// Writes to stdout. A closed pipe (`halo topo | head`) is not an error.
+fn emit(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure::other(format!("cannot write to stdout: {e}"))),
+    }
+}

@@ -1,0 +1,474 @@
+//! The communicator: HALO's public Rust API for collectives.
+//!
+//! A [`Communicator`] is one rank's handle on a group of ranks. Collectives are
+//! blocking and out-of-place; element types are any [`bytemuck::Pod`] type. A call
+//! validates its arguments, picks the algorithm (cached per size class, or the one the
+//! caller forced), builds this rank's schedule with [`halo_collectives::build`] and runs
+//! it with [`halo_collectives::execute`] on the communicator's transport.
+//!
+//! Every rank must make the same sequence of collective calls. Each call takes the
+//! next collective sequence number(s) — also when it fails — and puts it above the
+//! schedule's tags, so successive collectives never match each other's messages.
+
+mod v;
+
+use crate::error::{Error, Result};
+use crate::select::Selector;
+use crate::transport::Backend;
+use crate::transport::local::LocalTransport;
+use halo_collectives::{
+    AlgoOptions, Algorithm, BuildCtx, Buffers, CollectiveError, ExecOptions, Layout, Schedule, TAG_BITS, UniformSizes,
+    build,
+};
+use halo_topology::Topology;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The default per-operation timeout: 60 seconds.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Collective sequence numbers wrap at `2^(64 - TAG_BITS)`.
+const SEQ_MASK: u64 = (1 << (64 - TAG_BITS)) - 1;
+
+/// Uniform schedules kept per communicator (algorithm x block size).
+const CACHED_SCHEDULES: usize = 6;
+
+/// Aborts a communicator's operations from any thread.
+///
+/// Once aborted, the operation in progress returns [`Error::Aborted`] promptly, and so
+/// does every later call on that communicator (as after `ncclCommAbort`). Cheap to
+/// clone; `Send` and `Sync`.
+#[derive(Debug, Clone, Default)]
+pub struct AbortHandle(Arc<AtomicBool>);
+
+impl AbortHandle {
+    /// Aborts the communicator.
+    pub fn abort(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether the communicator was aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Which kind of collective a selection is cached for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Uniform,
+    /// All-to-all-v data pass after a metadata pass with this algorithm.
+    V(Algorithm),
+}
+
+/// Everything except the pooled buffers, so that a call can borrow both at once.
+#[derive(Debug)]
+struct Core {
+    rank: usize,
+    size: usize,
+    topology: Arc<Topology>,
+    backend: Backend,
+    seq: u64,
+    forced: Option<Algorithm>,
+    options: AlgoOptions,
+    timeout: Duration,
+    abort: AbortHandle,
+    selector: Selector,
+    chosen: HashMap<(Kind, u32), Algorithm>,
+    /// Uniform schedules, most recently used first.
+    cache: Vec<(Algorithm, usize, Schedule)>,
+    last: Option<Algorithm>,
+}
+
+/// Buffers reused from call to call (no allocation per call in steady state).
+#[derive(Debug, Default)]
+struct Pool {
+    scratch: Vec<u8>,
+    meta_send: Vec<u8>,
+    meta_recv: Vec<u8>,
+    meta_scratch: Vec<u8>,
+    status_send: Vec<u8>,
+    status_recv: Vec<u8>,
+    status_scratch: Vec<u8>,
+    send_bytes: Vec<usize>,
+    send_displs: Vec<usize>,
+    recv_bytes: Vec<usize>,
+    recv_displs: Vec<usize>,
+    order: Vec<(usize, usize, usize)>,
+    barrier_send: Vec<u8>,
+    barrier_recv: Vec<u8>,
+}
+
+/// One rank's handle on a group of ranks: all-to-all and all-to-all-v over
+/// [`bytemuck::Pod`] elements, out-of-place.
+///
+/// `Send` but not `Sync`: one communicator is used by one thread at a time (NCCL's
+/// rule); [`Communicator::abort_handle`] is what other threads may hold.
+///
+/// Create communicators with [`crate::local::LocalCluster`] or [`crate::local::run`]
+/// (ranks as threads of one process).
+pub struct Communicator {
+    core: Core,
+    pool: Pool,
+}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.core.rank)
+            .field("size", &self.core.size)
+            .field("topology", &self.core.topology.name())
+            .field("algorithm", &self.core.forced)
+            .field("timeout", &self.core.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Ensures `buf` holds at least `len` bytes and returns the first `len`.
+fn sized(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    &mut buf[..len]
+}
+
+/// Whether two byte ranges share a byte.
+fn overlaps(a: *const u8, a_len: usize, b: *const u8, b_len: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
+}
+
+impl Core {
+    /// The tag base of the next collective pass.
+    fn next_tag_base(&mut self) -> u64 {
+        let t = (self.seq & SEQ_MASK) << TAG_BITS;
+        self.seq = self.seq.wrapping_add(1);
+        t
+    }
+
+    fn check_aborted(&self) -> Result<()> {
+        if self.abort.is_aborted() {
+            return Err(Error::Aborted {
+                message: format!("communicator of rank {} was aborted", self.rank),
+            });
+        }
+        Ok(())
+    }
+
+    fn build_uniform(&self, algorithm: Algorithm, block: usize) -> halo_collectives::Result<Schedule> {
+        let sizes = UniformSizes(block);
+        let ctx = BuildCtx {
+            topology: &self.topology,
+            rank: self.rank,
+            layout: Layout::Uniform { block },
+            sizes: &sizes,
+            options: &self.options,
+        };
+        build(algorithm, &ctx)
+    }
+
+    /// Puts the uniform schedule of `algorithm` for `block` at the front of the cache.
+    fn cached_uniform(&mut self, algorithm: Algorithm, block: usize) -> halo_collectives::Result<()> {
+        if let Some(i) = self.cache.iter().position(|(a, b, _)| *a == algorithm && *b == block) {
+            let entry = self.cache.remove(i);
+            self.cache.insert(0, entry);
+            return Ok(());
+        }
+        let s = self.build_uniform(algorithm, block)?;
+        self.cache.truncate(CACHED_SCHEDULES - 1);
+        self.cache.insert(0, (algorithm, block, s));
+        Ok(())
+    }
+
+    /// Picks and builds the uniform schedule for `block`; it is then `self.cache[0]`.
+    fn prepare_uniform(&mut self, forced: Option<Algorithm>, block: usize) -> Result<Algorithm> {
+        if let Some(a) = forced {
+            self.cached_uniform(a, block)?;
+            return Ok(a);
+        }
+        let key = (Kind::Uniform, class(block));
+        if let Some(&a) = self.chosen.get(&key) {
+            self.cached_uniform(a, block)?;
+            return Ok(a);
+        }
+        for a in self.selector.candidates(&self.topology, block) {
+            match self.cached_uniform(a, block) {
+                Ok(()) => {
+                    tracing::debug!(rank = self.rank, block, algorithm = %a, "selected for all-to-all");
+                    self.chosen.insert(key, a);
+                    return Ok(a);
+                }
+                Err(e) => self.selector.mark_unavailable(a, &e),
+            }
+        }
+        Err(Error::internal("no all-to-all algorithm builds on this topology"))
+    }
+
+    /// Runs a uniform all-to-all of `block` bytes per pair over byte buffers.
+    fn uniform(
+        &mut self,
+        forced: Option<Algorithm>,
+        tag_base: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        block: usize,
+        scratch: &mut Vec<u8>,
+    ) -> Result<Algorithm> {
+        let algorithm = self.prepare_uniform(forced, block)?;
+        let schedule = &self.cache[0].2;
+        let scratch = sized(scratch, schedule.scratch_len());
+        let opts = ExecOptions {
+            timeout: self.timeout,
+            abort: Some(&self.abort.0),
+            ..ExecOptions::default()
+        };
+        self.backend
+            .run(schedule, tag_base, Buffers { send, recv, scratch }, &opts)?;
+        self.last = Some(algorithm);
+        Ok(algorithm)
+    }
+}
+
+/// The size class of a block: 0 for 0 bytes, otherwise 1 + floor(log2 bytes).
+pub(crate) fn class(block: usize) -> u32 {
+    usize::BITS - block.leading_zeros()
+}
+
+impl Communicator {
+    pub(crate) fn from_local(transport: LocalTransport, topology: Arc<Topology>) -> Self {
+        use halo_collectives::Transport as _;
+        let (rank, size) = (transport.rank(), transport.size());
+        Communicator {
+            core: Core {
+                rank,
+                size,
+                topology,
+                backend: Backend::Local(transport),
+                seq: 0,
+                forced: None,
+                options: AlgoOptions::default(),
+                timeout: DEFAULT_TIMEOUT,
+                abort: AbortHandle::default(),
+                selector: Selector::default(),
+                chosen: HashMap::new(),
+                cache: Vec::with_capacity(CACHED_SCHEDULES),
+                last: None,
+            },
+            pool: Pool::default(),
+        }
+    }
+
+    /// This rank, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.core.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.core.size
+    }
+
+    /// The machine model the ranks are placed in.
+    pub fn topology(&self) -> &Topology {
+        &self.core.topology
+    }
+
+    /// Forces an algorithm (`None`: choose automatically by the cost model, the default).
+    /// Every rank must make the same choice.
+    pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) {
+        self.core.forced = algorithm;
+    }
+
+    /// The forced algorithm, if any.
+    pub fn algorithm(&self) -> Option<Algorithm> {
+        self.core.forced
+    }
+
+    /// The algorithm the last collective's data pass ran with.
+    pub fn last_algorithm(&self) -> Option<Algorithm> {
+        self.core.last
+    }
+
+    /// Sets the builders' knobs (chunk size, HALO's levels). Every rank must set the same.
+    pub fn set_algo_options(&mut self, options: AlgoOptions) {
+        self.core.options = options;
+        self.core.cache.clear();
+        self.core.chosen.clear();
+        self.core.selector.reset();
+    }
+
+    /// The builders' knobs.
+    pub fn algo_options(&self) -> &AlgoOptions {
+        &self.core.options
+    }
+
+    /// Sets the time one collective pass may take before it fails with [`Error::Timeout`].
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.core.timeout = timeout;
+    }
+
+    /// The per-operation timeout ([`DEFAULT_TIMEOUT`] unless set).
+    pub fn timeout(&self) -> Duration {
+        self.core.timeout
+    }
+
+    /// A handle that aborts this communicator from any thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.core.abort.clone()
+    }
+
+    /// Aborts this communicator: every later call returns [`Error::Aborted`].
+    pub fn abort(&self) {
+        self.core.abort.abort();
+    }
+
+    /// Whether the communicator was aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.core.abort.is_aborted()
+    }
+
+    /// The in-process transport's link emulation, if this communicator runs on it.
+    pub fn emulation(&self) -> Option<crate::local::Emulation> {
+        match &self.core.backend {
+            Backend::Local(t) => Some(t.emulation()),
+        }
+    }
+
+    /// All-to-all: block `q` of `send` (`send.len() / size()` elements) goes to rank
+    /// `q`, and the block from rank `q` lands at block `q` of `recv`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the lengths differ or are not a multiple of
+    /// `size()`, or the buffers overlap (checked before any communication, on this rank);
+    /// [`Error::InvalidUsage`] when ranks disagree on the block size;
+    /// [`Error::Timeout`], [`Error::Aborted`], [`Error::RemoteError`] as they happen.
+    pub fn all_to_all<E: bytemuck::Pod>(&mut self, send: &[E], recv: &mut [E]) -> Result<()> {
+        let tag_base = self.core.next_tag_base();
+        self.core.check_aborted()?;
+        let n = self.size();
+        if send.len() != recv.len() {
+            return Err(Error::invalid_argument(format!(
+                "all_to_all: send has {} elements but recv has {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        if send.len() % n != 0 {
+            return Err(Error::invalid_argument(format!(
+                "all_to_all: {} elements is not a multiple of the {n} ranks",
+                send.len()
+            )));
+        }
+        let block = send.len() / n * std::mem::size_of::<E>();
+        let send: &[u8] = bytemuck::cast_slice(send);
+        let recv: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        self.uniform_bytes(tag_base, send, recv, block)
+    }
+
+    fn uniform_bytes(&mut self, tag_base: u64, send: &[u8], recv: &mut [u8], block: usize) -> Result<()> {
+        if overlaps(send.as_ptr(), send.len(), recv.as_ptr(), recv.len()) {
+            return Err(Error::invalid_argument(
+                "all_to_all: send and receive buffers overlap (HALO is out-of-place only)",
+            ));
+        }
+        let forced = self.core.forced;
+        self.core
+            .uniform(forced, tag_base, send, recv, block, &mut self.pool.scratch)?;
+        Ok(())
+    }
+
+    /// All-to-all over raw memory, for the C ABI: `count` elements of `elem_size` bytes
+    /// per peer.
+    ///
+    /// The ranges are checked for overlap before any reference to them is made.
+    ///
+    /// # Safety
+    /// `send` must be valid for reads and `recv` for writes of `count * elem_size *
+    /// size()` bytes (either may be null when that is zero), and no other thread may
+    /// write `send` or access `recv` during the call.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_to_all`]; also [`Error::InvalidArgument`] for a null
+    /// pointer with a non-zero length, and when the byte count overflows.
+    pub unsafe fn all_to_all_raw(
+        &mut self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        elem_size: usize,
+    ) -> Result<()> {
+        let tag_base = self.core.next_tag_base();
+        self.core.check_aborted()?;
+        let n = self.size();
+        let block = count
+            .checked_mul(elem_size)
+            .ok_or_else(|| Error::invalid_argument(format!("all_to_all: {count} x {elem_size} bytes overflows")))?;
+        let total = block
+            .checked_mul(n)
+            .filter(|&t| t <= isize::MAX as usize)
+            .ok_or_else(|| Error::invalid_argument(format!("all_to_all: {block} bytes x {n} ranks overflows")))?;
+        if overlaps(send, total, recv, total) {
+            return Err(Error::invalid_argument(
+                "all_to_all: send and receive buffers overlap (HALO is out-of-place only)",
+            ));
+        }
+        // SAFETY: the caller guarantees `send` is valid for reads of `total` bytes and not
+        // written during the call; null or zero length gives an empty slice instead.
+        let send = unsafe { raw_slice(send, total, "send")? };
+        // SAFETY: the caller guarantees `recv` is valid for writes of `total` bytes and
+        // not accessed by anyone else; it does not overlap `send` (checked above).
+        let recv = unsafe { raw_slice_mut(recv, total, "recv")? };
+        self.uniform_bytes(tag_base, send, recv, block)
+    }
+
+    /// Waits until every rank has called `barrier` (a one-byte flat all-to-all).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], [`Error::Aborted`], [`Error::RemoteError`] as they happen.
+    pub fn barrier(&mut self) -> Result<()> {
+        let tag_base = self.core.next_tag_base();
+        self.core.check_aborted()?;
+        let n = self.size();
+        let send = sized(&mut self.pool.barrier_send, n);
+        let recv = sized(&mut self.pool.barrier_recv, n);
+        let last = self.core.last;
+        self.core
+            .uniform(Some(Algorithm::Flat), tag_base, send, recv, 1, &mut self.pool.scratch)?;
+        self.core.last = last;
+        Ok(())
+    }
+}
+
+/// A slice over raw memory; null is allowed only for zero bytes.
+///
+/// # Safety
+/// `ptr` valid for reads of `len` bytes for the returned lifetime, and not written.
+unsafe fn raw_slice<'a>(ptr: *const u8, len: usize, what: &str) -> Result<&'a [u8]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Error::invalid_argument(format!("{what} buffer is NULL with {len} bytes")));
+    }
+    // SAFETY: non-null, `u8` needs no alignment, and the caller guarantees validity.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// A mutable slice over raw memory; null is allowed only for zero bytes.
+///
+/// # Safety
+/// `ptr` valid for writes of `len` bytes for the returned lifetime, and not accessed
+/// by anyone else.
+unsafe fn raw_slice_mut<'a>(ptr: *mut u8, len: usize, what: &str) -> Result<&'a mut [u8]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if ptr.is_null() {
+        return Err(Error::invalid_argument(format!("{what} buffer is NULL with {len} bytes")));
+    }
+    // SAFETY: non-null, `u8` needs no alignment, and the caller guarantees exclusivity.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}

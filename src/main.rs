@@ -1,0 +1,23 @@
+//! The `halo` command-line tool.
+//!
+//! `halo topo` shows the machine model: this machine as discovery sees it, or a
+//! preset or topology file as the collectives will see it. Errors are printed as
+//! `error: <message>` on stderr; bad input exits with status 2. Set `HALO_DEBUG`
+//! (`info`, `debug`, `trace`) for logs on stderr.
+
+mod cli;
+
+use clap::Parser as _;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    halo::logging::init_from_env();
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            ExitCode::from(e.code)
+        }
+    }
+}

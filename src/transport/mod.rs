@@ -1,0 +1,46 @@
+//! Transports: the ways ranks move bytes. One folder entry per backend; the
+//! collectives never know which one they run on.
+//!
+//! - [`local`]: ranks as threads of one process, with optional link emulation.
+
+mod emulation;
+pub mod local;
+
+use halo_collectives::{Buffers, ExecOptions, Schedule, Transport, execute};
+
+/// The transport a communicator runs on.
+#[derive(Debug)]
+pub(crate) enum Backend {
+    /// Ranks as threads of this process.
+    Local(local::LocalTransport),
+}
+
+impl Backend {
+    /// Runs one rank's schedule over `bufs` with `tag_base` above every step's tag.
+    pub(crate) fn run(
+        &mut self,
+        schedule: &Schedule,
+        tag_base: u64,
+        bufs: Buffers<'_>,
+        opts: &ExecOptions<'_>,
+    ) -> halo_collectives::Result<()> {
+        match self {
+            Backend::Local(t) => run_on(t, schedule, tag_base, bufs, opts),
+        }
+    }
+}
+
+fn run_on<T: Transport>(
+    transport: &mut T,
+    schedule: &Schedule,
+    tag_base: u64,
+    bufs: Buffers<'_>,
+    opts: &ExecOptions<'_>,
+) -> halo_collectives::Result<()> {
+    let mut session = transport.begin(tag_base, bufs)?;
+    // The session is dropped before returning, on every path: that cancels what is
+    // still outstanding before the caller's buffers are released.
+    let out = execute(schedule, &mut session, opts);
+    drop(session);
+    out
+}

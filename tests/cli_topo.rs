@@ -1,0 +1,247 @@
+//! `halo topo`, run as a program.
+
+use halo_topology::Topology;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn halo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_halo"))
+        .args(args)
+        .env_remove("HALO_DEBUG")
+        .output()
+        .expect("run halo")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).expect("UTF-8 stdout")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).expect("UTF-8 stderr")
+}
+
+#[track_caller]
+fn ok(args: &[&str]) -> String {
+    let o = halo(args);
+    assert!(
+        o.status.success(),
+        "halo {args:?}: {:?}\n{}",
+        o.status,
+        stderr(&o)
+    );
+    stdout(&o)
+}
+
+/// Runs `halo` expecting exit status 2; returns stderr.
+#[track_caller]
+fn fails_with_2(args: &[&str]) -> String {
+    let o = halo(args);
+    let err = stderr(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "halo {args:?}\nstdout: {}\nstderr: {err}",
+        stdout(&o)
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+fn scratch(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("cli_topo")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn preset_prints_tree_and_summary() {
+    let out = ok(&["topo", "--preset", "frontier:16"]);
+    let t = Topology::preset("frontier:16").unwrap();
+    assert!(
+        out.starts_with("Topology frontier:16 (128 ranks)\n"),
+        "{out}"
+    );
+    assert!(out.contains("\nLevels (outermost first):\n"), "{out}");
+    for line in t.summary().lines() {
+        assert!(
+            out.contains(line),
+            "missing summary line {line:?} in\n{out}"
+        );
+    }
+    assert!(out.contains("taper 1.75:1"), "{out}");
+    // Default: 4 children per domain.
+    assert!(out.contains(&t.render_tree(4)), "{out}");
+}
+
+#[test]
+fn max_children_limits_the_tree() {
+    let out = ok(&["topo", "--preset", "frontier:16", "--max-children", "1"]);
+    assert!(out.contains("... 3 more switches"), "{out}");
+    assert!(
+        out.contains(&Topology::preset("frontier:16").unwrap().render_tree(1)),
+        "{out}"
+    );
+}
+
+#[test]
+fn preset_json_loads_back() {
+    let out = ok(&["topo", "--preset", "frontier:16", "--json"]);
+    let path = scratch("json").join("frontier16.json");
+    std::fs::write(&path, &out).unwrap();
+    assert_eq!(
+        Topology::load(&path).unwrap(),
+        Topology::preset("frontier:16").unwrap()
+    );
+}
+
+#[test]
+fn preset_toml_loads_back() {
+    let out = ok(&["topo", "--preset", "nodes:3x5,ranks=13", "--toml"]);
+    let path = scratch("toml").join("nodes.toml");
+    std::fs::write(&path, &out).unwrap();
+    assert_eq!(
+        Topology::load(&path).unwrap(),
+        Topology::preset("nodes:3x5,ranks=13").unwrap()
+    );
+}
+
+#[test]
+fn file_is_printed_and_converted() {
+    let dir = scratch("file");
+    let path = dir.join("dgx.toml");
+    let t = Topology::preset("dgx-h100:2").unwrap();
+    std::fs::write(&path, t.to_spec().to_toml_string()).unwrap();
+    let out = ok(&["topo", "--file", path.to_str().unwrap()]);
+    assert!(out.starts_with("Topology dgx-h100:2 (16 ranks)\n"), "{out}");
+    for line in t.summary().lines() {
+        assert!(out.contains(line), "missing {line:?} in\n{out}");
+    }
+    let json = ok(&["topo", "--file", path.to_str().unwrap(), "--json"]);
+    let back = dir.join("dgx.json");
+    std::fs::write(&back, json).unwrap();
+    assert_eq!(Topology::load(&back).unwrap(), t);
+}
+
+#[test]
+fn bad_preset_exits_2_with_the_message() {
+    let err = fails_with_2(&["topo", "--preset", "nodes:4"]);
+    assert!(err.starts_with("error: bad preset 'nodes:4': "), "{err}");
+    assert!(err.contains("HxR"), "{err}");
+    let err = fails_with_2(&["topo", "--preset", "warp:9"]);
+    assert!(err.contains("unknown preset 'warp'"), "{err}");
+    let err = fails_with_2(&["topo", "--preset", "nodes:16777216x16777216"]);
+    assert!(err.contains("more than 16,777,216 ranks"), "{err}");
+}
+
+#[test]
+fn malformed_file_exits_2_naming_the_field() {
+    let dir = scratch("malformed");
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        "[links]\ndevice = { bandwidth = 1.0e10, latency = 0.0 }\n\
+         system = { bandwidth = -1.0, latency = 0.0 }\n\n[[ranks]]\nrank = 0\n",
+    )
+    .unwrap();
+    let err = fails_with_2(&["topo", "--file", path.to_str().unwrap()]);
+    assert!(
+        err.starts_with("error: invalid topology: links.system.bandwidth: "),
+        "{err}"
+    );
+
+    let gap = dir.join("gap.toml");
+    std::fs::write(
+        &gap,
+        "[links]\ndevice = { bandwidth = 1.0e10, latency = 0.0 }\n\
+         system = { bandwidth = 1.0e9, latency = 0.0 }\n\n\
+         [[ranks]]\nrank = 0\n\n[[ranks]]\nrank = 1\n\n[[ranks]]\nrank = 3\n",
+    )
+    .unwrap();
+    let err = fails_with_2(&["topo", "--file", gap.to_str().unwrap()]);
+    assert!(
+        err.contains("invalid topology: ranks: rank 2 missing"),
+        "{err}"
+    );
+
+    let syntax = dir.join("syntax.toml");
+    std::fs::write(&syntax, "[links\n").unwrap();
+    let err = fails_with_2(&["topo", "--file", syntax.to_str().unwrap()]);
+    assert!(
+        err.contains("cannot parse topology") && err.contains("syntax.toml"),
+        "{err}"
+    );
+    assert!(err.contains("line 1"), "{err}");
+}
+
+#[test]
+fn missing_file_exits_2() {
+    let path = scratch("missing").join("absent.toml");
+    let err = fails_with_2(&["topo", "--file", path.to_str().unwrap()]);
+    assert!(
+        err.starts_with("error: cannot read topology file "),
+        "{err}"
+    );
+    assert!(err.contains("absent.toml"), "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    fails_with_2(&["topo", "--preset", "flat:2", "--file", "x.toml"]);
+    fails_with_2(&["topo", "--preset", "flat:2", "--json", "--toml"]);
+    fails_with_2(&["topo", "--toml"]);
+    fails_with_2(&["topo", "--preset", "flat:2", "--max-children", "many"]);
+    fails_with_2(&["nonsense"]);
+}
+
+#[test]
+fn discovery_prints_the_machine() {
+    let out = ok(&["topo"]);
+    assert!(out.starts_with("Machine "), "{out}");
+    assert!(
+        out.lines().any(|l| l.trim_start().starts_with("Package")),
+        "{out}"
+    );
+}
+
+#[test]
+fn discovery_json() {
+    let out = ok(&["topo", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert!(v["hostname"].is_string(), "{out}");
+    assert!(v["packages"].is_array(), "{out}");
+}
+
+#[test]
+fn halo_debug_logs_to_stderr() {
+    let run = |value: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_halo"));
+        c.args(["topo", "--preset", "flat:3", "--json"]);
+        match value {
+            Some(v) => c.env("HALO_DEBUG", v),
+            None => c.env_remove("HALO_DEBUG"),
+        };
+        c.output().unwrap()
+    };
+    let quiet = run(None);
+    assert!(quiet.status.success());
+    assert_eq!(stderr(&quiet), "");
+    let loud = run(Some("info"));
+    assert!(loud.status.success());
+    assert!(
+        stderr(&loud).contains("built topology"),
+        "{}",
+        stderr(&loud)
+    );
+    // Logs never mix with the output.
+    assert_eq!(stdout(&loud), stdout(&quiet));
+    let bad = run(Some("verbose"));
+    assert!(bad.status.success());
+    assert!(
+        stderr(&bad).contains("HALO_DEBUG='verbose' is not understood"),
+        "{}",
+        stderr(&bad)
+    );
+}
