@@ -7,6 +7,10 @@ PACKAGES=(
   pkg-config     # finds hwloc for the hwlocality crate
   libhwloc-dev   # hwloc 2.x: local topology discovery (halo-topology, feature "hwloc")
   libudev-dev    # hwloc's static link needs libudev
+  iproute2       # ip, tc: `halo launch --hosts` builds emulated hosts (netns, bridge, veth, tbf)
+  openmpi-bin    # mpirun: `halo launch --mpi` and its tests (MPI baselines on emulated hosts)
+  libopenmpi-dev # mpicc: compiles the MPI program of the launch tests
+  libfabric-dev  # libfabric >= 1.14 headers + lib (halo-fabric-sys); shm and tcp;ofi_rxm providers
 )
 
 missing=()

@@ -137,9 +137,9 @@ impl Error {
     /// The peer the error names, if any.
     pub fn peer(&self) -> Option<usize> {
         match self {
-            Error::InvalidArgument { peer, .. } | Error::InvalidUsage { peer, .. } | Error::Timeout { peer, .. } => {
-                *peer
-            }
+            Error::InvalidArgument { peer, .. }
+            | Error::InvalidUsage { peer, .. }
+            | Error::Timeout { peer, .. } => *peer,
             Error::RemoteError { peer, .. } => Some(*peer),
             _ => None,
         }
@@ -169,8 +169,14 @@ impl Error {
 impl From<CollectiveError> for Error {
     fn from(e: CollectiveError) -> Self {
         match e {
-            CollectiveError::InvalidArgument(message) => Error::InvalidArgument { peer: None, message },
-            CollectiveError::InvalidUsage(message) => Error::InvalidUsage { peer: None, message },
+            CollectiveError::InvalidArgument(message) => Error::InvalidArgument {
+                peer: None,
+                message,
+            },
+            CollectiveError::InvalidUsage(message) => Error::InvalidUsage {
+                peer: None,
+                message,
+            },
             CollectiveError::Timeout {
                 algorithm,
                 step,
@@ -203,7 +209,9 @@ impl From<CollectiveError> for Error {
 impl From<TopologyError> for Error {
     fn from(e: TopologyError) -> Self {
         match e {
-            TopologyError::Io { .. } | TopologyError::Discover(_) => Error::SystemError { message: e.to_string() },
+            TopologyError::Io { .. } | TopologyError::Discover(_) => Error::SystemError {
+                message: e.to_string(),
+            },
             other => Error::InvalidArgument {
                 peer: None,
                 message: other.to_string(),

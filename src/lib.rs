@@ -3,7 +3,53 @@
 //! This crate is the facade over [`halo_topology`] (the machine model) and the
 //! collectives; for now it holds the logging set-up shared by the library and the
 //! `halo` command-line tool.
+//!
+//! # Collectives
+//!
+//! A [`Communicator`] is one rank's handle on a group of ranks: [`Communicator::all_to_all`]
+//! and [`Communicator::all_to_all_v`] over any [`bytemuck::Pod`] element type,
+//! out-of-place, with the algorithm chosen by a cost model over the topology
+//! ([`select`]) or forced by the caller. Errors are one enum, [`Error`], whose variants
+//! map one to one onto the C result codes ([`Error::code`]).
+//!
+//! Without a cluster, [`local::run`] runs `N` ranks as threads of this process over the
+//! in-process transport, optionally with link emulation ([`Emulation`]) so that one
+//! machine shows a cluster's shape; [`mod@bench`] is the OSU-style benchmark on top of it.
+//!
+//! ```
+//! use halo::local::{self, Emulation};
+//! use halo::topology::Topology;
+//!
+//! let topo = Topology::preset("nodes:2x4").unwrap();
+//! let results = local::run(&topo, Emulation::off(), |comm| {
+//!     let n = comm.size();
+//!     let send: Vec<f32> = (0..n * 4).map(|i| (comm.rank() * 1000 + i) as f32).collect();
+//!     let mut recv = vec![0f32; n * 4];
+//!     comm.all_to_all(&send, &mut recv)?;
+//!     Ok(recv)
+//! });
+//! // Rank 3 got elements 12..16 of every rank's send buffer.
+//! assert_eq!(results[3].as_ref().unwrap()[4..8], [1012.0, 1013.0, 1014.0, 1015.0]);
+//! ```
 
 pub use halo_topology as topology;
 
 pub mod logging;
+
+pub mod bench;
+pub mod bootstrap;
+pub mod check;
+mod comm;
+mod error;
+pub mod launch;
+pub mod select;
+mod transport;
+
+pub use bootstrap::UniqueId;
+pub use comm::{AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig};
+pub use error::{Error, Result};
+pub use halo_collectives as collectives;
+pub use halo_collectives::{AlgoOptions, Algorithm};
+pub use transport::fabric::FabricConfig;
+pub use transport::local;
+pub use transport::local::{Emulation, LocalCluster};

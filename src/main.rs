@@ -1,7 +1,9 @@
 //! The `halo` command-line tool.
 //!
 //! `halo topo` shows the machine model: this machine as discovery sees it, or a
-//! preset or topology file as the collectives will see it. Errors are printed as
+//! preset or topology file as the collectives will see it. `halo launch` starts the
+//! ranks of a job, locally or on emulated hosts (network namespaces; see
+//! `halo::launch`), optionally through Open MPI's mpirun. Errors are printed as
 //! `error: <message>` on stderr; bad input exits with status 2. Set `HALO_DEBUG`
 //! (`info`, `debug`, `trace`) for logs on stderr.
 

@@ -40,7 +40,9 @@
 //! costed as such. Ties go to the earlier algorithm of [`Algorithm::ALL`].
 
 use crate::error::Result;
-use halo_collectives::{AlgoOptions, Algorithm, BuildCtx, CollectiveError, Layout, UniformSizes, build};
+use halo_collectives::{
+    AlgoOptions, Algorithm, BuildCtx, CollectiveError, Layout, UniformSizes, build,
+};
 use halo_topology::{Level, LinkClass, Topology};
 use std::collections::HashMap;
 
@@ -79,10 +81,18 @@ impl Shape {
         } else {
             (n, 1)
         };
-        let same_node = |a: usize, b: usize| if has_node { t.domain(a, Level::Node) == t.domain(b, Level::Node) } else { a == b };
+        let same_node = |a: usize, b: usize| {
+            if has_node {
+                t.domain(a, Level::Node) == t.domain(b, Level::Node)
+            } else {
+                a == b
+            }
+        };
         let mut per_level: HashMap<Level, (usize, bool)> = HashMap::new();
         for q in 1..n {
-            let e = per_level.entry(t.meet(0, q)).or_insert((0, same_node(0, q)));
+            let e = per_level
+                .entry(t.meet(0, q))
+                .or_insert((0, same_node(0, q)));
             e.0 += 1;
         }
         let mut on = Vec::new();
@@ -98,14 +108,20 @@ impl Shape {
         }
         let m_off = off.iter().map(|(_, c)| c).sum();
         let alpha_off = off.iter().map(|(l, _)| l.latency).fold(0.0, f64::max);
-        let b_off = off.iter().map(|(l, _)| l.bandwidth).fold(f64::INFINITY, f64::min);
+        let b_off = off
+            .iter()
+            .map(|(l, _)| l.bandwidth)
+            .fold(f64::INFINITY, f64::min);
         let outer = t.link(Level::System).bandwidth;
         let (ports, b_nic) = if has_node {
             let nics: Vec<_> = t.node_nics(0).collect();
             if nics.is_empty() {
                 (1.0, outer)
             } else {
-                (nics.len() as f64, nics.iter().map(|x| x.bandwidth).sum::<f64>() / nics.len() as f64)
+                (
+                    nics.len() as f64,
+                    nics.iter().map(|x| x.bandwidth).sum::<f64>() / nics.len() as f64,
+                )
             }
         } else {
             match t.nic_of(0) {
@@ -143,12 +159,18 @@ impl Shape {
     }
 
     fn phase_one(&self, b: f64) -> f64 {
-        self.on.iter().map(|(l, _)| l.latency + b / l.bandwidth).fold(0.0, f64::max)
+        self.on
+            .iter()
+            .map(|(l, _)| l.latency + b / l.bandwidth)
+            .fold(0.0, f64::max)
     }
 
     fn flat(&self, b: f64) -> f64 {
         let off = if self.m_off > 0 {
-            self.alpha_off + self.nic((self.r * self.m_off) as f64, b).max(b / self.b_off)
+            self.alpha_off
+                + self
+                    .nic((self.r * self.m_off) as f64, b)
+                    .max(b / self.b_off)
         } else {
             0.0
         };
@@ -156,7 +178,11 @@ impl Shape {
     }
 
     fn pairwise(&self, b: f64) -> f64 {
-        let on: f64 = self.on.iter().map(|(l, m)| *m as f64 * (l.latency + b / l.bandwidth)).sum();
+        let on: f64 = self
+            .on
+            .iter()
+            .map(|(l, m)| *m as f64 * (l.latency + b / l.bandwidth))
+            .sum();
         let off: f64 = self
             .off
             .iter()
@@ -169,7 +195,11 @@ impl Shape {
         let mut t = 2.0 * self.n as f64 * b / self.b_dev;
         for &(l, inside, blocks) in &self.bruck {
             let s = blocks as f64 * b;
-            let wire = if inside { s / l.bandwidth } else { self.nic(self.r as f64, s).max(s / l.bandwidth) };
+            let wire = if inside {
+                s / l.bandwidth
+            } else {
+                self.nic(self.r as f64, s).max(s / l.bandwidth)
+            };
             t += l.latency + wire + 2.0 * s / self.b_dev;
         }
         t
@@ -221,7 +251,10 @@ pub fn ranked(topology: &Topology, block: usize) -> Vec<(Algorithm, f64)> {
 }
 
 fn rank_shape(shape: &Shape, block: usize) -> Vec<(Algorithm, f64)> {
-    let mut out: Vec<(Algorithm, f64)> = Algorithm::ALL.iter().map(|&a| (a, shape.estimate(a, block))).collect();
+    let mut out: Vec<(Algorithm, f64)> = Algorithm::ALL
+        .iter()
+        .map(|&a| (a, shape.estimate(a, block)))
+        .collect();
     out.sort_by(|x, y| x.1.total_cmp(&y.1));
     out
 }
@@ -279,7 +312,10 @@ impl Selector {
             let rep = if c == 0 { 0 } else { 1usize << (c - 1) };
             rank_shape(shape, rep).into_iter().map(|(a, _)| a).collect()
         });
-        list.iter().copied().filter(|a| !self.unavailable.contains(a)).collect()
+        list.iter()
+            .copied()
+            .filter(|a| !self.unavailable.contains(a))
+            .collect()
     }
 
     /// Records that `algorithm` does not build (an internal error from its builder).

@@ -27,6 +27,7 @@ mod engine;
 mod error;
 mod layout;
 mod schedule;
+mod simulate;
 mod verify;
 
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
@@ -35,5 +36,9 @@ pub use error::{CollectiveError, Result, VerifyError};
 pub use layout::{BlockSizes, KnownSizes, Layout, META_BLOCK, MatrixSizes, UniformSizes};
 pub use schedule::{
     Buf, Region, RoutedBlock, Schedule, ScheduleBuilder, ScheduleStats, Step, StepId, TAG_BITS,
+};
+pub use simulate::{
+    DEFAULT_NIC_GAP, LevelTraffic, MoeSizes, ResourceClass, ResourceLoad, Sharing, SimOptions,
+    SimReport, Traffic, simulate, simulate_all_to_all,
 };
 pub use verify::{Expectation, VerifyReport, verify, verify_all_to_all};

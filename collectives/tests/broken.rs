@@ -173,10 +173,10 @@ fn cycle_is_a_deadlock() {
     // Both ranks receive before they send (a receive the send depends on): rendezvous deadlock.
     let topo = Topology::preset("flat:2").unwrap();
     let mut s = build_uniform(Algorithm::Flat, &topo, 8, &AlgoOptions::default()).unwrap();
-    for r in 0..2 {
-        let recv = find(&s[r], |st| matches!(st, Step::Recv { .. })) as u32;
-        let send = find(&s[r], |st| matches!(st, Step::Send { .. }));
-        s[r] = s[r].edited(|_, deps| deps[send].push(recv));
+    for sched in s.iter_mut() {
+        let recv = find(sched, |st| matches!(st, Step::Recv { .. })) as u32;
+        let send = find(sched, |st| matches!(st, Step::Send { .. }));
+        *sched = sched.edited(|_, deps| deps[send].push(recv));
     }
     let e = check(&topo, &s);
     assert!(e.message.contains("deadlock"), "{e}");

@@ -1,3 +1,4 @@
+//! Quick end-to-end check of the builders on a few presets.
 mod common;
 use common::*;
 use halo_collectives::*;

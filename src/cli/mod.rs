@@ -1,5 +1,7 @@
 //! Command-line arguments and the commands.
 
+mod check;
+mod launch;
 mod topo;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +20,10 @@ pub(crate) struct Cli {
 enum Command {
     /// Show a topology: this machine (discovery), a preset or a file.
     Topo(topo::TopoArgs),
+    /// Start N ranks of a command, locally or on emulated hosts (like mpirun/torchrun).
+    Launch(launch::LaunchArgs),
+    /// As one rank of a job: verify every algorithm byte-exact (like nccl-tests -c).
+    Check(check::CheckArgs),
 }
 
 /// A failed command: what to print after `error: ` and the exit status.
@@ -49,6 +55,8 @@ impl Failure {
 pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Topo(args) => topo::run(&args),
+        Command::Launch(args) => launch::run(&args),
+        Command::Check(args) => check::run(&args),
     }
 }
 

@@ -10,6 +10,8 @@
 //! next collective sequence number(s) — also when it fails — and puts it above the
 //! schedule's tags, so successive collectives never match each other's messages.
 
+mod init;
+pub use init::InitConfig;
 mod v;
 
 use crate::error::{Error, Result};
@@ -17,8 +19,8 @@ use crate::select::Selector;
 use crate::transport::Backend;
 use crate::transport::local::LocalTransport;
 use halo_collectives::{
-    AlgoOptions, Algorithm, BuildCtx, Buffers, CollectiveError, ExecOptions, Layout, Schedule, TAG_BITS, UniformSizes,
-    build,
+    AlgoOptions, Algorithm, Buffers, BuildCtx, ExecOptions, Layout, Schedule, TAG_BITS,
+    UniformSizes, build,
 };
 use halo_topology::Topology;
 use std::collections::HashMap;
@@ -158,7 +160,11 @@ impl Core {
         Ok(())
     }
 
-    fn build_uniform(&self, algorithm: Algorithm, block: usize) -> halo_collectives::Result<Schedule> {
+    fn build_uniform(
+        &self,
+        algorithm: Algorithm,
+        block: usize,
+    ) -> halo_collectives::Result<Schedule> {
         let sizes = UniformSizes(block);
         let ctx = BuildCtx {
             topology: &self.topology,
@@ -171,8 +177,16 @@ impl Core {
     }
 
     /// Puts the uniform schedule of `algorithm` for `block` at the front of the cache.
-    fn cached_uniform(&mut self, algorithm: Algorithm, block: usize) -> halo_collectives::Result<()> {
-        if let Some(i) = self.cache.iter().position(|(a, b, _)| *a == algorithm && *b == block) {
+    fn cached_uniform(
+        &mut self,
+        algorithm: Algorithm,
+        block: usize,
+    ) -> halo_collectives::Result<()> {
+        if let Some(i) = self
+            .cache
+            .iter()
+            .position(|(a, b, _)| *a == algorithm && *b == block)
+        {
             let entry = self.cache.remove(i);
             self.cache.insert(0, entry);
             return Ok(());
@@ -204,7 +218,9 @@ impl Core {
                 Err(e) => self.selector.mark_unavailable(a, &e),
             }
         }
-        Err(Error::internal("no all-to-all algorithm builds on this topology"))
+        Err(Error::internal(
+            "no all-to-all algorithm builds on this topology",
+        ))
     }
 
     /// Runs a uniform all-to-all of `block` bytes per pair over byte buffers.
@@ -225,8 +241,16 @@ impl Core {
             abort: Some(&self.abort.0),
             ..ExecOptions::default()
         };
-        self.backend
-            .run(schedule, tag_base, Buffers { send, recv, scratch }, &opts)?;
+        self.backend.run(
+            schedule,
+            tag_base,
+            Buffers {
+                send,
+                recv,
+                scratch,
+            },
+            &opts,
+        )?;
         self.last = Some(algorithm);
         Ok(algorithm)
     }
@@ -241,12 +265,21 @@ impl Communicator {
     pub(crate) fn from_local(transport: LocalTransport, topology: Arc<Topology>) -> Self {
         use halo_collectives::Transport as _;
         let (rank, size) = (transport.rank(), transport.size());
+        Self::from_backend(Backend::Local(transport), rank, size, topology)
+    }
+
+    pub(crate) fn from_backend(
+        backend: Backend,
+        rank: usize,
+        size: usize,
+        topology: Arc<Topology>,
+    ) -> Self {
         Communicator {
             core: Core {
                 rank,
                 size,
                 topology,
-                backend: Backend::Local(transport),
+                backend,
                 seq: 0,
                 forced: None,
                 options: AlgoOptions::default(),
@@ -334,6 +367,7 @@ impl Communicator {
     pub fn emulation(&self) -> Option<crate::local::Emulation> {
         match &self.core.backend {
             Backend::Local(t) => Some(t.emulation()),
+            Backend::Fabric(_) => None,
         }
     }
 
@@ -356,7 +390,7 @@ impl Communicator {
                 recv.len()
             )));
         }
-        if send.len() % n != 0 {
+        if send.len().checked_rem(n) != Some(0) {
             return Err(Error::invalid_argument(format!(
                 "all_to_all: {} elements is not a multiple of the {n} ranks",
                 send.len()
@@ -368,7 +402,13 @@ impl Communicator {
         self.uniform_bytes(tag_base, send, recv, block)
     }
 
-    fn uniform_bytes(&mut self, tag_base: u64, send: &[u8], recv: &mut [u8], block: usize) -> Result<()> {
+    fn uniform_bytes(
+        &mut self,
+        tag_base: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        block: usize,
+    ) -> Result<()> {
         if overlaps(send.as_ptr(), send.len(), recv.as_ptr(), recv.len()) {
             return Err(Error::invalid_argument(
                 "all_to_all: send and receive buffers overlap (HALO is out-of-place only)",
@@ -403,13 +443,15 @@ impl Communicator {
         let tag_base = self.core.next_tag_base();
         self.core.check_aborted()?;
         let n = self.size();
-        let block = count
-            .checked_mul(elem_size)
-            .ok_or_else(|| Error::invalid_argument(format!("all_to_all: {count} x {elem_size} bytes overflows")))?;
+        let block = count.checked_mul(elem_size).ok_or_else(|| {
+            Error::invalid_argument(format!("all_to_all: {count} x {elem_size} bytes overflows"))
+        })?;
         let total = block
             .checked_mul(n)
             .filter(|&t| t <= isize::MAX as usize)
-            .ok_or_else(|| Error::invalid_argument(format!("all_to_all: {block} bytes x {n} ranks overflows")))?;
+            .ok_or_else(|| {
+                Error::invalid_argument(format!("all_to_all: {block} bytes x {n} ranks overflows"))
+            })?;
         if overlaps(send, total, recv, total) {
             return Err(Error::invalid_argument(
                 "all_to_all: send and receive buffers overlap (HALO is out-of-place only)",
@@ -435,8 +477,14 @@ impl Communicator {
         let send = sized(&mut self.pool.barrier_send, n);
         let recv = sized(&mut self.pool.barrier_recv, n);
         let last = self.core.last;
-        self.core
-            .uniform(Some(Algorithm::Flat), tag_base, send, recv, 1, &mut self.pool.scratch)?;
+        self.core.uniform(
+            Some(Algorithm::Flat),
+            tag_base,
+            send,
+            recv,
+            1,
+            &mut self.pool.scratch,
+        )?;
         self.core.last = last;
         Ok(())
     }
@@ -451,7 +499,9 @@ unsafe fn raw_slice<'a>(ptr: *const u8, len: usize, what: &str) -> Result<&'a [u
         return Ok(&[]);
     }
     if ptr.is_null() {
-        return Err(Error::invalid_argument(format!("{what} buffer is NULL with {len} bytes")));
+        return Err(Error::invalid_argument(format!(
+            "{what} buffer is NULL with {len} bytes"
+        )));
     }
     // SAFETY: non-null, `u8` needs no alignment, and the caller guarantees validity.
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
@@ -467,7 +517,9 @@ unsafe fn raw_slice_mut<'a>(ptr: *mut u8, len: usize, what: &str) -> Result<&'a 
         return Ok(&mut []);
     }
     if ptr.is_null() {
-        return Err(Error::invalid_argument(format!("{what} buffer is NULL with {len} bytes")));
+        return Err(Error::invalid_argument(format!(
+            "{what} buffer is NULL with {len} bytes"
+        )));
     }
     // SAFETY: non-null, `u8` needs no alignment, and the caller guarantees exclusivity.
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })

@@ -22,7 +22,9 @@
 
 use super::{Communicator, Kind, class, overlaps, raw_slice, raw_slice_mut, sized};
 use crate::error::{Error, Result};
-use halo_collectives::{Algorithm, BuildCtx, Buffers, ExecOptions, KnownSizes, Layout, META_BLOCK, build};
+use halo_collectives::{
+    Algorithm, Buffers, BuildCtx, ExecOptions, KnownSizes, Layout, META_BLOCK, build,
+};
 use std::collections::HashMap;
 
 /// Status codes of the agreement pass.
@@ -207,8 +209,22 @@ impl Communicator {
         }
         let pool = &mut self.pool;
         let sides = [
-            ("send", a.send_counts, a.send_displs, a.send_len, &mut pool.send_bytes, &mut pool.send_displs),
-            ("recv", a.recv_counts, a.recv_displs, a.recv_len, &mut pool.recv_bytes, &mut pool.recv_displs),
+            (
+                "send",
+                a.send_counts,
+                a.send_displs,
+                a.send_len,
+                &mut pool.send_bytes,
+                &mut pool.send_displs,
+            ),
+            (
+                "recv",
+                a.recv_counts,
+                a.recv_displs,
+                a.recv_len,
+                &mut pool.recv_bytes,
+                &mut pool.recv_displs,
+            ),
         ];
         for (what, counts, displs, len, out_bytes, out_displs) in sides {
             out_bytes.clear();
@@ -239,7 +255,9 @@ impl Communicator {
                     _ => {
                         return Err(Error::invalid_argument_peer(
                             q,
-                            format!("all_to_all_v: the {what} block of rank {q} in bytes overflows"),
+                            format!(
+                                "all_to_all_v: the {what} block of rank {q} in bytes overflows"
+                            ),
                         ));
                     }
                 }
@@ -270,7 +288,13 @@ impl Communicator {
         Ok(())
     }
 
-    fn v_bytes(&mut self, send: &[u8], recv: &mut [u8], a: &Args<'_>, pre: Result<()>) -> Result<()> {
+    fn v_bytes(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        a: &Args<'_>,
+        pre: Result<()>,
+    ) -> Result<()> {
         let bases = [
             self.core.next_tag_base(),
             self.core.next_tag_base(),
@@ -290,7 +314,10 @@ impl Communicator {
             let ms = sized(&mut self.pool.meta_send, n * META_BLOCK);
             for q in 0..n {
                 let (s, r) = match local {
-                    Ok(()) => (self.pool.send_bytes[q] as u64, self.pool.recv_bytes[q] as u64),
+                    Ok(()) => (
+                        self.pool.send_bytes[q] as u64,
+                        self.pool.recv_bytes[q] as u64,
+                    ),
                     Err(_) => (u64::MAX, u64::MAX),
                 };
                 ms[q * META_BLOCK..q * META_BLOCK + 8].copy_from_slice(&s.to_le_bytes());
@@ -299,19 +326,31 @@ impl Communicator {
         }
         let ms = &self.pool.meta_send[..n * META_BLOCK];
         let mr = sized(&mut self.pool.meta_recv, n * META_BLOCK);
-        self.core
-            .uniform(Some(meta_alg), bases[0], ms, mr, META_BLOCK, &mut self.pool.meta_scratch)?;
+        self.core.uniform(
+            Some(meta_alg),
+            bases[0],
+            ms,
+            mr,
+            META_BLOCK,
+            &mut self.pool.meta_scratch,
+        )?;
 
         // 2. Check both directions of every pair, then agree.
         let mut mismatch: Option<(usize, String)> = None;
         let mut total: u64 = 0;
         if local.is_ok() {
             for q in 0..n {
-                let (their_send, their_expect) = (read_u64(mr, q * META_BLOCK), read_u64(mr, q * META_BLOCK + 8));
+                let (their_send, their_expect) = (
+                    read_u64(mr, q * META_BLOCK),
+                    read_u64(mr, q * META_BLOCK + 8),
+                );
                 if their_send == u64::MAX && their_expect == u64::MAX {
                     continue; // rank q's own arguments are invalid: the status pass says so
                 }
-                let (my_send, my_expect) = (self.pool.send_bytes[q] as u64, self.pool.recv_bytes[q] as u64);
+                let (my_send, my_expect) = (
+                    self.pool.send_bytes[q] as u64,
+                    self.pool.recv_bytes[q] as u64,
+                );
                 total = total.saturating_add(my_send);
                 if mismatch.is_some() {
                     continue;
@@ -349,11 +388,20 @@ impl Communicator {
         }
         let ss = &self.pool.status_send[..n * STATUS_BLOCK];
         let sr = sized(&mut self.pool.status_recv, n * STATUS_BLOCK);
-        self.core
-            .uniform(Some(meta_alg), bases[1], ss, sr, STATUS_BLOCK, &mut self.pool.status_scratch)?;
+        self.core.uniform(
+            Some(meta_alg),
+            bases[1],
+            ss,
+            sr,
+            STATUS_BLOCK,
+            &mut self.pool.status_scratch,
+        )?;
         local?;
         if let Some((q, message)) = mismatch {
-            return Err(Error::InvalidUsage { peer: Some(q), message });
+            return Err(Error::InvalidUsage {
+                peer: Some(q),
+                message,
+            });
         }
         let mut all: u64 = 0;
         for r in 0..n {
@@ -443,8 +491,16 @@ impl Communicator {
                 abort: Some(&core.abort.0),
                 ..ExecOptions::default()
             };
-            core.backend
-                .run(&schedule, bases[2], Buffers { send, recv, scratch }, &opts)?;
+            core.backend.run(
+                &schedule,
+                bases[2],
+                Buffers {
+                    send,
+                    recv,
+                    scratch,
+                },
+                &opts,
+            )?;
             core.last = Some(alg);
             return Ok(());
         }

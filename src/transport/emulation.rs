@@ -6,44 +6,50 @@
 //! itself still happens (at memory speed) once the message has "arrived", so measured
 //! times are the model's plus the real cost of moving the bytes.
 //!
-//! # The model
-//!
-//! A message of `b` bytes from rank `s` to rank `d` crosses the link class of the level
-//! where they meet (`α` latency, `B` bandwidth; [`Topology::link_between`]). Every
-//! duration below is multiplied by [`Emulation::scale`].
-//!
-//! - **Inside a node** (`s` and `d` share a node domain): point-to-point links that do
-//!   not contend, as on a switched fabric (NVSwitch, Infinity Fabric):
-//!   `arrival = now + α + b / B`.
-//! - **Between nodes**: the message leaves through a port of the sender's node and
-//!   enters through a port of the receiver's node. A port is the rank's NIC
-//!   ([`Topology::nic_of`], shared by the ranks it serves) or, for ranks without one, a
-//!   virtual port per node at the outermost level's bandwidth; on topologies without a
-//!   node level every rank is its own node. A port is full duplex (injection and
-//!   ejection are separate) and serialises the messages that use it in one direction:
-//!   each occupies it for `g + b / B_port`, where `g` is the per-message gap
-//!   ([`Emulation::nic_message_gap`], LogGP's *g*: what a NIC spends per message
-//!   whatever its size). So
-//!   ```text
-//!   t_inj   = max(now, tx_free[src port]);           tx_free = t_inj + g + b / B_src
-//!   t_ej    = max(t_inj + α, rx_free[dst port]);      rx_free = t_ej  + g + b / B_dst
-//!   arrival = max(t_ej + g + b / B_dst,  t_inj + α + b / B)
-//!   ```
-//!   Many small messages that leave a node thus cost `count x g` on its NIC, as they do
-//!   on a cluster, and many large ones share the NIC's bandwidth. Ports are reserved in
-//!   the order messages are posted (FIFO), which is conservative.
-//! - Self messages and local copies are not emulated (they are memory copies).
-//!
-//! Not modelled: taper of outer levels (left to the simulator), contention inside a
-//! node, and the real copy's own cost, which comes on top.
+//! The model is described on [`Emulation`].
 
 use crate::select::NIC_MESSAGE_GAP;
 use halo_topology::{Level, Topology};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Link emulation for the in-process transport (off by default). See the
-/// [module documentation](self) for the model.
+/// Link emulation for the in-process transport (off by default).
+///
+/// # The model
+///
+/// A message of `b` bytes from rank `s` to rank `d` crosses the link class of the level
+/// where they meet (`α` latency, `B` bandwidth; [`Topology::link_between`]). Every
+/// duration below is multiplied by [`Emulation::scale`].
+///
+/// - **Inside a node** (`s` and `d` share a node domain): point-to-point links that do
+///   not contend, as on a switched fabric (NVSwitch, Infinity Fabric):
+///   `arrival = now + α + b / B`.
+/// - **Between nodes**: the message leaves through a port of the sender's node and
+///   enters through a port of the receiver's node. A port is the rank's NIC
+///   ([`Topology::nic_of`], shared by the ranks it serves) or, for ranks without one, a
+///   virtual port per node at the outermost level's bandwidth; on topologies without a
+///   node level every rank is its own node. A port is full duplex (injection and
+///   ejection are separate) and serialises the messages that use it in one direction:
+///   each occupies it for `g + b / B_port`, where `g` is the per-message gap
+///   ([`Emulation::nic_message_gap`], LogGP's *g*: what a NIC spends per message
+///   whatever its size). So
+///   ```text
+///   t_inj   = max(now, tx_free[src port]);           tx_free = t_inj + g + b / B_src
+///   t_ej    = max(t_inj + α, rx_free[dst port]);      rx_free = t_ej  + g + b / B_dst
+///   arrival = max(t_ej + g + b / B_dst,  t_inj + α + b / B)
+///   ```
+///   Many small messages that leave a node thus cost `count x g` on its NIC, as they do
+///   on a cluster, and many large ones share the NIC's bandwidth. Ports are reserved in
+///   the order messages are posted (FIFO), which is conservative.
+/// - Self messages and local copies are not emulated (they are memory copies).
+///
+/// Not modelled: taper of outer levels (left to the simulator), contention inside a
+/// node, and the real copy's own cost, which comes on top.
+///
+/// A receiver waiting for a modelled arrival sleeps until it (sleeps overshoot by the
+/// kernel's timer slack, tens of microseconds) or, when it is less than 100 us away,
+/// yields the processor in a loop; so measured times are never below the model's, and
+/// waiting ranks leave the cores to the others.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Emulation {
     /// Whether messages are delayed to their modelled arrival time.
@@ -89,7 +95,10 @@ impl Emulation {
 
     pub(crate) fn check(&self) -> Result<(), String> {
         if !(self.scale.is_finite() && self.scale >= 0.0) {
-            return Err(format!("emulation scale must be a finite number >= 0, not {}", self.scale));
+            return Err(format!(
+                "emulation scale must be a finite number >= 0, not {}",
+                self.scale
+            ));
         }
         if !(self.nic_message_gap.is_finite() && self.nic_message_gap >= 0.0) {
             return Err(format!(
@@ -145,7 +154,13 @@ impl LinkModel {
         let n = topology.size();
         let has_node = topology.has_level(Level::Node);
         let node_of: Vec<u32> = (0..n)
-            .map(|r| if has_node { topology.domain(r, Level::Node) as u32 } else { r as u32 })
+            .map(|r| {
+                if has_node {
+                    topology.domain(r, Level::Node) as u32
+                } else {
+                    r as u32
+                }
+            })
             .collect();
         let mut ports: Vec<Port> = topology
             .nics()
@@ -157,7 +172,8 @@ impl LinkModel {
             })
             .collect();
         let outer = topology.link(Level::System).bandwidth;
-        let mut virtual_port: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+        let mut virtual_port: std::collections::HashMap<u32, u32> =
+            std::collections::HashMap::new();
         let port_of = (0..n)
             .map(|r| match topology.nic_of(r) {
                 Some(nic) => topology
@@ -186,7 +202,14 @@ impl LinkModel {
 
     /// The modelled arrival time (ns since the epoch) of `bytes` from `src` to `dst`
     /// posted at `now`; reserves the ports it uses.
-    pub(crate) fn arrival(&self, topology: &Topology, src: usize, dst: usize, bytes: usize, now: u64) -> u64 {
+    pub(crate) fn arrival(
+        &self,
+        topology: &Topology,
+        src: usize,
+        dst: usize,
+        bytes: usize,
+        now: u64,
+    ) -> u64 {
         if src == dst {
             return now;
         }
@@ -209,7 +232,13 @@ impl LinkModel {
     }
 
     /// The modelled time of one message on an idle network.
-    pub(crate) fn idle_time(&self, topology: &Topology, src: usize, dst: usize, bytes: usize) -> Duration {
+    pub(crate) fn idle_time(
+        &self,
+        topology: &Topology,
+        src: usize,
+        dst: usize,
+        bytes: usize,
+    ) -> Duration {
         if src == dst {
             return Duration::ZERO;
         }

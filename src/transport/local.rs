@@ -29,7 +29,8 @@
 //! peers waiting on it get [`crate::Error::RemoteError`] instead of waiting for the
 //! timeout.
 
-use super::emulation::{Emulation, LinkModel};
+pub use super::emulation::Emulation;
+use super::emulation::LinkModel;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crossbeam_queue::SegQueue;
@@ -43,6 +44,10 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 type CResult<T> = std::result::Result<T, CollectiveError>;
+
+/// Waits shorter than this yield the processor instead of sleeping.
+const YIELD_BELOW: Duration = Duration::from_micros(YIELD_BELOW_US);
+const YIELD_BELOW_US: u64 = 100;
 
 /// Descriptor states.
 const POSTED: u8 = 0;
@@ -144,7 +149,9 @@ impl LocalCluster {
                 alive: AtomicBool::new(true),
             })
             .collect();
-        let model = emulation.enabled.then(|| LinkModel::new(&topology, &emulation));
+        let model = emulation
+            .enabled
+            .then(|| LinkModel::new(&topology, &emulation));
         Ok(LocalCluster {
             shared: Arc::new(Shared {
                 topology: Arc::new(topology),
@@ -274,7 +281,8 @@ struct SessionPool {
     sends: HashMap<u32, OutSend>,
     arriving: Vec<(u64, (u32, u64))>,
     ready: Vec<u32>,
-    scratch_sends: Vec<(u32, Region)>,
+    live_sends: Vec<(u32, Region)>,
+    gone: Vec<bool>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -418,15 +426,19 @@ impl LocalSession<'_> {
     }
 
     /// A region this rank is about to write: bounds, writability, and no overlap with a
-    /// scratch region a peer may be reading right now.
+    /// receive or scratch region a peer may be reading right now (a send in flight).
     fn locate_write(&self, region: Region) -> CResult<*mut u8> {
         let (ptr, writable) = self.locate(region)?;
         if !writable {
             return Err(CollectiveError::Internal(format!("{region} is read-only")));
         }
-        if region.buf == Buf::Scratch && region.len > 0 {
-            for (token, s) in &self.pool.scratch_sends {
-                if s.len > 0 && s.offset < region.end() && region.offset < s.end() {
+        if region.len > 0 {
+            for (token, s) in &self.pool.live_sends {
+                if s.buf == region.buf
+                    && s.len > 0
+                    && s.offset < region.end()
+                    && region.offset < s.end()
+                {
                     return Err(CollectiveError::Internal(format!(
                         "{region} is written while send {token} of {s} may still be read"
                     )));
@@ -448,7 +460,7 @@ impl LocalSession<'_> {
             let Some(out) = self.pool.sends.remove(&ack.token) else {
                 continue;
             };
-            self.pool.scratch_sends.retain(|(t, _)| *t != ack.token);
+            self.pool.live_sends.retain(|(t, _)| *t != ack.token);
             if let Some(expected) = ack.rejected {
                 return Err(CollectiveError::InvalidUsage(format!(
                     "rank {} sent {} bytes to rank {} (tag {:#x}), which expected {expected} bytes",
@@ -556,10 +568,11 @@ impl LocalSession<'_> {
             // `desc.ptr .. + len` alive and unwritten until we store DONE (its session
             // borrows that buffer and its drop waits for claimed descriptors). `dst` was
             // bounds-checked against this rank's receive or scratch buffer, which only
-            // this thread writes and no peer reads at that place (checked against the
-            // scratch regions being sent). The ranges do not overlap: they lie in
-            // different ranks' buffers (safe Rust cannot alias a `&[u8]` of one rank with
-            // the `&mut [u8]` of another), or, for a message to itself, were checked above.
+            // this thread writes and no peer reads at that place (checked against this
+            // rank's sends in flight). The ranges do not overlap: they lie in different
+            // ranks' buffers (a `&[u8]` of one rank cannot alias the `&mut [u8]` of
+            // another; the raw-pointer entry points make their callers promise the same),
+            // or, for a message to itself, were checked above.
             unsafe { std::ptr::copy_nonoverlapping(desc.ptr, dst, desc.len) };
         }
         finish(DONE, None);
@@ -587,9 +600,14 @@ impl LocalSession<'_> {
     }
 
     /// The first peer this session still waits on that has left, if any.
-    fn gone_peer(&self) -> Option<usize> {
+    /// Checks the peers of pending operations against `snapshot` (who had left when it
+    /// was taken) or, without one, against who has left now.
+    fn gone_peer(&self, snapshot: Option<&[bool]>) -> Option<usize> {
         let mailboxes = &self.ep.shared.mailboxes;
-        let gone = |p: u32| !mailboxes[p as usize].alive.load(Ordering::Acquire);
+        let gone = |p: u32| match snapshot {
+            Some(s) => s[p as usize],
+            None => !mailboxes[p as usize].alive.load(Ordering::Acquire),
+        };
         self.pool
             .sends
             .values()
@@ -607,7 +625,15 @@ impl Session for LocalSession<'_> {
         let (ptr, _) = self.locate(region)?;
         let shared = &self.ep.shared;
         let arrival = match &shared.model {
-            Some(m) => m.arrival(&shared.topology, self.ep.rank, peer, region.len, shared.now_ns()).max(1),
+            Some(m) => m
+                .arrival(
+                    &shared.topology,
+                    self.ep.rank,
+                    peer,
+                    region.len,
+                    shared.now_ns(),
+                )
+                .max(1),
             None => 0,
         };
         let desc = Arc::new(Desc {
@@ -620,8 +646,8 @@ impl Session for LocalSession<'_> {
             token,
             state: AtomicU8::new(POSTED),
         });
-        if region.buf == Buf::Scratch {
-            self.pool.scratch_sends.push((token, region));
+        if region.buf != Buf::Send {
+            self.pool.live_sends.push((token, region));
         }
         self.pool.sends.insert(
             token,
@@ -641,7 +667,12 @@ impl Session for LocalSession<'_> {
         let tag = self.full_tag(tag)?;
         self.locate_write(region)?;
         let key = (peer as u32, tag);
-        if self.pool.posted.insert(key, PostedRecv { region, token }).is_some() {
+        if self
+            .pool
+            .posted
+            .insert(key, PostedRecv { region, token })
+            .is_some()
+        {
             return Err(CollectiveError::Internal(format!(
                 "two receives posted from rank {peer} with tag {tag:#x}"
             )));
@@ -651,12 +682,16 @@ impl Session for LocalSession<'_> {
 
     fn copy(&mut self, src: Region, dst: Region) -> CResult<()> {
         if src.len != dst.len {
-            return Err(CollectiveError::Internal(format!("copy {src} -> {dst}: lengths differ")));
+            return Err(CollectiveError::Internal(format!(
+                "copy {src} -> {dst}: lengths differ"
+            )));
         }
         let (from, _) = self.locate(src)?;
         let to = self.locate_write(dst)?;
         if src.buf == dst.buf && src.len > 0 && src.offset < dst.end() && dst.offset < src.end() {
-            return Err(CollectiveError::Internal(format!("copy {src} -> {dst}: regions overlap")));
+            return Err(CollectiveError::Internal(format!(
+                "copy {src} -> {dst}: regions overlap"
+            )));
         }
         if src.len > 0 {
             // SAFETY: both regions were bounds-checked against the session's buffers,
@@ -682,13 +717,14 @@ impl Session for LocalSession<'_> {
             self.pool.ready.swap_remove(i);
             return Ok(true);
         }
-        let pending = self.pool.sends.contains_key(&token) || self.pool.posted.values().any(|r| r.token == token);
+        let pending = self.pool.sends.contains_key(&token)
+            || self.pool.posted.values().any(|r| r.token == token);
         Ok(!pending)
     }
 
     fn cancel(&mut self, token: u32) -> CResult<()> {
         if let Some(out) = self.pool.sends.remove(&token) {
-            self.pool.scratch_sends.retain(|(t, _)| *t != token);
+            self.pool.live_sends.retain(|(t, _)| *t != token);
             if out
                 .desc
                 .state
@@ -712,17 +748,33 @@ impl Session for LocalSession<'_> {
             let now = self.ep.shared.now_ns();
             wait = wait.min(Duration::from_nanos(next.saturating_sub(now)));
         }
-        // Sleeping has a granularity of tens of microseconds (timer slack): shorter
-        // waits for a modelled arrival only yield the processor.
-        if wait < Duration::from_micros(100) && !self.pool.arriving.is_empty() {
+        // Sleeping costs a system call and a wake-up, and its granularity is tens of
+        // microseconds (timer slack): short waits — the engine's first back-offs, or a
+        // modelled arrival that is near — only yield the processor, which on a machine
+        // with fewer cores than ranks hands it to the peers being waited for.
+        if wait < YIELD_BELOW {
             std::thread::yield_now();
         } else if !wait.is_zero() {
             self.ep.parker.park_timeout(wait);
         }
-        if let Some(peer) = self.gone_peer() {
-            // The peer's last acknowledgements may still sit in the mailbox.
-            self.drain()?;
-            if let Some(peer) = self.gone_peer() {
+        if self.gone_peer(None).is_some() {
+            // A peer that left may have answered everything before it did: note who has
+            // left, take in what is in the mailbox, then look again at those peers only
+            // (one that leaves after the snapshot is looked at next time).
+            let mut gone = std::mem::take(&mut self.pool.gone);
+            gone.clear();
+            gone.extend(
+                self.ep
+                    .shared
+                    .mailboxes
+                    .iter()
+                    .map(|m| !m.alive.load(Ordering::Acquire)),
+            );
+            let drained = self.drain();
+            let peer = self.gone_peer(Some(&gone));
+            self.pool.gone = gone;
+            drained?;
+            if let Some(peer) = peer {
                 return Err(CollectiveError::Remote {
                     peer,
                     message: format!(
@@ -772,7 +824,7 @@ impl Drop for LocalSession<'_> {
         pool.posted.clear();
         pool.arriving.clear();
         pool.ready.clear();
-        pool.scratch_sends.clear();
+        pool.live_sends.clear();
         self.ep.pool = pool;
     }
 }

@@ -2,9 +2,13 @@
 //! collectives never know which one they run on.
 //!
 //! - [`local`]: ranks as threads of one process, with optional link emulation.
+//! - [`fabric`]: ranks as processes over libfabric (`shm` within a host, `tcp;ofi_rxm`
+//!   or `cxi` between hosts).
 
 mod emulation;
+pub(crate) mod fabric;
 pub mod local;
+mod raw;
 
 use halo_collectives::{Buffers, ExecOptions, Schedule, Transport, execute};
 
@@ -13,6 +17,8 @@ use halo_collectives::{Buffers, ExecOptions, Schedule, Transport, execute};
 pub(crate) enum Backend {
     /// Ranks as threads of this process.
     Local(local::LocalTransport),
+    /// Ranks as processes, over libfabric.
+    Fabric(fabric::FabricTransport),
 }
 
 impl Backend {
@@ -26,6 +32,7 @@ impl Backend {
     ) -> halo_collectives::Result<()> {
         match self {
             Backend::Local(t) => run_on(t, schedule, tag_base, bufs, opts),
+            Backend::Fabric(t) => run_on(t, schedule, tag_base, bufs, opts),
         }
     }
 }

@@ -26,6 +26,7 @@
 //! Tags: `tier << 44 | chunk << 32 | source rank`, unique per (sender, receiver).
 
 use super::BuildCtx;
+use super::pack::contiguous;
 use crate::error::{CollectiveError, Result};
 use crate::schedule::{Buf, Region, Schedule, ScheduleBuilder, StepId};
 use halo_topology::{Level, Rank, Topology};
@@ -219,21 +220,10 @@ impl Builder<'_, '_> {
             }
             Loc::Own => {
                 let layout = self.ctx.layout;
-                // Contiguous when every non-empty block starts where the previous one ended.
-                let mut start: Option<usize> = None;
-                let mut end = 0usize;
-                let contiguous = (a..b).all(|i| {
-                    let r = layout.send_region(self.plan.order[i] as usize);
-                    if r.len == 0 {
-                        return true;
-                    }
-                    let ok = start.is_none() || r.offset == end;
-                    start.get_or_insert(r.offset);
-                    end = r.offset + r.len;
-                    ok
-                });
-                if contiguous {
-                    return Region::new(Buf::Send, start.unwrap_or(0), len);
+                let order = &self.plan.order;
+                if let Some(run) = contiguous((a..b).map(|i| layout.send_region(order[i] as usize)))
+                {
+                    return run;
                 }
                 let pack = self.b.scratch(len);
                 let mut at = 0;

@@ -48,7 +48,7 @@
 //! message per (sender, receiver) and phase.
 
 use super::BuildCtx;
-use super::bruck::{CopyRuns, contiguous, gather};
+use super::pack::{CopyRuns, contiguous, gather};
 use crate::error::Result;
 use crate::schedule::{Buf, Region, Schedule, ScheduleBuilder, StepId};
 use halo_topology::{Level, Rank, Topology};
@@ -182,12 +182,14 @@ pub(crate) fn build(ctx: &BuildCtx<'_>) -> Result<Schedule> {
             continue;
         }
         let (k, cs) = chunk_plan(ctx, total);
-        let places = members.iter().zip(&lens).map(|(&s, &len)| {
-            let place = layout.recv_region(s as Rank);
-            (place.len == len).then_some(place)
-        });
-        let direct = places
-            .clone()
+        // In place when every block's place agrees with its size and they follow each other.
+        let direct = members
+            .iter()
+            .zip(&lens)
+            .map(|(&s, &len)| {
+                let place = layout.recv_region(s as Rank);
+                (place.len == len).then_some(place)
+            })
             .collect::<Option<Vec<Region>>>()
             .and_then(contiguous)
             .filter(|r| r.buf == Buf::Recv);

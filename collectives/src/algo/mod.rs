@@ -10,6 +10,7 @@ mod bruck;
 mod flat;
 mod halo;
 mod halo2d;
+mod pack;
 mod pairwise;
 
 use crate::error::{CollectiveError, Result};

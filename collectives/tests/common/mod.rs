@@ -9,7 +9,7 @@ use halo_topology::Topology;
 use std::collections::HashMap;
 
 /// Uniform all-to-all schedules for every rank.
-pub fn build_uniform(
+pub(crate) fn build_uniform(
     algo: Algorithm,
     topo: &Topology,
     block: usize,
@@ -33,7 +33,7 @@ pub fn build_uniform(
 /// All-to-all-v schedules for every rank, each built only from what that rank can
 /// know at run time: its own counts and the sizes of the blocks the metadata pass
 /// (the same algorithm, uniform) routed through it. The metadata pass is verified too.
-pub fn build_v(
+pub(crate) fn build_v(
     algo: Algorithm,
     topo: &Topology,
     m: &MatrixSizes,
@@ -43,8 +43,8 @@ pub fn build_v(
     let meta = build_uniform(algo, topo, META_BLOCK, options)?;
     verify_all_to_all(&meta, topo, &UniformSizes(META_BLOCK)).expect("metadata pass verifies");
     let mut out = Vec::with_capacity(n);
-    for rank in 0..n {
-        let routed: HashMap<(u32, u32), usize> = meta[rank]
+    for (rank, meta) in meta.iter().enumerate() {
+        let routed: HashMap<(u32, u32), usize> = meta
             .routed()
             .iter()
             .map(|b| ((b.src, b.dst), m.row(b.src as usize)[b.dst as usize]))
@@ -79,16 +79,16 @@ pub fn build_v(
 }
 
 /// A small deterministic generator (xorshift64*).
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
-    pub fn below(&mut self, k: u64) -> u64 {
+    pub(crate) fn below(&mut self, k: u64) -> u64 {
         self.next() % k
     }
 }

@@ -1,0 +1,211 @@
+//! Bootstrap from the environment a launcher sets (torchrun, Open MPI, MPICH/PMI, Slurm).
+
+use super::rendezvous::{RendezvousRoot, exchange};
+use super::{Secret, parse_host_port};
+use crate::error::{Error, Result};
+pub use halo_topology::discover::EnvSource;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+/// Port used with `SLURM_JOB_NODELIST` when nothing else names one.
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 29511;
+
+/// Where this rank sits and how to reach the root, read from the environment.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EnvBootstrap {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the job.
+    pub size: usize,
+    /// The rendezvous root (served by rank 0).
+    pub root: SocketAddr,
+    /// The job's secret.
+    pub secret: Secret,
+    /// Which launcher's variables gave rank and size (`torchrun`, `openmpi`, `pmi`, `slurm`).
+    pub launcher: &'static str,
+    /// Whether the secret came from `HALO_SECRET` (else it is derived from the job's identity).
+    pub secret_from_env: bool,
+    /// How long to wait for the other ranks (`HALO_BOOTSTRAP_TIMEOUT_MS`, default 120 s).
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for EnvBootstrap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnvBootstrap")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("root", &self.root)
+            .field("launcher", &self.launcher)
+            .field("secret_from_env", &self.secret_from_env)
+            .finish_non_exhaustive()
+    }
+}
+
+fn number(vars: &BTreeMap<String, String>, name: &str) -> Result<Option<usize>> {
+    match vars.get(name) {
+        None => Ok(None),
+        Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+            Error::invalid_argument(format!("{name}={v:?} is not a non-negative integer"))
+        }),
+    }
+}
+
+/// FNV-1a, for a job key that every rank derives the same way.
+fn fnv(seed: u64, data: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+    for &b in data {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn parse_secret(hex: &str) -> Result<Secret> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Err(Error::invalid_argument(
+            "HALO_SECRET must be 64 hexadecimal digits (32 bytes)",
+        ));
+    }
+    let mut s = [0u8; 32];
+    for (i, b) in s.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("checked hex");
+    }
+    Ok(s)
+}
+
+impl EnvBootstrap {
+    /// Reads rank, size, root and secret. Fails naming the variable that is missing
+    /// or malformed.
+    pub fn detect(source: &EnvSource) -> Result<EnvBootstrap> {
+        let vars = source.variables();
+        let styles: [(&'static str, &str, &str); 4] = [
+            ("torchrun", "RANK", "WORLD_SIZE"),
+            ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+            ("pmi", "PMI_RANK", "PMI_SIZE"),
+            ("slurm", "SLURM_PROCID", "SLURM_NTASKS"),
+        ];
+        let mut found = None;
+        for (launcher, r, s) in styles {
+            match (number(&vars, r)?, number(&vars, s)?) {
+                (Some(rank), Some(size)) => {
+                    found = Some((launcher, rank, size));
+                    break;
+                }
+                (Some(_), None) | (None, Some(_)) => {
+                    return Err(Error::invalid_argument(format!(
+                        "{r} and {s} must be set together"
+                    )));
+                }
+                (None, None) => {}
+            }
+        }
+        let (launcher, rank, size) = found.ok_or_else(|| {
+            Error::invalid_argument(
+                "no launcher environment: set RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/SIZE, \
+                 PMI_RANK/PMI_SIZE or SLURM_PROCID/SLURM_NTASKS",
+            )
+        })?;
+        if size == 0 || rank >= size {
+            return Err(Error::invalid_argument(format!(
+                "rank {rank} out of range for a job of {size} ranks"
+            )));
+        }
+        let root = if let Some(a) = vars.get("HALO_BOOTSTRAP_ADDR") {
+            parse_host_port(a, DEFAULT_BOOTSTRAP_PORT)?
+        } else if let Some(a) = vars.get("MASTER_ADDR") {
+            let port = match number(&vars, "MASTER_PORT")? {
+                Some(p) if p < 65535 => p as u16 + 1,
+                Some(p) => {
+                    return Err(Error::invalid_argument(format!(
+                        "MASTER_PORT={p} is not a port below 65535"
+                    )));
+                }
+                None => DEFAULT_BOOTSTRAP_PORT,
+            };
+            parse_host_port(a, port)?
+        } else if let Some(list) = vars.get("SLURM_JOB_NODELIST") {
+            let hosts = halo_topology::discover::expand_nodelist(list)
+                .map_err(|e| Error::invalid_argument(format!("SLURM_JOB_NODELIST: {e}")))?;
+            let first = hosts
+                .first()
+                .ok_or_else(|| Error::invalid_argument("SLURM_JOB_NODELIST is empty"))?;
+            parse_host_port(first, DEFAULT_BOOTSTRAP_PORT)?
+        } else if size == 1 {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)
+        } else {
+            return Err(Error::invalid_argument(
+                "no rendezvous address: set HALO_BOOTSTRAP_ADDR (ip:port) or MASTER_ADDR/MASTER_PORT",
+            ));
+        };
+        let (secret, secret_from_env) = match vars.get("HALO_SECRET") {
+            Some(h) => (parse_secret(h)?, true),
+            None => {
+                let mut key = format!("{root}/{size}");
+                for v in [
+                    "TORCHELASTIC_RUN_ID",
+                    "SLURM_JOB_ID",
+                    "SLURM_STEP_ID",
+                    "OMPI_MCA_ess_base_jobid",
+                    "PMI_JOBID",
+                ] {
+                    if let Some(x) = vars.get(v) {
+                        key.push('/');
+                        key.push_str(x);
+                    }
+                }
+                let mut s = [0u8; 32];
+                for (i, chunk) in s.chunks_mut(8).enumerate() {
+                    chunk.copy_from_slice(&fnv(i as u64, key.as_bytes()).to_le_bytes());
+                }
+                (s, false)
+            }
+        };
+        let timeout = match number(&vars, "HALO_BOOTSTRAP_TIMEOUT_MS")? {
+            Some(ms) => Duration::from_millis(ms as u64),
+            None => Duration::from_secs(120),
+        };
+        Ok(EnvBootstrap {
+            rank,
+            size,
+            root,
+            secret,
+            launcher,
+            secret_from_env,
+            timeout,
+        })
+    }
+
+    /// Joins the job: rank 0 serves the root (binding the root address, or every
+    /// interface on its port when that address is not local), then every rank
+    /// exchanges its payload. Returns every rank's payload in rank order.
+    pub fn join(&self, payload: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if self.size == 1 {
+            return Ok(vec![payload.to_vec()]);
+        }
+        let timeout = self.timeout;
+        let root = if self.rank == 0 {
+            let server = RendezvousRoot::start(self.root, self.secret, Some(self.size), timeout)
+                .or_else(|_| {
+                    let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), self.root.port());
+                    RendezvousRoot::start(any, self.secret, Some(self.size), timeout)
+                })?;
+            Some(server)
+        } else {
+            None
+        };
+        let out = exchange(
+            self.root,
+            &self.secret,
+            self.rank,
+            self.size,
+            payload,
+            timeout,
+        );
+        if let Some(server) = root {
+            server.join()?;
+        }
+        out
+    }
+}

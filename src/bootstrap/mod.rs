@@ -1,0 +1,198 @@
+//! Bootstrap: how the ranks of a job find each other before any collective runs.
+//!
+//! Every way in ends in one exchange: each rank hands a small payload (its host,
+//! its local topology, its fabric addresses) to a rendezvous root over TCP, and gets
+//! back every rank's payload, in rank order. Then the transports take over.
+//!
+//! - **Unique id** (NCCL's way): one rank calls [`UniqueId::new`], which starts the
+//!   rendezvous root on a thread of that process, and passes the 128-byte id to the
+//!   others out of band (MPI_Bcast, a file, torch's store). The id holds the root's
+//!   address and a random 32-byte secret; connections that do not present the secret
+//!   are refused and logged.
+//! - **Environment** ([`EnvBootstrap::detect`]): rank and size from `RANK`/`WORLD_SIZE`
+//!   (torchrun), `OMPI_COMM_WORLD_RANK`/`_SIZE` (Open MPI), `PMI_RANK`/`PMI_SIZE` (MPICH,
+//!   Cray PMI) or `SLURM_PROCID`/`SLURM_NTASKS` (srun); the root's address from
+//!   `HALO_BOOTSTRAP_ADDR` (`ip:port`), else `MASTER_ADDR` and `MASTER_PORT + 1` (torch's
+//!   own store keeps `MASTER_PORT`), else the first host of `SLURM_JOB_NODELIST` and port
+//!   29511. Rank 0 runs the root. The secret is `HALO_SECRET` (64 hex digits) if set,
+//!   else derived from the job's identity (address, size and the launcher's job id) —
+//!   which keeps jobs apart but is not a secret against other users of the machine.
+
+mod env;
+mod rendezvous;
+
+pub use env::{DEFAULT_BOOTSTRAP_PORT, EnvBootstrap, EnvSource};
+pub use rendezvous::{RendezvousRoot, bootstrap_timeout, exchange};
+
+use crate::error::{Error, Result};
+
+pub(crate) fn sys_err(message: impl Into<String>) -> Error {
+    Error::SystemError {
+        message: message.into(),
+    }
+}
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Bytes in a [`UniqueId`], as NCCL's `ncclUniqueId`.
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+const MAGIC: &[u8; 4] = b"HALO";
+const ID_VERSION: u8 = 1;
+
+/// The job's shared secret: 32 random bytes.
+pub type Secret = [u8; 32];
+
+/// An opaque 128-byte value that lets ranks find the rendezvous root: its address
+/// and the job's secret. Create it on one rank with [`UniqueId::new`] and pass it to
+/// the others out of band.
+///
+/// Layout (stable): `"HALO"`, version, address family (4 or 6), port (u16 LE),
+/// 16 address bytes, 32 secret bytes, zero padding.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UniqueId([u8; UNIQUE_ID_BYTES]);
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret.
+        f.debug_struct("UniqueId")
+            .field("root", &self.root())
+            .finish_non_exhaustive()
+    }
+}
+
+impl UniqueId {
+    /// Starts a rendezvous root on this process and returns its id. The root binds the
+    /// address [`default_bootstrap_ip`] chooses, on a free port; the root thread ends
+    /// once every rank of the job has been answered (or after its timeout).
+    pub fn new() -> Result<UniqueId> {
+        Self::new_on(SocketAddr::new(default_bootstrap_ip()?, 0))
+    }
+
+    /// Starts a rendezvous root bound to `addr` (port 0 picks a free port).
+    pub fn new_on(addr: SocketAddr) -> Result<UniqueId> {
+        let secret = random_secret()?;
+        let root = RendezvousRoot::start(addr, secret, None, rendezvous::bootstrap_timeout())?;
+        let id = UniqueId::from_parts(root.local_addr(), &secret);
+        root.detach();
+        Ok(id)
+    }
+
+    /// Builds an id from a root address and a secret (no root is started).
+    pub fn from_parts(root: SocketAddr, secret: &Secret) -> UniqueId {
+        let mut b = [0u8; UNIQUE_ID_BYTES];
+        b[..4].copy_from_slice(MAGIC);
+        b[4] = ID_VERSION;
+        let (fam, ip) = match root.ip() {
+            IpAddr::V4(v4) => (4u8, v4.to_ipv6_mapped().octets()),
+            IpAddr::V6(v6) => (6u8, v6.octets()),
+        };
+        b[5] = fam;
+        b[6..8].copy_from_slice(&root.port().to_le_bytes());
+        b[8..24].copy_from_slice(&ip);
+        b[24..56].copy_from_slice(secret);
+        UniqueId(b)
+    }
+
+    /// Reads an id from bytes, checking its header.
+    pub fn from_bytes(bytes: &[u8]) -> Result<UniqueId> {
+        let arr: [u8; UNIQUE_ID_BYTES] = bytes.try_into().map_err(|_| {
+            Error::invalid_argument(format!(
+                "a unique id is {UNIQUE_ID_BYTES} bytes, got {}",
+                bytes.len()
+            ))
+        })?;
+        if &arr[..4] != MAGIC || arr[4] != ID_VERSION || !matches!(arr[5], 4 | 6) {
+            return Err(Error::invalid_argument(
+                "not a HALO unique id (bad magic or version): was it created by haloGetUniqueId / UniqueId::new?",
+            ));
+        }
+        Ok(UniqueId(arr))
+    }
+
+    /// The raw bytes.
+    pub fn as_bytes(&self) -> &[u8; UNIQUE_ID_BYTES] {
+        &self.0
+    }
+
+    /// The rendezvous root's address.
+    pub fn root(&self) -> SocketAddr {
+        let port = u16::from_le_bytes([self.0[6], self.0[7]]);
+        let octets: [u8; 16] = self.0[8..24].try_into().expect("16 bytes");
+        let v6 = Ipv6Addr::from(octets);
+        let ip = match (self.0[5], v6.to_ipv4_mapped()) {
+            (4, Some(v4)) => IpAddr::V4(v4),
+            _ => IpAddr::V6(v6),
+        };
+        SocketAddr::new(ip, port)
+    }
+
+    /// The job's secret.
+    pub fn secret(&self) -> Secret {
+        self.0[24..56].try_into().expect("32 bytes")
+    }
+}
+
+/// 32 random bytes from the operating system.
+pub fn random_secret() -> Result<Secret> {
+    let mut s = [0u8; 32];
+    getrandom::fill(&mut s)
+        .map_err(|e| sys_err(format!("cannot get random bytes for the job secret: {e}")))?;
+    Ok(s)
+}
+
+/// The address a rendezvous root binds by default: `HALO_BOOTSTRAP_ADDR`'s IP if set,
+/// else the IPv4 address of the interface named by `HALO_SOCKET_IFNAME` (like
+/// `NCCL_SOCKET_IFNAME`), else the first non-loopback IPv4 interface that is up, else
+/// 127.0.0.1.
+pub fn default_bootstrap_ip() -> Result<IpAddr> {
+    if let Ok(v) = std::env::var("HALO_BOOTSTRAP_ADDR") {
+        return parse_host_port(&v, 0).map(|a| a.ip());
+    }
+    let ifs = if_addrs::get_if_addrs()
+        .map_err(|e| sys_err(format!("cannot list network interfaces: {e}")))?;
+    if let Ok(name) = std::env::var("HALO_SOCKET_IFNAME") {
+        return ifs
+            .iter()
+            .find(|i| i.name == name && i.ip().is_ipv4())
+            .map(|i| i.ip())
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "HALO_SOCKET_IFNAME={name}: no such interface with an IPv4 address"
+                ))
+            });
+    }
+    Ok(ifs
+        .iter()
+        .find(|i| !i.is_loopback() && i.ip().is_ipv4())
+        .map(|i| i.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+}
+
+/// Parses `ip`, `ip:port`, `[v6]:port` or `host[:port]` (resolved), with a default port.
+pub fn parse_host_port(s: &str, default_port: u16) -> Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let s = s.trim();
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, default_port));
+    }
+    let with_port = if s
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        s.to_string()
+    } else {
+        format!("{s}:{default_port}")
+    };
+    with_port
+        .to_socket_addrs()
+        .map_err(|e| {
+            Error::invalid_argument(format!("cannot resolve bootstrap address '{s}': {e}"))
+        })?
+        .find(|a| a.is_ipv4())
+        .ok_or_else(|| {
+            Error::invalid_argument(format!("bootstrap address '{s}' has no IPv4 address"))
+        })
+}

@@ -1,0 +1,142 @@
+//! Creating communicators over real processes: NCCL's `ncclCommInitRank` with a
+//! [`UniqueId`], or from the launcher's environment.
+
+use super::Communicator;
+use crate::bootstrap::{EnvBootstrap, EnvSource, UniqueId, bootstrap_timeout, exchange};
+use crate::error::{Error, Result};
+use crate::transport::Backend;
+use crate::transport::fabric::{FabricConfig, establish};
+use halo_collectives::Algorithm;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a communicator is set up; [`InitConfig::from_env`] reads the `HALO_*` variables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InitConfig {
+    /// Which libfabric providers carry messages.
+    pub fabric: FabricConfig,
+    /// A topology preset or file describing the job (`HALO_TOPOLOGY`); empty: one
+    /// node per host name, found at bootstrap. Every rank must give the same value.
+    pub topology: String,
+    /// Per-operation timeout (`HALO_TIMEOUT_MS`, default 60 s).
+    pub timeout: Duration,
+    /// How long ranks wait for each other at bootstrap (`HALO_BOOTSTRAP_TIMEOUT_MS`, default 120 s).
+    pub bootstrap_timeout: Duration,
+    /// Force an algorithm (`HALO_ALGO`: flat, pairwise, bruck, halo, halo2d; default automatic).
+    pub algorithm: Option<Algorithm>,
+}
+
+impl Default for InitConfig {
+    fn default() -> Self {
+        InitConfig {
+            fabric: FabricConfig::default(),
+            topology: String::new(),
+            timeout: super::DEFAULT_TIMEOUT,
+            bootstrap_timeout: Duration::from_secs(120),
+            algorithm: None,
+        }
+    }
+}
+
+impl InitConfig {
+    /// The defaults, changed by `HALO_FABRIC_PROVIDER`, `HALO_FABRIC_NET_PROVIDER`,
+    /// `HALO_FABRIC_ADDR`, `HALO_TOPOLOGY`, `HALO_TIMEOUT_MS`, `HALO_BOOTSTRAP_TIMEOUT_MS`
+    /// and `HALO_ALGO`. A malformed value is an error naming the variable.
+    pub fn from_env() -> Result<InitConfig> {
+        let ms = |name: &str| -> Result<Option<Duration>> {
+            match std::env::var(name) {
+                Err(_) => Ok(None),
+                Ok(v) => v
+                    .trim()
+                    .parse::<u64>()
+                    .map(|m| Some(Duration::from_millis(m)))
+                    .map_err(|_| {
+                        Error::invalid_argument(format!(
+                            "{name}={v:?} is not a number of milliseconds"
+                        ))
+                    }),
+            }
+        };
+        let mut c = InitConfig {
+            fabric: FabricConfig::from_env()?,
+            topology: std::env::var("HALO_TOPOLOGY").unwrap_or_default(),
+            bootstrap_timeout: bootstrap_timeout(),
+            ..InitConfig::default()
+        };
+        if let Some(t) = ms("HALO_TIMEOUT_MS")? {
+            c.timeout = t;
+        }
+        if let Some(t) = ms("HALO_BOOTSTRAP_TIMEOUT_MS")? {
+            c.bootstrap_timeout = t;
+        }
+        if let Ok(a) = std::env::var("HALO_ALGO")
+            && a != "auto"
+        {
+            c.algorithm = Some(a.parse().map_err(|e: halo_collectives::CollectiveError| {
+                Error::invalid_argument(format!("HALO_ALGO: {e}"))
+            })?);
+        }
+        Ok(c)
+    }
+}
+
+impl Communicator {
+    /// Joins the job identified by `id` as `rank` of `nranks` (NCCL's
+    /// `ncclCommInitRank`), configured from the environment ([`InitConfig::from_env`]).
+    /// Every rank of the job must call it; it returns once all have joined.
+    pub fn init_rank(id: &UniqueId, nranks: usize, rank: usize) -> Result<Communicator> {
+        Self::init_rank_with(id, nranks, rank, &InitConfig::from_env()?)
+    }
+
+    /// [`Communicator::init_rank`] with an explicit configuration.
+    pub fn init_rank_with(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        config: &InitConfig,
+    ) -> Result<Communicator> {
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::invalid_argument(format!(
+                "rank {rank} out of range for {nranks} ranks"
+            )));
+        }
+        let (root, secret) = (id.root(), id.secret());
+        let timeout = config.bootstrap_timeout;
+        let join = |card: &[u8]| exchange(root, &secret, rank, nranks, card, timeout);
+        Self::establish(rank, nranks, root, config, join)
+    }
+
+    /// Joins the job the launcher describes in the environment: torchrun, Open MPI,
+    /// MPICH/PMI or Slurm (see [`crate::bootstrap`]).
+    pub fn init_from_env() -> Result<Communicator> {
+        let b = EnvBootstrap::detect(&EnvSource::Process)?;
+        let config = InitConfig::from_env()?;
+        Self::establish(b.rank, b.size, b.root, &config, |card: &[u8]| b.join(card))
+    }
+
+    fn establish(
+        rank: usize,
+        size: usize,
+        root: std::net::SocketAddr,
+        config: &InitConfig,
+        join: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
+    ) -> Result<Communicator> {
+        let (transport, topology) =
+            establish(rank, size, root, &config.fabric, &config.topology, join)?;
+        let mut comm =
+            Communicator::from_backend(Backend::Fabric(transport), rank, size, Arc::new(topology));
+        comm.set_timeout(config.timeout);
+        comm.set_algorithm(config.algorithm);
+        tracing::info!(rank, size, topology = %comm.topology().name(), "communicator ready");
+        Ok(comm)
+    }
+
+    /// The libfabric provider that carries this rank's messages to `peer` (`None` on
+    /// the in-process transport).
+    pub fn provider_to(&self, peer: usize) -> Option<&str> {
+        match &self.core.backend {
+            Backend::Fabric(t) => t.provider_to(peer),
+            Backend::Local(_) => None,
+        }
+    }
+}
