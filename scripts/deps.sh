@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Installs the Debian/Ubuntu packages HALO needs to build and test.
+# Installs the Debian/Ubuntu packages HALO needs.
+#   bash scripts/deps.sh        # to build and run (the main job)
+#   bash scripts/deps.sh test   # to run the tests as well
 # As root it runs apt-get; otherwise it prints the exact command to run.
 set -euo pipefail
 
 PACKAGES=(
-  pkg-config     # finds hwloc for the hwlocality crate
+  pkg-config     # finds hwloc and libfabric
   libhwloc-dev   # hwloc 2.x: local topology discovery (halo-topology, feature "hwloc")
   libudev-dev    # hwloc's static link needs libudev
-  iproute2       # ip, tc: `halo launch --hosts` builds emulated hosts (netns, bridge, veth, tbf)
-  openmpi-bin    # mpirun: `halo launch --mpi` and its tests (MPI baselines on emulated hosts)
-  libopenmpi-dev # mpicc: compiles the MPI program of the launch tests
   libfabric-dev  # libfabric >= 1.14 headers + lib (halo-fabric-sys); shm and tcp;ofi_rxm providers
 )
+if [ "${1:-}" = "test" ]; then
+  PACKAGES+=(
+    iproute2       # ip, tc: `halo launch --hosts` builds emulated hosts (netns, bridge, veth, tbf)
+    openmpi-bin    # mpirun: `halo launch --mpi` and its tests (MPI baselines on emulated hosts)
+    libopenmpi-dev # mpicc: compiles the MPI program of the launch tests
+  )
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

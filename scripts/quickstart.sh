@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-cargo run --release --quiet -- topo --preset nodes:4x4
+cargo run --release --quiet -- bench -i 50 -x 5 "$@"

@@ -9,6 +9,7 @@
 use crate::Communicator;
 use crate::error::{Error, Result};
 use halo_collectives::Algorithm;
+use std::time::{Duration, Instant};
 
 /// What to check.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +22,24 @@ pub struct CheckOptions {
     pub v_max: usize,
     /// Rounds of -v per algorithm, each with new counts.
     pub v_rounds: usize,
+    /// Times the whole check is repeated, each time with new data (at least 1).
+    pub loops: usize,
+    /// Fault injection: one rank kills itself while a collective runs.
+    pub die: Option<DieAt>,
+}
+
+/// Fault injection for tests: rank `rank` raises `SIGKILL` on itself while its
+/// collective number `after` (counting from 0 over the whole check) runs.
+///
+/// The signal comes from a helper thread started just before that collective, after
+/// a delay of 0-500 us that depends on `after`, so that it lands at different points
+/// of the collective (while posting, while waiting) from trial to trial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DieAt {
+    /// The rank that dies.
+    pub rank: usize,
+    /// The collective during which it dies.
+    pub after: usize,
 }
 
 impl Default for CheckOptions {
@@ -32,6 +51,8 @@ impl Default for CheckOptions {
             counts: vec![0, 1, 7, 1024],
             v_max: 300,
             v_rounds: 3,
+            loops: 1,
+            die: None,
         }
     }
 }
@@ -43,6 +64,19 @@ pub struct CheckReport {
     pub collectives: usize,
     /// Bytes received and verified.
     pub bytes: u64,
+    /// Time the whole check took on this rank (collectives and verification).
+    pub elapsed: Duration,
+}
+
+/// Starts the helper thread of [`DieAt`]: it raises `SIGKILL` on this process.
+fn die_soon(after: usize) {
+    let delay = Duration::from_micros(mix(after as u64 ^ 0xd1e) % 500);
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        // SIGKILL cannot be caught: the process ends here, mid-collective, without
+        // closing anything — as when a node or the OOM killer takes a rank.
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    });
 }
 
 fn mix(mut x: u64) -> u64 {
@@ -86,11 +120,25 @@ pub fn run_check(comm: &mut Communicator, opts: &CheckOptions) -> Result<CheckRe
     let mut report = CheckReport::default();
     let mut round = 0u64;
     let saved = comm.algorithm();
-    for &algo in &opts.algorithms {
+    let start = Instant::now();
+    let mut started = 0usize;
+    // Counts collectives as they start; fires the fault injection at its collective.
+    let mut next = || {
+        if let Some(d) = opts.die
+            && d.rank == me
+            && d.after == started
+        {
+            die_soon(d.after);
+        }
+        started += 1;
+    };
+    let order = (0..opts.loops.max(1)).flat_map(|_| opts.algorithms.iter().copied());
+    for algo in order {
         comm.set_algorithm(algo);
         let name = algo.map_or("auto".to_string(), |a| a.to_string());
         for &count in &opts.counts {
             round += 1;
+            next();
             let send: Vec<u32> = (0..n)
                 .flat_map(|dst| (0..count).map(move |i| element(round, me, dst, i)))
                 .collect();
@@ -116,6 +164,7 @@ pub fn run_check(comm: &mut Communicator, opts: &CheckOptions) -> Result<CheckRe
         }
         for _ in 0..opts.v_rounds {
             round += 1;
+            next();
             let sc: Vec<usize> = (0..n).map(|d| v_count(round, me, d, opts.v_max)).collect();
             let rc: Vec<usize> = (0..n).map(|s| v_count(round, s, me, opts.v_max)).collect();
             // Displacements with a gap of 3 elements between blocks, in reverse rank
@@ -173,5 +222,6 @@ pub fn run_check(comm: &mut Communicator, opts: &CheckOptions) -> Result<CheckRe
         }
     }
     comm.set_algorithm(saved);
+    report.elapsed = start.elapsed();
     Ok(report)
 }

@@ -46,10 +46,13 @@ pub mod select;
 mod transport;
 
 pub use bootstrap::UniqueId;
-pub use comm::{AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig};
+pub use comm::{
+    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, ReduceOp, Reducible, SPLIT_NOCOLOR,
+};
 pub use error::{Error, Result};
+pub use half::{bf16, f16};
 pub use halo_collectives as collectives;
-pub use halo_collectives::{AlgoOptions, Algorithm};
+pub use halo_collectives::{AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm};
 pub use transport::fabric::FabricConfig;
 pub use transport::local;
 pub use transport::local::{Emulation, LocalCluster};

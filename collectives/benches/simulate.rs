@@ -10,7 +10,7 @@ use std::time::Duration;
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("simulate");
     g.sample_size(10);
-    g.measurement_time(Duration::from_secs(20));
+    g.measurement_time(Duration::from_secs(40));
     let topo = Topology::preset("frontier:128").unwrap();
     let options = SimOptions::default();
     for algo in [Algorithm::Flat, Algorithm::Halo] {

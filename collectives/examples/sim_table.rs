@@ -3,7 +3,8 @@
 //! ```text
 //! cargo run --release -p halo-collectives --example sim_table            # all tables
 //! cargo run --release -p halo-collectives --example sim_table -- frontier # one machine
-//! cargo run --release -p halo-collectives --example sim_table -- one frontier:128 halo 65536
+//! cargo run --release -p halo-collectives --example sim_table -- frontier-fifo # FIFO egress
+//! cargo run --release -p halo-collectives --example sim_table -- one frontier:128 halo 65536 [fifo] [maxmin] [gap=2e-7]
 //! cargo run --release -p halo-collectives --example sim_table -- scale 1024   # wall time, memory
 //! cargo run --release -p halo-collectives --example sim_table -- sharing      # PS vs max-min
 //! cargo run --release -p halo-collectives --example sim_table -- gap          # NIC gap sensitivity
@@ -13,8 +14,8 @@
 //! ```
 
 use halo_collectives::{
-    AlgoOptions, Algorithm, CollectiveError, MoeSizes, Sharing, SimOptions, SimReport, Traffic,
-    simulate_all_to_all,
+    AlgoOptions, Algorithm, CollectiveError, Egress, MoeSizes, Sharing, SimOptions, SimReport,
+    Traffic, simulate_all_to_all,
 };
 use halo_topology::{Level, Topology, fmt_seconds};
 use std::time::Instant;
@@ -73,8 +74,14 @@ fn one(args: &[String]) {
     let algo: Algorithm = args[1].parse().expect("algorithm");
     let block: usize = args[2].parse().expect("bytes per peer");
     let mut opts = SimOptions::default();
-    if args.get(3).map(String::as_str) == Some("maxmin") {
-        opts.sharing = Sharing::MaxMin;
+    for a in &args[3..] {
+        match a.as_str() {
+            "maxmin" => opts.sharing = Sharing::MaxMin,
+            "fifo" => opts.egress = Egress::Fifo,
+            g if g.starts_with("gap=") => opts.nic_gap = g[4..].parse().expect("seconds"),
+            c if c.starts_with("chunk=") => opts.algo.chunk_bytes = c[6..].parse().expect("bytes"),
+            other => panic!("unknown option '{other}' (maxmin, fifo, gap=SECONDS, chunk=BYTES)"),
+        }
     }
     let t = Instant::now();
     let r = sim(&topo, algo, block, &opts);
@@ -237,7 +244,9 @@ fn gap() {
 /// Where HALO's large-message time goes: the same runs with intra-node links 10x faster.
 fn fastnode() {
     println!("### frontier:128, intra-node links as given and 10x faster (simulated)\n");
-    println!("| intra-node links | bytes per peer | flat | halo | flat / halo | halo busiest node-link ingress/egress |");
+    println!(
+        "| intra-node links | bytes per peer | flat | halo | flat / halo | halo busiest node-link ingress/egress |"
+    );
     println!("|---|---:|---:|---:|---:|---:|");
     let base = Topology::preset("frontier:128").expect("preset");
     let mut spec = base.to_spec();
@@ -282,6 +291,15 @@ fn main() {
         Some("fastnode") => fastnode(),
         Some("frontier") => table("frontier", &nodes, &sizes, &SimOptions::default()),
         Some("dgx-h100") => table("dgx-h100", &nodes, &sizes, &SimOptions::default()),
+        Some("frontier-fifo") | Some("dgx-h100-fifo") => {
+            let opts = SimOptions {
+                egress: Egress::Fifo,
+                ..SimOptions::default()
+            };
+            let machine = args[0].trim_end_matches("-fifo");
+            println!("Egress: FIFO per port.\n");
+            table(machine, &nodes, &sizes, &opts);
+        }
         Some("nogap") => {
             let opts = SimOptions {
                 nic_gap: 0.0,

@@ -25,7 +25,9 @@
 mod algo;
 mod engine;
 mod error;
+mod gather;
 mod layout;
+mod reduce;
 mod schedule;
 mod simulate;
 mod verify;
@@ -33,12 +35,17 @@ mod verify;
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
 pub use engine::{Buffers, ExecOptions, Session, Transport, execute};
 pub use error::{CollectiveError, Result, VerifyError};
+pub use gather::{ALL_GATHER_SMALL, AllGatherAlgorithm, build_all_gather};
 pub use layout::{BlockSizes, KnownSizes, Layout, META_BLOCK, MatrixSizes, UniformSizes};
+pub use reduce::{
+    ALL_REDUCE_SMALL, AllReduceAlgorithm, Landing, ReduceReport, ReduceRound, Transfer,
+    all_reduce_plan, exchange, verify_all_reduce,
+};
 pub use schedule::{
     Buf, Region, RoutedBlock, Schedule, ScheduleBuilder, ScheduleStats, Step, StepId, TAG_BITS,
 };
 pub use simulate::{
-    DEFAULT_NIC_GAP, LevelTraffic, MoeSizes, ResourceClass, ResourceLoad, Sharing, SimOptions,
-    SimReport, Traffic, simulate, simulate_all_to_all,
+    DEFAULT_NIC_GAP, Egress, LevelTraffic, MoeSizes, ResourceClass, ResourceLoad, Sharing,
+    SimOptions, SimReport, Traffic, simulate, simulate_all_to_all,
 };
-pub use verify::{Expectation, VerifyReport, verify, verify_all_to_all};
+pub use verify::{Expectation, VerifyReport, verify, verify_all_gather, verify_all_to_all};

@@ -19,7 +19,7 @@
 //! cost no more than small ones.
 
 use crate::error::VerifyError;
-use crate::layout::{BlockSizes, Layout};
+use crate::layout::{BlockSizes, Layout, UniformSizes};
 use crate::schedule::{Buf, Region, Schedule, Step, StepId, TAG_BITS};
 use halo_topology::Topology;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -32,6 +32,8 @@ pub struct Expectation {
     send: Vec<Vec<(usize, usize)>>,
     /// Per rank, per peer: (offset, len) in the receive buffer.
     recv: Vec<Vec<(usize, usize)>>,
+    /// All-gather: a source's one block is meant for every rank (see [`Expectation::all_gather`]).
+    any_dst: bool,
 }
 
 impl Expectation {
@@ -42,6 +44,7 @@ impl Expectation {
             n,
             send: vec![row.clone(); n],
             recv: vec![row; n],
+            any_dst: false,
         }
     }
 
@@ -64,7 +67,12 @@ impl Expectation {
             send.push(srow);
             recv.push(rrow);
         }
-        Expectation { n, send, recv }
+        Expectation {
+            n,
+            send,
+            recv,
+            any_dst: false,
+        }
     }
 
     /// From every rank's layout.
@@ -81,6 +89,27 @@ impl Expectation {
                 .iter()
                 .map(|l| (0..n).map(|q| region(l.recv_region(q))).collect())
                 .collect(),
+            any_dst: false,
+        }
+    }
+
+    /// All-gather: each rank's send buffer is one block of `block` bytes, and every
+    /// rank receives the block of rank `q` at `q * block`. The same bytes are meant for
+    /// every destination, so a piece of rank `q`'s block may land at any rank.
+    pub fn all_gather(n: usize, block: usize) -> Self {
+        let send = (0..n)
+            .map(|r| {
+                (0..n)
+                    .map(|q| if q == r { (0, block) } else { (0, 0) })
+                    .collect()
+            })
+            .collect();
+        let row: Vec<(usize, usize)> = (0..n).map(|q| (q * block, block)).collect();
+        Expectation {
+            n,
+            send,
+            recv: vec![row; n],
+            any_dst: true,
         }
     }
 
@@ -259,6 +288,16 @@ pub fn verify_all_to_all(
 ) -> Result<VerifyReport, VerifyError> {
     let expect = Expectation::packed(topology.size(), sizes);
     verify(schedules, topology, &expect, sizes)
+}
+
+/// Verifies an all-gather of `block` bytes per rank ([`Expectation::all_gather`]).
+pub fn verify_all_gather(
+    schedules: &[Schedule],
+    topology: &Topology,
+    block: usize,
+) -> Result<VerifyReport, VerifyError> {
+    let expect = Expectation::all_gather(topology.size(), block);
+    verify(schedules, topology, &expect, &UniformSizes(block))
 }
 
 /// Verifies one schedule per rank against the expected layouts (see the module docs
@@ -678,7 +717,8 @@ pub fn verify(
         for (&at, p) in &st.recv.0 {
             let src = p.src as usize;
             let (off, len) = expect.recv[q][src];
-            if p.dst as usize != q || at != off + p.off || p.off + p.len > len {
+            if (!expect.any_dst && p.dst as usize != q) || at != off + p.off || p.off + p.len > len
+            {
                 return Err(err(
                     q,
                     p.writer,

@@ -96,6 +96,7 @@ fn options(family: u8, choice: u8, chunk: usize) -> AlgoOptions {
     AlgoOptions {
         chunk_bytes: chunk,
         halo_levels,
+        max_chunks: 4096,
     }
 }
 
@@ -150,6 +151,7 @@ fn scattered_displacements_verify() {
     let opts = AlgoOptions {
         chunk_bytes: 4,
         halo_levels: None,
+        max_chunks: 4096,
     };
     for algo in [Algorithm::Flat, Algorithm::Pairwise, Algorithm::Halo] {
         let mut layouts_data = Vec::new();

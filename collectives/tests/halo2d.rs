@@ -61,20 +61,24 @@ fn option_sets(topo: &Topology) -> Vec<AlgoOptions> {
         AlgoOptions {
             chunk_bytes: 3,
             halo_levels: None,
+            max_chunks: 4096,
         },
     ];
     if topo.has_level(Level::Switch) {
         out.push(AlgoOptions {
             chunk_bytes: 5,
             halo_levels: Some(vec![Level::Node, Level::Switch]),
+            max_chunks: 4096,
         });
         out.push(AlgoOptions {
             chunk_bytes: 1 << 20,
             halo_levels: Some(vec![Level::Package]),
+            max_chunks: 4096,
         });
         out.push(AlgoOptions {
             chunk_bytes: 16,
             halo_levels: Some(vec![Level::Switch, Level::Group]),
+            max_chunks: 4096,
         });
     }
     out
@@ -240,6 +244,7 @@ fn message_counts_by_hand() {
     let opts = AlgoOptions {
         chunk_bytes: 6,
         halo_levels: None,
+        max_chunks: 4096,
     };
     let topo = Topology::preset("nodes:4x2").unwrap();
     let s = build_uniform(Algorithm::Halo2d, &topo, 8, &opts).unwrap();
@@ -299,6 +304,7 @@ fn receives_are_posted_without_dependencies() {
         let opts = AlgoOptions {
             chunk_bytes: 5,
             halo_levels: None,
+            max_chunks: 4096,
         };
         let s = build_uniform(Algorithm::Halo2d, &topo, 8, &opts).unwrap();
         for sch in &s {

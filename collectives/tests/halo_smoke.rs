@@ -21,6 +21,7 @@ fn smoke() {
                 AlgoOptions {
                     chunk_bytes: 3,
                     halo_levels: None,
+                    max_chunks: 4096,
                 },
             ] {
                 let s = build_uniform(algo, &topo, 8, &opts).unwrap();
@@ -49,6 +50,7 @@ fn smoke() {
             let opts = AlgoOptions {
                 chunk_bytes: 5,
                 halo_levels: Some(vec![Level::Node, Level::Switch, Level::Group]),
+                max_chunks: 4096,
             };
             let s = build_uniform(Algorithm::Halo, &topo, 8, &opts).unwrap();
             verify_all_to_all(&s, &topo, &UniformSizes(8))

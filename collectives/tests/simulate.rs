@@ -2,8 +2,8 @@
 //! several presets (uniform and -v).
 
 use halo_collectives::{
-    Algorithm, Buf, CollectiveError, MoeSizes, Region, ResourceClass, Schedule, ScheduleBuilder,
-    Sharing, SimOptions, SimReport, Traffic, simulate, simulate_all_to_all,
+    Algorithm, Buf, CollectiveError, Egress, MoeSizes, Region, ResourceClass, Schedule,
+    ScheduleBuilder, Sharing, SimOptions, SimReport, Traffic, simulate, simulate_all_to_all,
 };
 use halo_topology::{Level, Topology, TopologySpec};
 
@@ -180,6 +180,14 @@ fn messages_to_one_peer_leave_in_order() {
     let r = both(&topo, &s, &no_gap());
     close(r.rank_time[1], 165e-6);
     close(r.rank_time[2], 165e-6);
+    // With a FIFO egress the NIC works through them one at a time, in program order.
+    let fifo = SimOptions {
+        egress: Egress::Fifo,
+        ..no_gap()
+    };
+    let r = simulate(&topo, &s, &fifo).unwrap();
+    close(r.rank_time[1], 85e-6);
+    close(r.rank_time[2], 165e-6);
 }
 
 #[test]
@@ -218,6 +226,22 @@ fn copy_at_device_bandwidth() {
     let s = programs(1, vec![vec![(S::Copy(MB), vec![]), (S::Copy(MB), vec![])]]);
     let topo = Topology::preset("flat:1").unwrap();
     close(both(&topo, &s, &no_gap()).time, 200e-6);
+    // Messages a rank sends itself are copies too.
+    let s = programs(
+        1,
+        vec![vec![
+            (S::Recv(0, 1, MB), vec![]),
+            (S::Recv(0, 2, MB), vec![]),
+            (S::Send(0, 1, MB), vec![]),
+            (S::Send(0, 2, MB), vec![]),
+        ]],
+    );
+    for egress in [Egress::Fair, Egress::Fifo] {
+        let o = SimOptions { egress, ..no_gap() };
+        let r = simulate(&topo, &s, &o).unwrap();
+        close(r.time, 200e-6);
+        assert_eq!(r.level(Level::Device).messages, 2);
+    }
 }
 
 const TWO_GROUPS: &str = r#"
@@ -384,6 +408,13 @@ fn every_algorithm_completes_on_several_presets() {
             if let Some(r) = try_sim(&topo, algo, Traffic::V(&sizes)) {
                 sane(&r, n);
             }
+            let fifo = SimOptions {
+                egress: Egress::Fifo,
+                ..SimOptions::default()
+            };
+            if let Ok(r) = simulate_all_to_all(&topo, algo, Traffic::V(&sizes), &fifo) {
+                sane(&r, n);
+            }
             if let Some(r) = try_sim(&topo, algo, Traffic::Uniform(0)) {
                 assert_eq!(r.time, 0.0, "{preset} {algo}: nothing to move");
             }
@@ -394,8 +425,8 @@ fn every_algorithm_completes_on_several_presets() {
 #[test]
 fn processor_sharing_against_max_min() {
     // The approximation: independent processor sharing per resource against exact
-    // max-min rates, on small all-to-alls. Bottlenecks drain at the same rate in both,
-    // so the totals stay close.
+    // max-min rates, on small all-to-alls. In symmetric traffic every flow on a
+    // resource has the same bottleneck, and the two agree.
     for preset in ["frontier:2", "nodes:4x4"] {
         let topo = Topology::preset(preset).unwrap();
         for algo in [Algorithm::Flat, Algorithm::Halo] {
@@ -405,8 +436,11 @@ fn processor_sharing_against_max_min() {
                 let ps = simulate_all_to_all(&topo, algo, t, &o).unwrap();
                 let mm = simulate_all_to_all(&topo, algo, t, &maxmin(&o)).unwrap();
                 let ratio = ps.time / mm.time;
+                // HALO rotates its send order per domain (against incast), which makes
+                // its traffic less symmetric: there the two may differ by a few percent.
+                let tolerance = if algo == Algorithm::Flat { 1e-6 } else { 0.1 };
                 assert!(
-                    (0.8..=1.25).contains(&ratio),
+                    (ratio - 1.0).abs() < tolerance,
                     "{preset} {algo} {block}: PS {} vs max-min {}",
                     ps.time,
                     mm.time

@@ -3,7 +3,7 @@
 use super::Failure;
 use clap::Args;
 use halo::Communicator;
-use halo::check::{CheckOptions, run_check};
+use halo::check::{CheckOptions, DieAt, run_check};
 use halo::collectives::Algorithm;
 
 /// Verifies all-to-all and all-to-all-v (counts with zeros, gapped layouts) with
@@ -25,6 +25,16 @@ pub(crate) struct CheckArgs {
     /// -v rounds per algorithm.
     #[arg(long, default_value_t = 3)]
     v_rounds: usize,
+    /// Repeat the whole check N times, with new data each time (for timing: the
+    /// output gives the time per collective).
+    #[arg(long = "loop", value_name = "N", default_value_t = 1)]
+    loops: usize,
+    /// Fault injection (tests): this rank kills itself with SIGKILL ...
+    #[arg(long, value_name = "R", requires = "die_after")]
+    die_rank: Option<usize>,
+    /// ... while its collective number K (from 0) runs.
+    #[arg(long, value_name = "K", requires = "die_rank")]
+    die_after: Option<usize>,
 }
 
 fn algorithms(list: &[String]) -> Result<Vec<Option<Algorithm>>, Failure> {
@@ -48,6 +58,11 @@ pub(crate) fn run(args: &CheckArgs) -> Result<(), Failure> {
         counts: args.counts.clone(),
         v_max: args.v_max,
         v_rounds: args.v_rounds,
+        loops: args.loops,
+        die: args
+            .die_rank
+            .zip(args.die_after)
+            .map(|(rank, after)| DieAt { rank, after }),
     };
     let mut comm =
         Communicator::init_from_env().map_err(|e| Failure::other(format!("init: {e}")))?;
@@ -57,12 +72,15 @@ pub(crate) fn run(args: &CheckArgs) -> Result<(), Failure> {
         .filter(|&p| p != comm.rank())
         .map(|p| format!("{p}:{}", comm.provider_to(p).unwrap_or("-")))
         .collect();
+    let secs = report.elapsed.as_secs_f64();
     super::emit(&format!(
-        "rank {}/{}: {} collectives verified, {} bytes received (peers {})\n",
+        "rank {}/{}: {} collectives verified, {} bytes received (peers {}) in {:.3} s, {:.1} us per collective\n",
         comm.rank(),
         comm.size(),
         report.collectives,
         report.bytes,
-        peers.join(" ")
+        peers.join(" "),
+        secs,
+        secs * 1e6 / report.collectives.max(1) as f64,
     ))
 }

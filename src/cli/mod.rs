@@ -1,5 +1,6 @@
 //! Command-line arguments and the commands.
 
+mod bench;
 mod check;
 mod launch;
 mod topo;
@@ -24,6 +25,8 @@ enum Command {
     Launch(launch::LaunchArgs),
     /// As one rank of a job: verify every algorithm byte-exact (like nccl-tests -c).
     Check(check::CheckArgs),
+    /// OSU-style all-to-all benchmark, in-process on an emulated cluster.
+    Bench(bench::BenchArgs),
 }
 
 /// A failed command: what to print after `error: ` and the exit status.
@@ -57,6 +60,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
         Command::Topo(args) => topo::run(&args),
         Command::Launch(args) => launch::run(&args),
         Command::Check(args) => check::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }
 

@@ -137,6 +137,7 @@ impl Communicator {
         match &self.core.backend {
             Backend::Fabric(t) => t.provider_to(peer),
             Backend::Local(_) => None,
+            Backend::Shared(s) => s.provider_to(peer),
         }
     }
 }

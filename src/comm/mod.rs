@@ -10,7 +10,9 @@
 //! next collective sequence number(s) — also when it fails — and puts it above the
 //! schedule's tags, so successive collectives never match each other's messages.
 
+mod collectives;
 mod init;
+pub use collectives::{ReduceOp, Reducible, SPLIT_NOCOLOR};
 pub use init::InitConfig;
 mod v;
 
@@ -32,8 +34,13 @@ use std::time::Duration;
 /// The default per-operation timeout: 60 seconds.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Collective sequence numbers wrap at `2^(64 - TAG_BITS)`.
-const SEQ_MASK: u64 = (1 << (64 - TAG_BITS)) - 1;
+/// Bits of the collective sequence number in a tag: the 16 bits above [`TAG_BITS`] hold,
+/// from the top, the communicator id (5 bits), the point-to-point flag (1 bit) and the
+/// sequence number (these 10 bits; it wraps at 1024). See `collectives` for the layout.
+const SEQ_BITS: u32 = 10;
+
+/// Collective sequence numbers wrap at `2^SEQ_BITS`.
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 
 /// Uniform schedules kept per communicator (algorithm x block size).
 const CACHED_SCHEDULES: usize = 6;
@@ -83,6 +90,10 @@ struct Core {
     /// Uniform schedules, most recently used first.
     cache: Vec<(Algorithm, usize, Schedule)>,
     last: Option<Algorithm>,
+    /// This communicator's id in the top bits of every tag (0 for one made at init).
+    comm_tag: u64,
+    /// Point-to-point counters, all-gather and all-reduce state.
+    ext: collectives::Ext,
 }
 
 /// Buffers reused from call to call (no allocation per call in steady state).
@@ -146,7 +157,7 @@ fn overlaps(a: *const u8, a_len: usize, b: *const u8, b_len: usize) -> bool {
 impl Core {
     /// The tag base of the next collective pass.
     fn next_tag_base(&mut self) -> u64 {
-        let t = (self.seq & SEQ_MASK) << TAG_BITS;
+        let t = self.comm_tag | (self.seq & SEQ_MASK) << TAG_BITS;
         self.seq = self.seq.wrapping_add(1);
         t
     }
@@ -289,6 +300,8 @@ impl Communicator {
                 chosen: HashMap::new(),
                 cache: Vec::with_capacity(CACHED_SCHEDULES),
                 last: None,
+                comm_tag: 0,
+                ext: collectives::Ext::default(),
             },
             pool: Pool::default(),
         }
@@ -368,6 +381,7 @@ impl Communicator {
         match &self.core.backend {
             Backend::Local(t) => Some(t.emulation()),
             Backend::Fabric(_) => None,
+            Backend::Shared(s) => s.emulation(),
         }
     }
 

@@ -9,12 +9,40 @@
 //!
 //! Endpoints are `FI_EP_RDM` with `FI_TAGGED` and `FI_DIRECTED_RECV`, an `FI_AV_TABLE`
 //! address vector (peers inserted in rank order) and manual progress: completion queues
-//! are read whenever the engine progresses or waits, and `-FI_EAGAIN` on a post is
-//! retried while reading them (RxM connects lazily; the first send to a peer needs
-//! both sides to progress). Buffers are registered per collective only where the
-//! provider's `mr_mode` asks for it (`FI_MR_LOCAL`). Each posted operation carries an
-//! `fi_context2` from a pool owned by the transport, so steady-state calls allocate
-//! nothing per message.
+//! are read whenever the engine progresses or waits. Buffers are registered per
+//! collective only where the provider's `mr_mode` asks for it (`FI_MR_LOCAL`). Each
+//! posted operation carries an `fi_context2` from a pool owned by the transport, so
+//! steady-state calls allocate nothing per message.
+//!
+//! # Posting never blocks
+//! A post refused with `-FI_EAGAIN` (RxM connects lazily, and with both providers the
+//! first send to a peer is refused until that peer reads its completion queue) is kept
+//! in a backlog and retried, in order per peer, every time the engine progresses. So a
+//! post never waits: the engine's timeout and [`crate::AbortHandle`] apply to refused
+//! posts as to everything else, and the receives of a step are posted while its sends
+//! wait for their connections.
+//!
+//! # Waiting (`HALO_PROGRESS`)
+//! When nothing completes the engine spins briefly, then calls [`Session::wait`] with a
+//! growing bound (1 us up to 1 ms). What the wait does is [`Progress`]: `sleep` (the
+//! default: yield below 50 us, else sleep up to 200 us), `yield` (always
+//! `sched_yield`), `spin` (return at once) or `block` (sleep on the completion
+//! queue's file descriptor where the provider has one: `tcp;ofi_rxm` does, `shm` in
+//! libfabric 1.17 does not, and there `block` sleeps as `sleep` does). Measured in
+//! docs/BENCHMARKS.md, "Progress under oversubscription (fabric transport)".
+//!
+//! # Failures
+//! - A peer on the same host (same host name and PID namespace) whose process has
+//!   ended is noticed while waiting for it: the collective fails with
+//!   [`CollectiveError::Remote`] naming it within about 50 ms, instead of at the
+//!   timeout. Peers on other hosts are noticed through the provider's error
+//!   completions or, failing that, at the timeout ([`CollectiveError::Timeout`]).
+//! - A collective that fails on this rank (an error, the timeout, an abort: anything
+//!   that leaves operations outstanding) leaves the transport *broken*: what was
+//!   posted is cancelled, the endpoints are closed (so the provider can no longer
+//!   touch the caller's buffers, and network peers see the connections go), and every
+//!   later collective fails at once with [`CollectiveError::InvalidUsage`] saying why.
+//!   As after an NCCL error, the communicator must be dropped and a new one created.
 //!
 //! When the provider is `cxi`, HPE's recommended settings for collective libraries are
 //! applied unless the user set them (REFERENCE.md §2): `FI_MR_CACHE_MONITOR=userfaultfd`,
@@ -25,7 +53,7 @@ use super::raw::RawBuffers;
 use crate::error::{Error, Result};
 use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, TAG_BITS, Transport};
 use halo_fabric_sys as fi;
-use std::ffi::{CStr, CString, c_char, c_void};
+use std::ffi::{CStr, CString, c_char, c_int, c_long, c_short, c_ulong, c_void};
 use std::ptr;
 use std::time::{Duration, Instant};
 
@@ -43,9 +71,33 @@ pub(crate) const CXI_DEFAULTS: [(&str, &str); 5] = [
     ("FI_CXI_RX_MATCH_MODE", "hybrid"),
 ];
 
+/// `struct pollfd`.
+#[repr(C)]
+struct PollFd {
+    fd: c_int,
+    events: c_short,
+    revents: c_short,
+}
+
+/// `struct timespec` (`time_t` is `long` on the 64-bit Linux targets HALO builds for).
+#[repr(C)]
+struct Timespec {
+    tv_sec: c_long,
+    tv_nsec: c_long,
+}
+
+const POLLIN: c_short = 1;
+
 unsafe extern "C" {
     /// libc's strdup: `fi_freeinfo` frees hint strings with `free`.
     fn strdup(s: *const c_char) -> *mut c_char;
+    /// libc's ppoll (poll with a nanosecond timeout).
+    fn ppoll(
+        fds: *mut PollFd,
+        nfds: c_ulong,
+        timeout: *const Timespec,
+        sigmask: *const c_void,
+    ) -> c_int;
 }
 
 fn fi_err(what: &str, ret: isize) -> Error {
@@ -157,6 +209,8 @@ pub(crate) struct Endpoint {
     ep: *mut fi::fid_ep,
     mr_mode: i32,
     name: Vec<u8>,
+    /// The completion queue's file descriptor, when it was opened with `FI_WAIT_FD`.
+    wait_fd: Option<c_int>,
 }
 
 // SAFETY: the endpoint is opened with FI_THREAD_DOMAIN and owned by one transport,
@@ -165,8 +219,10 @@ pub(crate) struct Endpoint {
 unsafe impl Send for Endpoint {}
 
 impl Endpoint {
-    /// Opens `provider`, bound to `node` (an IP for network providers).
-    fn open(provider: &str, node: Option<&str>) -> Result<Endpoint> {
+    /// Opens `provider`, bound to `node` (an IP for network providers). With
+    /// `want_fd` the completion queue gets a file descriptor to block on
+    /// (`FI_WAIT_FD`) where the provider offers one.
+    fn open(provider: &str, node: Option<&str>, want_fd: bool) -> Result<Endpoint> {
         if provider.contains("cxi") {
             for (k, v) in CXI_DEFAULTS {
                 if std::env::var_os(k).is_none() {
@@ -187,6 +243,7 @@ impl Endpoint {
             ep: ptr::null_mut(),
             mr_mode: 0,
             name: Vec::new(),
+            wait_fd: None,
         };
         // On error `e` is dropped and closes what was opened.
         // SAFETY: info.0 is a valid entry that outlives this block; every out-pointer is
@@ -203,16 +260,40 @@ impl Endpoint {
                 fi::fi_domain(e.fabric, info.0, &mut e.domain, ptr::null_mut()) as isize,
                 "fi_domain",
             )?;
-            let mut cq_attr = fi::fi_cq_attr {
-                format: fi::FI_CQ_FORMAT_CONTEXT,
-                wait_obj: fi::FI_WAIT_NONE,
-                size: 4096,
-                ..Default::default()
-            };
-            check(
-                fi::fi_cq_open(e.domain, &mut cq_attr, &mut e.cq, ptr::null_mut()) as isize,
-                "fi_cq_open",
-            )?;
+            let mut opened = false;
+            if want_fd {
+                let mut cq_attr = fi::fi_cq_attr {
+                    format: fi::FI_CQ_FORMAT_CONTEXT,
+                    wait_obj: fi::FI_WAIT_FD,
+                    size: 4096,
+                    ..Default::default()
+                };
+                // shm (1.17) refuses FI_WAIT_FD with -FI_ENOSYS: fall back to no wait object.
+                if fi::fi_cq_open(e.domain, &mut cq_attr, &mut e.cq, ptr::null_mut()) == 0 {
+                    opened = true;
+                    let mut fd: c_int = -1;
+                    let ret = fi::fi_control(
+                        &mut (*e.cq).fid,
+                        fi::FI_GETWAIT,
+                        (&mut fd as *mut c_int).cast(),
+                    );
+                    if ret == 0 && fd >= 0 {
+                        e.wait_fd = Some(fd);
+                    }
+                }
+            }
+            if !opened {
+                let mut cq_attr = fi::fi_cq_attr {
+                    format: fi::FI_CQ_FORMAT_CONTEXT,
+                    wait_obj: fi::FI_WAIT_NONE,
+                    size: 4096,
+                    ..Default::default()
+                };
+                check(
+                    fi::fi_cq_open(e.domain, &mut cq_attr, &mut e.cq, ptr::null_mut()) as isize,
+                    "fi_cq_open",
+                )?;
+            }
             let mut av_attr = fi::fi_av_attr {
                 type_: fi::FI_AV_TABLE,
                 ..Default::default()
@@ -243,7 +324,12 @@ impl Endpoint {
             name.truncate(len);
             e.name = name;
         }
-        tracing::debug!(provider = %e.provider, mr_mode = e.mr_mode, "fabric endpoint open");
+        tracing::debug!(
+            provider = %e.provider,
+            mr_mode = e.mr_mode,
+            wait_fd = ?e.wait_fd,
+            "fabric endpoint open"
+        );
         Ok(e)
     }
 
@@ -315,12 +401,12 @@ impl Endpoint {
     }
 }
 
-fn close(f: *mut fi::fid) {
+fn close(f: *mut fi::fid, what: &str) {
     if !f.is_null() {
         // SAFETY: `f` is an open libfabric object owned by the caller, closed once.
         let ret = unsafe { fi::fi_close(f) };
         if ret != 0 {
-            tracing::warn!("fi_close: {}", fi::strerror(i64::from(ret)));
+            tracing::warn!("fi_close({what}): {}", fi::strerror(i64::from(ret)));
         }
     }
 }
@@ -329,11 +415,12 @@ impl Drop for Endpoint {
     fn drop(&mut self) {
         // The endpoint first, then what it is bound to. Every libfabric object starts
         // with its `struct fid`, so the casts give the fid.
-        close(self.ep.cast());
-        close(self.av.cast());
-        close(self.cq.cast());
-        close(self.domain.cast());
-        close(self.fabric.cast());
+        let p = &self.provider;
+        close(self.ep.cast(), &format!("{p} endpoint"));
+        close(self.av.cast(), &format!("{p} address vector"));
+        close(self.cq.cast(), &format!("{p} completion queue"));
+        close(self.domain.cast(), &format!("{p} domain"));
+        close(self.fabric.cast(), &format!("{p} fabric"));
     }
 }
 

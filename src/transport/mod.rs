@@ -4,11 +4,15 @@
 //! - [`local`]: ranks as threads of one process, with optional link emulation.
 //! - [`fabric`]: ranks as processes over libfabric (`shm` within a host, `tcp;ofi_rxm`
 //!   or `cxi` between hosts).
+//! - `shared`: either of them shared by a communicator and its sub-communicators.
 
 mod emulation;
 pub(crate) mod fabric;
 pub mod local;
 mod raw;
+mod shared;
+
+pub(crate) use shared::{MAX_COMMS, SharedBackend};
 
 use halo_collectives::{Buffers, ExecOptions, Schedule, Transport, execute};
 
@@ -19,6 +23,8 @@ pub(crate) enum Backend {
     Local(local::LocalTransport),
     /// Ranks as processes, over libfabric.
     Fabric(fabric::FabricTransport),
+    /// One of the above, shared by the communicators of a split tree (see `shared`).
+    Shared(SharedBackend),
 }
 
 impl Backend {
@@ -33,6 +39,7 @@ impl Backend {
         match self {
             Backend::Local(t) => run_on(t, schedule, tag_base, bufs, opts),
             Backend::Fabric(t) => run_on(t, schedule, tag_base, bufs, opts),
+            Backend::Shared(s) => s.run(schedule, tag_base, bufs, opts),
         }
     }
 }

@@ -32,9 +32,6 @@ use crate::schedule::{Buf, Region, Schedule, ScheduleBuilder, StepId};
 use halo_topology::{Level, Rank, Topology};
 use std::rc::Rc;
 
-/// Most chunks one message is cut into (12 bits of the tag).
-const MAX_CHUNKS: usize = 1 << 12;
-
 fn tag(tier: usize, chunk: usize, src: Rank) -> u64 {
     ((tier as u64) << 44) | ((chunk as u64) << 32) | src as u64
 }
@@ -241,15 +238,21 @@ impl Builder<'_, '_> {
     }
 
     fn chunk_plan(&self, len: usize) -> (usize, usize) {
-        let cb = self.ctx.options.chunk_bytes.max(1);
-        let k = len.div_ceil(cb).clamp(1, MAX_CHUNKS);
-        (k, len.div_ceil(k))
+        self.ctx.options.chunks(len)
     }
 
     /// Sends `region` to `peer` at tier `j` in chunks.
     fn send_chunked(&mut self, peer: Rank, j: usize, src: Rank, region: Region, p: &Packet) {
         let (k, cs) = self.chunk_plan(region.len);
-        for c in 0..k {
+        // Every sender into one domain starts with a different chunk (rotated by the
+        // sender's own domain), so that the receivers' redistribution of the first
+        // chunks does not all land on the same local rank at once.
+        let first = self
+            .ctx
+            .topology
+            .domain(self.ctx.rank, self.plan.tiers[j - 1])
+            % k;
+        for c in (first..k).chain(0..first) {
             let at = c * cs;
             let len = cs.min(region.len - at);
             let piece = region.sub(at, len);
@@ -321,8 +324,13 @@ impl Builder<'_, '_> {
             // Split what this rank holds.
             for p in &held {
                 let off = self.offsets(p.src, p.lo, p.hi);
-                let children: Vec<(usize, usize)> =
+                let mut children: Vec<(usize, usize)> =
                     self.plan.children(topo, j, p.lo, p.hi).collect();
+                // Start with the domain after this rank's own, so that the domains'
+                // ranks do not all send to the same remote domain first (incast).
+                if let Some(at) = children.iter().position(|c| c.0 == mlo) {
+                    children.rotate_left(at + 1);
+                }
                 for (a, b) in children {
                     if a == mlo {
                         let at = match &p.at {

@@ -53,9 +53,6 @@ use crate::error::Result;
 use crate::schedule::{Buf, Region, Schedule, ScheduleBuilder, StepId};
 use halo_topology::{Level, Rank, Topology};
 
-/// Most chunks one message is cut into (12 bits of the tag).
-const MAX_CHUNKS: usize = 1 << 12;
-
 const DIRECT: u64 = 0;
 const PHASE_A: u64 = 1;
 const PHASE_B: u64 = 2;
@@ -78,9 +75,7 @@ fn forwarded(topo: &Topology, level: Level, a: usize, j: usize, out: &mut Vec<Ra
 
 /// Number of chunks and chunk size for a message of `len` bytes.
 fn chunk_plan(ctx: &BuildCtx<'_>, len: usize) -> (usize, usize) {
-    let cb = ctx.options.chunk_bytes.max(1);
-    let k = len.div_ceil(cb).clamp(1, MAX_CHUNKS);
-    (k, len.div_ceil(k))
+    ctx.options.chunks(len)
 }
 
 /// The flat fan-out, for topologies without a node level.

@@ -91,9 +91,12 @@ impl FromStr for Algorithm {
 /// Knobs of the builders.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AlgoOptions {
-    /// Messages that cross an aggregation level are cut into chunks of at most this
-    /// many bytes, so redistribution of one chunk overlaps the transfer of the next.
+    /// Messages that cross an aggregation level are cut into chunks of about this
+    /// many bytes (at most [`AlgoOptions::max_chunks`] of them), so redistribution of one
+    /// chunk overlaps the transfer of the next.
     pub chunk_bytes: usize,
+    /// Most chunks one message is cut into (each chunk costs a message).
+    pub max_chunks: usize,
     /// The levels HALO aggregates at, innermost first (default: the node level, or
     /// none when the topology has no node level, which makes HALO the flat fan-out).
     /// Adding outer levels (switch, group) sends one message per remote switch or
@@ -104,9 +107,26 @@ pub struct AlgoOptions {
 impl Default for AlgoOptions {
     fn default() -> Self {
         AlgoOptions {
-            chunk_bytes: 1 << 20,
+            chunk_bytes: 128 << 10,
+            max_chunks: 8,
             halo_levels: None,
         }
+    }
+}
+
+/// Most chunks a message can be cut into: 12 bits of the tag.
+pub(crate) const MAX_CHUNKS: usize = 1 << 12;
+
+impl AlgoOptions {
+    /// How a message of `len` bytes is cut: (number of chunks, bytes per chunk; the
+    /// last may be shorter). Simulated on Frontier (docs/SIMULATION.md), 128 KiB chunks
+    /// and at most 8 per message keep Phase III overlapped without paying too many
+    /// per-message costs.
+    pub fn chunks(&self, len: usize) -> (usize, usize) {
+        let k = len
+            .div_ceil(self.chunk_bytes.max(1))
+            .clamp(1, self.max_chunks.clamp(1, MAX_CHUNKS));
+        (k, len.div_ceil(k))
     }
 }
 

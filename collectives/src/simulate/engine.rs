@@ -2,15 +2,17 @@
 //! of its ends are posted, let the sharing model move the bytes, deliver after the
 //! latency, unlock dependants.
 
-use super::Sharer;
 use super::model::Model;
 use super::program::{COPY, NONE, Program, RECV, SEND, decode};
+use super::{Egress, Sharer};
 use crate::error::{CollectiveError, Result};
 use halo_topology::{Level, Topology};
 use std::collections::VecDeque;
 
 /// A step that has completed.
 const DONE: u32 = u32::MAX;
+/// Egress slots per rank (see `Model::slot`).
+const SLOTS: usize = 3;
 /// Message state bits besides the count of posted ends (0..=2).
 const POSTED: u8 = 3;
 /// The previous message to the same peer is on the sender's egress port.
@@ -84,6 +86,11 @@ struct Run<'a, S> {
     ready: VecDeque<u32>,
     timers: Timers,
     path: Vec<(u32, f64)>,
+    /// `Egress::Fifo`: per (rank, egress slot), the messages waiting for the port and
+    /// whether one is on it.
+    fifo: bool,
+    queues: Vec<VecDeque<u32>>,
+    busy: Vec<bool>,
     completed: usize,
     out: Outcome,
 }
@@ -120,7 +127,16 @@ impl<S: Sharer> Run<'_, S> {
         self.msg_level[m] = level as u8;
         self.out.level_messages[level as usize] += 1;
         self.out.level_bytes[level as usize] += msg.bytes;
-        if self.posted[m] & BLOCKED != 0 {
+        if self.fifo {
+            if let Some(slot) = self.model.slot(level) {
+                let q = a * SLOTS + slot;
+                if self.busy[q] {
+                    self.queues[q].push_back(m as u32);
+                    return;
+                }
+                self.busy[q] = true;
+            }
+        } else if self.posted[m] & BLOCKED != 0 {
             // Wait, and so must whatever follows on this channel.
             self.posted[m] |= WAITING;
             let next = self.prog.next[m];
@@ -143,15 +159,29 @@ impl<S: Sharer> Run<'_, S> {
         let moves = !self.path.is_empty();
         self.start(m, level, t);
         let next = self.prog.next[m];
-        if moves && next != NONE {
+        // A message to oneself has no egress port to wait for.
+        if moves && !self.fifo && next != NONE && level != Level::Device {
             self.posted[next as usize] |= BLOCKED;
         }
         moves
     }
 
     /// Message `m` left its sender's egress port: the next message to the same peer
-    /// may go.
+    /// (`Egress::Fifo`: the next through that port) may go.
     fn release(&mut self, mut m: usize, t: f64) {
+        if self.fifo {
+            let Some(slot) = self.model.slot(self.level_of(m)) else {
+                return;
+            };
+            let q = self.prog.rank_of(self.prog.msgs[m].send) * SLOTS + slot;
+            while let Some(next) = self.queues[q].pop_front() {
+                if self.launch(next as usize, t) {
+                    return;
+                }
+            }
+            self.busy[q] = false;
+            return;
+        }
         loop {
             let next = self.prog.next[m];
             if next == NONE {
@@ -224,7 +254,10 @@ pub(crate) fn run<S: Sharer>(
     model: &Model,
     topo: &Topology,
     sharer: S,
+    egress: Egress,
 ) -> Result<Outcome> {
+    let fifo = egress == Egress::Fifo;
+    let slots = if fifo { prog.n * SLOTS } else { 0 };
     let steps = prog.op.len();
     let mut run = Run {
         prog,
@@ -237,6 +270,9 @@ pub(crate) fn run<S: Sharer>(
         ready: VecDeque::new(),
         timers: Timers::default(),
         path: Vec::with_capacity(16),
+        fifo,
+        queues: vec![VecDeque::new(); slots],
+        busy: vec![false; slots],
         completed: 0,
         out: Outcome {
             rank_time: vec![0.0; prog.n],

@@ -32,6 +32,11 @@
 //!   [`SimOptions::nic_gap`] seconds besides its bytes (LogGP's *g*: a NIC's message
 //!   rate), and each intra-node port [`SimOptions::port_gap`]. This is what makes
 //!   many small messages slower than a few large ones.
+//! - **Order on an egress port.** [`Egress::Fair`] (default): a rank's messages to
+//!   different peers share its egress port (package link, node link, NIC) fairly, and
+//!   its messages to one peer leave in program order (an ordered channel per peer), so
+//!   the chunks of one aggregated message pipeline. [`Egress::Fifo`]: one message at a
+//!   time per port, in the order they became ready.
 //! - **Sharing.** [`Sharing::ProcessorSharing`] (default): each resource is an
 //!   independent processor-sharing server (equal shares of its capacity among the
 //!   flows on it, tracked with a virtual clock, O(log n) per change); a flow is done
@@ -86,6 +91,21 @@ pub enum Sharing {
     MaxMin,
 }
 
+/// In what order a rank's messages leave through one of its egress ports (its package
+/// link, node link or NIC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Egress {
+    /// Messages to different peers share the port fairly; messages to the same peer
+    /// leave in program order (an ordered channel per peer, as NCCL/RCCL connections
+    /// and rendezvous pulls by each receiver behave).
+    #[default]
+    Fair,
+    /// One message at a time per port, in the order they became ready (a NIC working
+    /// through one command queue). Ranks that share a port (two GCDs on one NIC) still
+    /// share it fairly.
+    Fifo,
+}
+
 /// Knobs of a simulation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimOptions {
@@ -93,6 +113,8 @@ pub struct SimOptions {
     pub algo: AlgoOptions,
     /// The sharing model.
     pub sharing: Sharing,
+    /// The order a rank's messages leave its egress ports.
+    pub egress: Egress,
     /// Seconds per message on every NIC (or node port) it crosses, besides its bytes.
     pub nic_gap: f64,
     /// Seconds per message on every intra-node port it crosses, besides its bytes.
@@ -104,6 +126,7 @@ impl Default for SimOptions {
         SimOptions {
             algo: AlgoOptions::default(),
             sharing: Sharing::default(),
+            egress: Egress::default(),
             nic_gap: DEFAULT_NIC_GAP,
             port_gap: 0.0,
         }
@@ -311,11 +334,11 @@ fn run(topo: &Topology, mut prog: program::Program, options: &SimOptions) -> Res
     let out = match options.sharing {
         Sharing::ProcessorSharing => {
             let ps = ps::Ps::new(&model.cap, &model.gate, ops);
-            engine::run(&prog, remaining, &model, topo, ps)?
+            engine::run(&prog, remaining, &model, topo, ps, options.egress)?
         }
         Sharing::MaxMin => {
             let mm = maxmin::MaxMin::new(&model.cap);
-            engine::run(&prog, remaining, &model, topo, mm)?
+            engine::run(&prog, remaining, &model, topo, mm, options.egress)?
         }
     };
     let mut loads: Vec<ResourceLoad> = Vec::new();

@@ -224,6 +224,18 @@ impl Model {
         level
     }
 
+    /// The egress port a message between ranks meeting at `level` leaves its sender
+    /// by, as a slot per rank: 0 the package link, 1 the node link, 2 the way out of
+    /// the node; `None` for a message to itself.
+    pub(crate) fn slot(&self, level: Level) -> Option<usize> {
+        match level {
+            Level::Device => None,
+            Level::Package if self.base >= Level::Package => Some(0),
+            l if l <= self.base => Some(1),
+            _ => Some(2),
+        }
+    }
+
     /// The resource a copy of `rank` occupies (its memory).
     pub(crate) fn memory(&self, rank: Rank) -> u32 {
         self.mem + rank as u32

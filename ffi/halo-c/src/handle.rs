@@ -1,0 +1,189 @@
+//! The communicator handle and how it is owned.
+//!
+//! A `haloComm_t` is `Arc::into_raw` of an `Arc<haloComm>`: the handle itself holds one
+//! reference, released by `haloCommDestroy` or `haloCommAbort` ([`haloComm::release`]),
+//! and every call on it holds another for its duration ([`Borrowed`]). So a
+//! `haloCommAbort` from a watchdog thread, while this thread is blocked in a
+//! collective on the same communicator, stops that collective and frees the
+//! communicator only when the collective has returned — as NCCL's `ncclCommAbort`
+//! does. Nothing else creates or frees a `haloComm`; the only ways in and out are
+//! [`haloComm::into_handle`], [`Borrowed::new`] and [`haloComm::release`].
+
+use crate::error::{Failure, FfiResult, haloResult};
+use halo_rs::{AbortHandle, Communicator};
+use std::ffi::{CString, c_char};
+use std::fmt;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+
+/// A communicator: one rank's handle on a group of ranks (opaque).
+///
+/// Created by `haloCommInitRank`, `haloCommInitRankConfig`, `haloCommInitFromEnv` or
+/// `haloCommSplit`; freed by `haloCommDestroy` or `haloCommAbort`.
+pub struct haloComm {
+    /// The Rust communicator; the mutex turns two threads using one communicator at
+    /// once into `haloInvalidUsage` instead of a data race.
+    comm: Mutex<Communicator>,
+    /// Stops the communicator from any thread without taking the lock.
+    abort: AbortHandle,
+    rank: usize,
+    size: usize,
+    /// The first error that left the communicator in an unknown state (0: none).
+    async_error: AtomicI32,
+    /// The message of the last failed call on this communicator.
+    last_error: Mutex<CString>,
+}
+
+/// A communicator handle, as every HALO function takes it.
+pub type haloComm_t = *mut haloComm;
+
+impl fmt::Debug for haloComm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("haloComm")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("aborted", &self.abort.is_aborted())
+            .field("async_error", &self.async_error.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl haloComm {
+    /// Wraps a communicator.
+    pub(crate) fn new(comm: Communicator) -> haloComm {
+        haloComm {
+            abort: comm.abort_handle(),
+            rank: comm.rank(),
+            size: comm.size(),
+            comm: Mutex::new(comm),
+            async_error: AtomicI32::new(0),
+            last_error: Mutex::new(CString::default()),
+        }
+    }
+
+    /// The handle C gets: owns one reference.
+    pub(crate) fn into_handle(self) -> haloComm_t {
+        Arc::into_raw(Arc::new(self)).cast_mut()
+    }
+
+    /// Gives up the handle's own reference (NULL: nothing). The communicator is
+    /// dropped now, or when the last call still running on it returns.
+    ///
+    /// # Safety
+    /// `handle` is NULL or came from [`haloComm::into_handle`] and was not released.
+    pub(crate) unsafe fn release(handle: haloComm_t) {
+        if !handle.is_null() {
+            // SAFETY: per the contract, the handle owns one strong reference, which
+            // this takes back exactly once.
+            drop(unsafe { Arc::from_raw(handle.cast_const()) });
+        }
+    }
+
+    /// This rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Aborts the communicator; callable from any thread, also during a call.
+    pub(crate) fn abort(&self) {
+        self.abort.abort();
+        let _ = self.async_error.compare_exchange(
+            0,
+            haloResult::haloAborted as i32,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// The first error that left the communicator in an unknown state.
+    pub(crate) fn async_error(&self) -> i32 {
+        self.async_error.load(Ordering::Acquire)
+    }
+
+    /// The communicator, for one call. A second thread using it at the same time gets
+    /// `haloInvalidUsage`; after a panic inside an earlier call, `haloInternalError`.
+    pub(crate) fn lock(&self) -> FfiResult<MutexGuard<'_, Communicator>> {
+        self.comm.try_lock().map_err(|e| match e {
+            TryLockError::WouldBlock => Failure::new(
+                haloResult::haloInvalidUsage,
+                "the communicator is in use by another thread (a communicator is used by one \
+                 thread at a time; only haloCommAbort and haloCommGetAsyncError may be called \
+                 concurrently)",
+            ),
+            TryLockError::Poisoned(_) => Failure::internal(
+                "the communicator is unusable: an earlier call on it panicked; destroy it",
+            ),
+        })
+    }
+
+    /// Records a failed call: its message, and for failures after which the ranks
+    /// may be out of step (a transport or remote failure, a timeout, an abort, a bug)
+    /// the asynchronous error.
+    pub(crate) fn record_failure(&self, code: haloResult, message: CString) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = message;
+        let fatal = !matches!(
+            code,
+            haloResult::haloSuccess
+                | haloResult::haloInvalidArgument
+                | haloResult::haloInvalidUsage
+                | haloResult::haloInProgress
+        );
+        if fatal {
+            let _ = self.async_error.compare_exchange(
+                0,
+                code as i32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+
+    /// The last failure's message; valid until the next failure on this communicator
+    /// or its release (the string is replaced, never mutated in place).
+    pub(crate) fn last_error_ptr(&self) -> *const c_char {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ptr()
+    }
+}
+
+/// A reference to a communicator held for the duration of one call.
+#[derive(Debug)]
+pub(crate) struct Borrowed(Arc<haloComm>);
+
+impl Borrowed {
+    /// Takes a reference for this call; `None` for NULL.
+    ///
+    /// # Safety
+    /// `handle` is NULL or a live handle from [`haloComm::into_handle`] (not released
+    /// before this call began).
+    pub(crate) unsafe fn new(handle: haloComm_t) -> Option<Borrowed> {
+        if handle.is_null() {
+            return None;
+        }
+        let ptr = handle.cast_const();
+        // SAFETY: the handle is live, so its strong count is at least one; this adds
+        // the reference that `from_raw` below takes over.
+        unsafe { Arc::increment_strong_count(ptr) };
+        // SAFETY: `ptr` came from `Arc::into_raw` and the reference it stands for was
+        // just added.
+        Some(Borrowed(unsafe { Arc::from_raw(ptr) }))
+    }
+}
+
+impl std::ops::Deref for Borrowed {
+    type Target = haloComm;
+
+    fn deref(&self) -> &haloComm {
+        &self.0
+    }
+}
