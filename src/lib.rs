@@ -42,6 +42,7 @@ pub mod check;
 mod comm;
 mod error;
 pub mod launch;
+pub mod plot;
 pub mod select;
 mod transport;
 

@@ -3,6 +3,7 @@
 mod bench;
 mod check;
 mod launch;
+mod simulate;
 mod topo;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +28,8 @@ enum Command {
     Check(check::CheckArgs),
     /// OSU-style all-to-all benchmark, in-process on an emulated cluster.
     Bench(bench::BenchArgs),
+    /// Predict all-to-all times at scale (1,024+ ranks) by replaying the schedules.
+    Simulate(simulate::SimulateArgs),
 }
 
 /// A failed command: what to print after `error: ` and the exit status.
@@ -61,6 +64,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
         Command::Launch(args) => launch::run(&args),
         Command::Check(args) => check::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Simulate(args) => simulate::run(&args),
     }
 }
 

@@ -449,19 +449,155 @@ const LOCAL: usize = 0;
 /// Endpoint slot for peers on other hosts.
 const NET: usize = 1;
 
+/// How long the cancelled operations of a failed collective may take to come back
+/// before the endpoints are closed under them.
+const CANCEL_DRAIN: Duration = Duration::from_millis(100);
+
+/// How often, while waiting, the processes of same-host peers with outstanding
+/// operations are looked at.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+
+/// How long completions are still read after a peer's process was found ended, for
+/// what it sent before it ended.
+const LAST_WORDS: Duration = Duration::from_millis(20);
+
+/// Below this bound `sleep` and `block` only yield: a sleep costs a system call and
+/// its granularity is tens of microseconds (timer slack).
+const YIELD_BELOW: Duration = Duration::from_micros(50);
+
+/// The longest single sleep of `sleep` (and of `block` where an endpoint has no file
+/// descriptor to block on).
+const SLEEP_MAX: Duration = Duration::from_micros(200);
+
+/// What a rank does while it waits for completions (`HALO_PROGRESS`).
+///
+/// The engine first polls without pause (64 times), then calls the transport's wait
+/// with a bound that grows from 1 us to 1 ms; this is what that wait does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Progress {
+    /// Return at once: poll without pause. Lowest latency with a core per rank;
+    /// oversubscribed, a spinning rank takes the processor from the peer it waits for.
+    Spin,
+    /// `sched_yield` between polls.
+    Yield,
+    /// Yield while the bound is below 50 us, then sleep up to 200 us at a time.
+    #[default]
+    Sleep,
+    /// Block on the completion queue's file descriptor (`FI_WAIT_FD`, `fi_trywait`,
+    /// `ppoll`) where the provider has one (`tcp;ofi_rxm`); `shm` in libfabric 1.17
+    /// has none, and there this is `Sleep`.
+    Block,
+}
+
+impl std::str::FromStr for Progress {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Progress> {
+        match s.trim() {
+            "spin" => Ok(Progress::Spin),
+            "yield" => Ok(Progress::Yield),
+            "sleep" => Ok(Progress::Sleep),
+            "block" => Ok(Progress::Block),
+            other => Err(Error::invalid_argument(format!(
+                "HALO_PROGRESS={other:?}: expected spin, yield, sleep or block"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Progress::Spin => "spin",
+            Progress::Yield => "yield",
+            Progress::Sleep => "sleep",
+            Progress::Block => "block",
+        })
+    }
+}
+
+/// A post the provider refused with `-FI_EAGAIN`, retried as the engine progresses.
+#[derive(Debug, Clone, Copy)]
+struct Deferred {
+    peer: usize,
+    token: u32,
+    is_send: bool,
+    region: Region,
+    /// The full tag (tag base included).
+    tag: u64,
+    since: Instant,
+}
+
+/// A process on this host: its id and its start time (clock ticks after boot, from
+/// `/proc/PID/stat`), which tells a reused process id apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Proc {
+    pid: u32,
+    start: u64,
+}
+
+/// State (field 3) and start time (field 22) of a process, from `/proc/PID/stat`.
+fn proc_stat(path: &str) -> std::io::Result<(u8, u64)> {
+    let s = std::fs::read_to_string(path)?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "unexpected stat format");
+    // The command name (field 2) is in parentheses and may hold anything.
+    let (_, rest) = s.rsplit_once(')').ok_or_else(bad)?;
+    let mut fields = rest.split_whitespace();
+    let state = fields
+        .next()
+        .and_then(|f| f.bytes().next())
+        .ok_or_else(bad)?;
+    let start = fields
+        .nth(18)
+        .and_then(|f| f.parse::<u64>().ok())
+        .ok_or_else(bad)?;
+    Ok((state, start))
+}
+
+/// This process as peers on the same host can watch it: its PID namespace and
+/// [`Proc`]. `None` when `/proc` does not show this process under its own id (a
+/// `/proc` of another PID namespace), so that nobody watches the wrong process.
+fn this_process() -> Option<(String, Proc)> {
+    let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    let pid = std::process::id();
+    let (_, start) = proc_stat("/proc/self/stat").ok()?;
+    let (_, seen) = proc_stat(&format!("/proc/{pid}/stat")).ok()?;
+    (seen == start).then(|| (ns.to_string_lossy().into_owned(), Proc { pid, start }))
+}
+
+/// Whether a watched process has ended: gone, a zombie, or its id taken by another
+/// process. `false` when that cannot be told.
+fn has_ended(p: Proc) -> bool {
+    match proc_stat(&format!("/proc/{}/stat", p.pid)) {
+        Ok((state, start)) => start != p.start || matches!(state, b'Z' | b'X' | b'x'),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
 /// The libfabric transport of one rank.
 pub(crate) struct FabricTransport {
     rank: usize,
     size: usize,
     eps: [Option<Endpoint>; 2],
+    /// Provider names per slot (kept when the endpoints are closed).
+    providers: [Option<String>; 2],
     routes: Vec<Route>,
     // Boxed: the provider holds pointers to these contexts, which must not move when
     // the pool grows.
     #[allow(clippy::vec_box)]
     ctxs: Vec<Box<OpCtx>>,
     free: Vec<u32>,
+    /// Posts refused with -FI_EAGAIN, in posting order (kept here to reuse the memory).
+    backlog: Vec<Deferred>,
+    /// Scratch list of peers (reused).
+    peers: Vec<usize>,
+    /// Same-host peers' processes, by rank, for noticing a peer that died.
+    watch: Vec<Option<Proc>>,
+    /// Why the transport may no longer be used.
     broken: Option<String>,
     post_timeout: Duration,
+    progress: Progress,
 }
 
 // SAFETY: the raw pointers inside are libfabric objects opened with FI_THREAD_DOMAIN
@@ -476,6 +612,7 @@ impl std::fmt::Debug for FabricTransport {
             .field("rank", &self.rank)
             .field("size", &self.size)
             .field("providers", &self.providers())
+            .field("progress", &self.progress)
             .field("broken", &self.broken)
             .finish_non_exhaustive()
     }
@@ -483,6 +620,7 @@ impl std::fmt::Debug for FabricTransport {
 
 /// Provider choice for a job.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FabricConfig {
     /// Provider for peers on the same host (`shm`); `None` sends everything over the network provider.
     pub local_provider: Option<String>,
@@ -490,8 +628,11 @@ pub struct FabricConfig {
     pub net_provider: String,
     /// Local IP the network provider binds (default: the address that routes to the bootstrap root).
     pub addr: Option<std::net::IpAddr>,
-    /// How long posting one operation may be refused with -FI_EAGAIN before failing.
+    /// How long one post may keep being refused with -FI_EAGAIN before the collective
+    /// fails (the collective's own timeout applies as well).
     pub post_timeout: Duration,
+    /// What a rank does while it waits (`HALO_PROGRESS`).
+    pub progress: Progress,
 }
 
 impl Default for FabricConfig {
@@ -501,6 +642,7 @@ impl Default for FabricConfig {
             net_provider: "tcp;ofi_rxm".into(),
             addr: None,
             post_timeout: Duration::from_secs(60),
+            progress: Progress::default(),
         }
     }
 }
@@ -508,7 +650,8 @@ impl Default for FabricConfig {
 impl FabricConfig {
     /// The default, changed by `HALO_FABRIC_PROVIDER` (one provider for every peer,
     /// e.g. `tcp;ofi_rxm` or `shm`), `HALO_FABRIC_NET_PROVIDER` (the network provider
-    /// only) and `HALO_FABRIC_ADDR` (the IP the network provider binds).
+    /// only), `HALO_FABRIC_ADDR` (the IP the network provider binds) and
+    /// `HALO_PROGRESS` (`spin`, `yield`, `sleep` or `block`; see [`Progress`]).
     pub fn from_env() -> Result<Self> {
         let mut c = FabricConfig::default();
         if let Ok(p) = std::env::var("HALO_FABRIC_PROVIDER") {
@@ -521,6 +664,9 @@ impl FabricConfig {
             c.addr = Some(a.parse().map_err(|_| {
                 Error::invalid_argument(format!("HALO_FABRIC_ADDR={a:?} is not an IP address"))
             })?);
+        }
+        if let Ok(p) = std::env::var("HALO_PROGRESS") {
+            c.progress = p.parse()?;
         }
         Ok(c)
     }
@@ -542,12 +688,13 @@ impl FabricTransport {
         config: &FabricConfig,
         net_node: &str,
     ) -> Result<(FabricTransport, [Option<Vec<u8>>; 2])> {
+        let want_fd = config.progress == Progress::Block;
         let local = match &config.local_provider {
-            Some(p) if size > 1 => Some(Endpoint::open(p, None)?),
+            Some(p) if size > 1 => Some(Endpoint::open(p, None, want_fd)?),
             _ => None,
         };
         let node = (!config.net_provider.starts_with("shm")).then_some(net_node);
-        let net = Endpoint::open(&config.net_provider, node)?;
+        let net = Endpoint::open(&config.net_provider, node, want_fd)?;
         let names = [
             local.as_ref().map(|e| e.name.clone()),
             Some(net.name.clone()),
@@ -555,12 +702,20 @@ impl FabricTransport {
         let t = FabricTransport {
             rank,
             size,
+            providers: [
+                local.as_ref().map(|e| e.provider.clone()),
+                Some(net.provider.clone()),
+            ],
             eps: [local, Some(net)],
             routes: Vec::new(),
             ctxs: Vec::new(),
             free: Vec::new(),
+            backlog: Vec::new(),
+            peers: Vec::new(),
+            watch: vec![None; size],
             broken: None,
             post_timeout: config.post_timeout,
+            progress: config.progress,
         };
         Ok((t, names))
     }
@@ -633,6 +788,7 @@ impl FabricTransport {
             rank = me,
             local_peers = local,
             providers = ?self.providers(),
+            progress = %self.progress,
             "fabric transport connected"
         );
         Ok(())
@@ -641,17 +797,19 @@ impl FabricTransport {
     /// The providers in use: (local, network).
     pub(crate) fn providers(&self) -> (Option<&str>, Option<&str>) {
         (
-            self.eps[LOCAL].as_ref().map(|e| e.provider.as_str()),
-            self.eps[NET].as_ref().map(|e| e.provider.as_str()),
+            self.providers[LOCAL].as_deref(),
+            self.providers[NET].as_deref(),
         )
     }
 
     /// The provider that carries messages to `peer`.
     pub(crate) fn provider_to(&self, peer: usize) -> Option<&str> {
         let r = self.routes.get(peer)?;
-        self.eps[r.ep as usize]
-            .as_ref()
-            .map(|e| e.provider.as_str())
+        self.providers[r.ep as usize].as_deref()
+    }
+
+    fn provider_name(&self, slot: u8) -> &str {
+        self.providers[slot as usize].as_deref().unwrap_or("?")
     }
 
     /// A context for a new operation.
@@ -687,11 +845,33 @@ impl FabricTransport {
         self.ctxs.len() - self.free.len()
     }
 
+    /// The peers of every outstanding operation (posted or deferred), sorted, into
+    /// `self.peers`.
+    fn collect_peers(&mut self) {
+        self.peers.clear();
+        self.peers.extend(
+            self.ctxs
+                .iter()
+                .filter(|c| c.in_use)
+                .map(|c| c.peer as usize),
+        );
+        self.peers.extend(self.backlog.iter().map(|d| d.peer));
+        self.peers.sort_unstable();
+        self.peers.dedup();
+    }
+
+    /// Whether an operation with `peer` is outstanding.
+    fn waits_for(&self, peer: usize) -> bool {
+        self.ctxs
+            .iter()
+            .any(|c| c.in_use && c.peer as usize == peer)
+            || self.backlog.iter().any(|d| d.peer == peer)
+    }
+
     /// Reads every endpoint's completion queue once; completed tokens go to `done`.
     fn poll(&mut self, done: &mut Vec<u32>) -> CResult<()> {
         for slot in [LOCAL, NET] {
-            while let Some(e) = self.eps[slot].as_ref() {
-                let (cq, provider) = (e.cq, e.provider.clone());
+            while let Some(cq) = self.eps[slot].as_ref().map(|e| e.cq) {
                 let mut entries = [fi::fi_cq_entry {
                     op_context: ptr::null_mut(),
                 }; 32];
@@ -714,9 +894,10 @@ impl FabricTransport {
                     if r == EAGAIN {
                         break;
                     }
+                    let provider = self.provider_name(slot as u8);
                     if r < 0 {
                         return Err(CollectiveError::System(format!(
-                            "fi_cq_readerr: {}",
+                            "fi_cq_readerr on {provider}: {}",
                             fi::strerror(r as i64)
                         )));
                     }
@@ -731,22 +912,23 @@ impl FabricTransport {
                     // boxed and alive until released below.
                     let (peer, is_send, token) =
                         unsafe { ((*ctx).peer, (*ctx).is_send, (*ctx).token) };
+                    let msg = format!(
+                        "{} rank {peer} failed on {provider}: {} (step {token})",
+                        if is_send { "send to" } else { "receive from" },
+                        fi::strerror(i64::from(err.err))
+                    );
                     self.release(ctx);
                     if err.err == fi::FI_ECANCELED {
                         continue;
                     }
-                    let what = if is_send { "send to" } else { "receive from" };
-                    let msg = format!(
-                        "{what} rank {peer} failed on {provider}: {} (step {token})",
-                        fi::strerror(i64::from(err.err))
-                    );
                     return Err(CollectiveError::Remote {
                         peer: peer as usize,
                         message: msg,
                     });
                 } else {
                     return Err(CollectiveError::System(format!(
-                        "fi_cq_read: {}",
+                        "fi_cq_read on {}: {}",
+                        self.provider_name(slot as u8),
                         fi::strerror(ret as i64)
                     )));
                 }
@@ -774,6 +956,116 @@ impl FabricTransport {
             self.free.push(c.index);
         }
     }
+
+    /// Asks the provider to cancel operation `i` of the pool (it then completes with
+    /// `FI_ECANCELED`, or normally if it was already done).
+    fn cancel_ctx(&mut self, i: usize) {
+        let c = &mut self.ctxs[i];
+        if !c.in_use {
+            return;
+        }
+        if let Some(e) = self.eps[c.ep as usize].as_ref() {
+            // SAFETY: the endpoint is open and the context was posted on it; cancel
+            // only asks the provider to complete it with FI_ECANCELED.
+            let ret = unsafe { fi::fi_cancel(&mut (*e.ep).fid, (&mut **c as *mut OpCtx).cast()) };
+            if ret != 0 && ret != -(fi::FI_ENOENT as isize) {
+                tracing::debug!(
+                    rank = self.rank,
+                    peer = c.peer,
+                    "fi_cancel: {}",
+                    fi::strerror(ret as i64)
+                );
+            }
+        }
+    }
+
+    /// Cancels everything outstanding and reads completions until it is all back or
+    /// `limit` has passed; returns how many operations are still with the provider.
+    fn cancel_all(&mut self, limit: Duration) -> usize {
+        self.backlog.clear();
+        for i in 0..self.ctxs.len() {
+            self.cancel_ctx(i);
+        }
+        let deadline = Instant::now() + limit;
+        let mut sink = Vec::new();
+        while self.in_flight() > 0 && Instant::now() < deadline {
+            // Errors other than cancellations (a peer that failed) are expected here.
+            let _ = self.poll(&mut sink);
+            sink.clear();
+            std::thread::yield_now();
+        }
+        self.in_flight()
+    }
+
+    /// Closes the endpoints and refuses every later collective with `why`.
+    fn break_down(&mut self, why: String) {
+        self.backlog.clear();
+        self.eps = [None, None];
+        for c in &mut self.ctxs {
+            c.in_use = false;
+        }
+        self.free = (0..self.ctxs.len() as u32).collect();
+        self.broken = Some(why);
+    }
+
+    /// Waits up to `max` on the completion queues' file descriptors (`block`).
+    fn block(&mut self, max: Duration) {
+        if max < YIELD_BELOW {
+            std::thread::yield_now();
+            return;
+        }
+        let mut fds = [
+            PollFd {
+                fd: -1,
+                events: POLLIN,
+                revents: 0,
+            },
+            PollFd {
+                fd: -1,
+                events: POLLIN,
+                revents: 0,
+            },
+        ];
+        let mut n = 0;
+        let mut every = true;
+        for e in self.eps.iter().flatten() {
+            let Some(fd) = e.wait_fd else {
+                every = false;
+                continue;
+            };
+            let mut fid: *mut fi::fid = e.cq.cast();
+            // SAFETY: the fabric and the CQ are open; `fid` is one fid of that fabric.
+            let ret = unsafe { fi::fi_trywait(e.fabric, &mut fid, 1) };
+            if ret as isize == EAGAIN {
+                // Completions are ready (or progress is needed): poll again now.
+                return;
+            }
+            if ret != 0 {
+                every = false;
+                continue;
+            }
+            fds[n].fd = fd;
+            n += 1;
+        }
+        // Completions of an endpoint without a descriptor (shm) or of a deferred post
+        // are only seen by polling: bound the block as `sleep` does then.
+        let bound = if every && self.backlog.is_empty() {
+            max
+        } else {
+            max.min(SLEEP_MAX)
+        };
+        if n == 0 {
+            std::thread::sleep(bound);
+            return;
+        }
+        let ts = Timespec {
+            tv_sec: bound.as_secs() as c_long,
+            tv_nsec: c_long::from(bound.subsec_nanos() as i32),
+        };
+        // SAFETY: `fds` holds `n` initialised pollfds; `ts` is a valid timespec; no
+        // signal mask is changed (NULL).
+        unsafe { ppoll(fds.as_mut_ptr(), n as c_ulong, &ts, ptr::null()) };
+    }
 }
 
 impl Transport for FabricTransport {
@@ -789,8 +1081,10 @@ impl Transport for FabricTransport {
 
     fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<FabricSession<'a>> {
         if let Some(why) = &self.broken {
-            return Err(CollectiveError::System(format!(
-                "the fabric transport is unusable: {why}"
+            return Err(CollectiveError::InvalidUsage(format!(
+                "rank {}: this communicator can no longer be used: {why}; drop it and create \
+                 a new one (HALO_TIMEOUT_MS sets the timeout)",
+                self.rank
             )));
         }
         if self.routes.len() != self.size {
@@ -806,6 +1100,8 @@ impl Transport for FabricTransport {
             mrs: Vec::new(),
             descs: [[ptr::null_mut(); 3]; 2],
             ready: Vec::new(),
+            error: None,
+            last_watch: Instant::now(),
         };
         session.register()?;
         Ok(session)
@@ -821,6 +1117,10 @@ pub(crate) struct FabricSession<'a> {
     /// Memory descriptors per endpoint slot per buffer (send, recv, scratch).
     descs: [[*mut c_void; 3]; 2],
     ready: Vec<u32>,
+    /// The first error this session returned (why the transport breaks on drop).
+    error: Option<String>,
+    /// When the processes of the peers waited for were last looked at.
+    last_watch: Instant,
 }
 
 impl std::fmt::Debug for FabricSession<'_> {
@@ -828,6 +1128,7 @@ impl std::fmt::Debug for FabricSession<'_> {
         f.debug_struct("FabricSession")
             .field("rank", &self.t.rank)
             .field("in_flight", &self.t.in_flight())
+            .field("deferred", &self.t.backlog.len())
             .finish_non_exhaustive()
     }
 }
@@ -866,6 +1167,16 @@ impl FabricSession<'_> {
         Ok(())
     }
 
+    /// Keeps the first error (for the reason the transport breaks) and returns it.
+    fn note<T>(&mut self, r: CResult<T>) -> CResult<T> {
+        if let Err(e) = &r
+            && self.error.is_none()
+        {
+            self.error = Some(e.to_string());
+        }
+        r
+    }
+
     fn full_tag(&self, tag: u64) -> CResult<u64> {
         if tag >> TAG_BITS != 0 {
             return Err(CollectiveError::Internal(format!(
@@ -875,16 +1186,9 @@ impl FabricSession<'_> {
         Ok(self.tag_base | tag)
     }
 
-    fn route(&self, peer: usize) -> CResult<Route> {
-        if peer >= self.t.size || peer == self.t.rank {
-            return Err(CollectiveError::Internal(format!(
-                "no route to rank {peer}"
-            )));
-        }
-        Ok(self.t.routes[peer])
-    }
-
-    /// Posts with `-FI_EAGAIN` retried while progressing, within the post timeout.
+    /// Posts an operation, or defers it when the provider refuses it for now (or
+    /// when an earlier operation with the same peer is still deferred: per peer,
+    /// operations reach the provider in posting order).
     fn post(
         &mut self,
         peer: usize,
@@ -893,91 +1197,189 @@ impl FabricSession<'_> {
         region: Region,
         tag: u64,
     ) -> CResult<()> {
-        let route = self.route(peer)?;
+        if peer >= self.t.size || peer == self.t.rank {
+            return Err(CollectiveError::Internal(format!(
+                "no route to rank {peer}"
+            )));
+        }
         let tag = self.full_tag(tag)?;
-        let ptr_ = if is_send {
-            self.bufs.locate(region)?.cast_mut()
-        } else {
-            self.bufs.locate_write(region)?
+        let d = Deferred {
+            peer,
+            token,
+            is_send,
+            region,
+            tag,
+            since: Instant::now(),
         };
-        let desc = self.descs[route.ep as usize][buf_index(region.buf)];
-        let ctx = self.t.take_ctx(token, peer, route.ep, is_send);
-        let ep = self.t.eps[route.ep as usize]
-            .as_ref()
-            .expect("routed endpoint is open")
-            .ep;
-        let start = Instant::now();
-        loop {
-            // SAFETY: `ptr_ .. + region.len` lies in a buffer this session borrows until
-            // it is dropped, and the drop cancels and drains every operation first; the
-            // context is a live boxed OpCtx whose first field is the fi_context2 the
-            // provider may use; `desc` is NULL or the descriptor of that buffer's
-            // registration on this endpoint.
-            let ret = unsafe {
-                if is_send {
-                    fi::fi_tsend(
-                        ep,
-                        ptr_.cast_const().cast(),
-                        region.len,
-                        desc,
-                        route.addr,
-                        tag,
-                        ctx.cast(),
-                    )
-                } else {
-                    fi::fi_trecv(
-                        ep,
-                        ptr_.cast(),
-                        region.len,
-                        desc,
-                        route.addr,
-                        tag,
-                        0,
-                        ctx.cast(),
-                    )
+        if self.t.backlog.iter().any(|b| b.peer == peer) || !self.try_post(&d)? {
+            self.t.backlog.push(d);
+        }
+        Ok(())
+    }
+
+    /// Hands one operation to the provider; `Ok(false)` when it refused with
+    /// `-FI_EAGAIN`.
+    fn try_post(&mut self, d: &Deferred) -> CResult<bool> {
+        let route = self.t.routes[d.peer];
+        let ptr_ = if d.is_send {
+            self.bufs.locate(d.region)?.cast_mut()
+        } else {
+            self.bufs.locate_write(d.region)?
+        };
+        let desc = self.descs[route.ep as usize][buf_index(d.region.buf)];
+        let Some(ep) = self.t.eps[route.ep as usize].as_ref().map(|e| e.ep) else {
+            return Err(CollectiveError::Internal(format!(
+                "no endpoint for rank {}",
+                d.peer
+            )));
+        };
+        let ctx = self.t.take_ctx(d.token, d.peer, route.ep, d.is_send);
+        // SAFETY: `ptr_ .. + region.len` lies in a buffer this session borrows until it
+        // is dropped, and the drop cancels every operation and, if any is not back,
+        // closes the endpoints first; the context is a live boxed OpCtx whose first
+        // field is the fi_context2 the provider may use; `desc` is NULL or the
+        // descriptor of that buffer's registration on this endpoint.
+        let ret = unsafe {
+            if d.is_send {
+                fi::fi_tsend(
+                    ep,
+                    ptr_.cast_const().cast(),
+                    d.region.len,
+                    desc,
+                    route.addr,
+                    d.tag,
+                    ctx.cast(),
+                )
+            } else {
+                fi::fi_trecv(
+                    ep,
+                    ptr_.cast(),
+                    d.region.len,
+                    desc,
+                    route.addr,
+                    d.tag,
+                    0,
+                    ctx.cast(),
+                )
+            }
+        };
+        if ret == 0 {
+            return Ok(true);
+        }
+        self.t.release(ctx);
+        if ret == EAGAIN {
+            return Ok(false);
+        }
+        Err(CollectiveError::System(format!(
+            "{} rank {} over {}: {}",
+            if d.is_send {
+                "fi_tsend to"
+            } else {
+                "fi_trecv from"
+            },
+            d.peer,
+            self.t.provider_name(route.ep),
+            fi::strerror(ret as i64)
+        )))
+    }
+
+    /// Retries the deferred posts in order, skipping the later ones of a peer whose
+    /// earlier one is refused again.
+    fn retry_deferred(&mut self) -> CResult<()> {
+        if self.t.backlog.is_empty() {
+            return Ok(());
+        }
+        let mut blocked = std::mem::take(&mut self.t.peers);
+        blocked.clear();
+        let mut out = Ok(());
+        let mut i = 0;
+        while i < self.t.backlog.len() {
+            let d = self.t.backlog[i];
+            if blocked.contains(&d.peer) {
+                i += 1;
+                continue;
+            }
+            match self.try_post(&d) {
+                Ok(true) => {
+                    self.t.backlog.remove(i);
                 }
-            };
-            if ret == 0 {
-                return Ok(());
+                Ok(false) => {
+                    if d.since.elapsed() > self.t.post_timeout {
+                        out = Err(CollectiveError::Remote {
+                            peer: d.peer,
+                            message: format!(
+                                "rank {} has not accepted a message over {} for {:?} (it does \
+                                 not read its completion queue: busy outside HALO, or hung)",
+                                d.peer,
+                                self.t.provider_name(self.t.routes[d.peer].ep),
+                                self.t.post_timeout
+                            ),
+                        });
+                        break;
+                    }
+                    blocked.push(d.peer);
+                    i += 1;
+                }
+                Err(e) => {
+                    out = Err(e);
+                    break;
+                }
             }
-            if ret != EAGAIN {
-                self.t.release(ctx);
-                let what = if is_send {
-                    "fi_tsend to"
-                } else {
-                    "fi_trecv from"
-                };
-                return Err(CollectiveError::System(format!(
-                    "{what} rank {peer}: {}",
-                    fi::strerror(ret as i64)
-                )));
-            }
+        }
+        self.t.peers = blocked;
+        out
+    }
+
+    /// Every `WATCH_EVERY` while waiting: fails with `Remote` when the process of a
+    /// same-host peer that an outstanding operation needs has ended, after reading
+    /// what it may have sent before.
+    fn watch_peers(&mut self) -> CResult<()> {
+        if self.last_watch.elapsed() < WATCH_EVERY || self.t.watch.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        self.last_watch = Instant::now();
+        self.t.collect_peers();
+        let ended = self
+            .t
+            .peers
+            .iter()
+            .find_map(|&p| self.t.watch[p].filter(|&w| has_ended(w)).map(|w| (p, w)));
+        let Some((peer, proc_)) = ended else {
+            return Ok(());
+        };
+        // Its last messages may still be on the way in: read completions for a moment.
+        let until = Instant::now() + LAST_WORDS;
+        while Instant::now() < until && self.t.waits_for(peer) {
             let mut done = std::mem::take(&mut self.ready);
-            let polled = self.t.poll(&mut done);
+            let r = self.t.poll(&mut done).and_then(|()| self.retry_deferred());
             self.ready = done;
-            if let Err(e) = polled {
-                self.t.release(ctx);
-                return Err(e);
-            }
-            if start.elapsed() > self.t.post_timeout {
-                self.t.release(ctx);
-                return Err(CollectiveError::System(format!(
-                    "rank {peer} did not accept a message for {:?} (provider busy)",
-                    self.t.post_timeout
-                )));
-            }
+            r?;
             std::thread::yield_now();
         }
+        if !self.t.waits_for(peer) {
+            // It did all this collective needs from it; another peer may still fail.
+            self.t.watch[peer] = None;
+            return Ok(());
+        }
+        Err(CollectiveError::Remote {
+            peer,
+            message: format!(
+                "rank {peer} (process {} on this host) ended while rank {} was waiting for it",
+                proc_.pid, self.t.rank
+            ),
+        })
     }
 }
 
 impl Session for FabricSession<'_> {
     fn post_send(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
-        self.post(peer, token, true, region, tag)
+        let r = self.post(peer, token, true, region, tag);
+        self.note(r)
     }
 
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
-        self.post(peer, token, false, region, tag)
+        let r = self.post(peer, token, false, region, tag);
+        self.note(r)
     }
 
     fn copy(&mut self, src: Region, dst: Region) -> CResult<()> {
@@ -986,42 +1388,45 @@ impl Session for FabricSession<'_> {
 
     fn progress(&mut self, completed: &mut Vec<u32>) -> CResult<()> {
         completed.append(&mut self.ready);
-        self.t.poll(completed)
+        let r = self.t.poll(completed).and_then(|()| self.retry_deferred());
+        self.note(r)
     }
 
     fn test(&mut self, token: u32) -> CResult<bool> {
         let mut done = std::mem::take(&mut self.ready);
-        let r = self.t.poll(&mut done);
+        let r = self.t.poll(&mut done).and_then(|()| self.retry_deferred());
         self.ready = done;
-        r?;
+        self.note(r)?;
         if let Some(i) = self.ready.iter().position(|&t| t == token) {
             self.ready.swap_remove(i);
             return Ok(true);
         }
-        Ok(!self.t.ctxs.iter().any(|c| c.in_use && c.token == token))
+        Ok(!self.t.ctxs.iter().any(|c| c.in_use && c.token == token)
+            && !self.t.backlog.iter().any(|d| d.token == token))
     }
 
     fn cancel(&mut self, token: u32) -> CResult<()> {
-        for c in self
-            .t
-            .ctxs
-            .iter_mut()
-            .filter(|c| c.in_use && c.token == token)
-        {
-            if let Some(e) = self.t.eps[c.ep as usize].as_ref() {
-                // SAFETY: the endpoint is open and the context was posted on it; cancel
-                // only asks the provider to complete it with FI_ECANCELED.
-                unsafe { fi::fi_cancel(&mut (*e.ep).fid, (&mut **c as *mut OpCtx).cast()) };
+        self.t.backlog.retain(|d| d.token != token);
+        for i in 0..self.t.ctxs.len() {
+            if self.t.ctxs[i].in_use && self.t.ctxs[i].token == token {
+                self.t.cancel_ctx(i);
             }
         }
         Ok(())
     }
 
     fn wait(&mut self, max: Duration) -> CResult<()> {
-        if max < Duration::from_micros(50) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(max.min(Duration::from_micros(200)));
+        if !self.ready.is_empty() {
+            return Ok(());
+        }
+        let r = self.watch_peers();
+        self.note(r)?;
+        match self.t.progress {
+            Progress::Spin => std::hint::spin_loop(),
+            Progress::Yield => std::thread::yield_now(),
+            Progress::Sleep if max < YIELD_BELOW => std::thread::yield_now(),
+            Progress::Sleep => std::thread::sleep(max.min(SLEEP_MAX)),
+            Progress::Block => self.t.block(max),
         }
         Ok(())
     }
@@ -1029,41 +1434,37 @@ impl Session for FabricSession<'_> {
 
 impl Drop for FabricSession<'_> {
     fn drop(&mut self) {
-        // Cancel what is still posted, then read completions until every context is
-        // back. Only then may the caller's buffers go.
-        if self.t.in_flight() > 0 {
-            for i in 0..self.t.ctxs.len() {
-                let c = &mut self.t.ctxs[i];
-                if !c.in_use {
-                    continue;
-                }
-                if let Some(e) = self.t.eps[c.ep as usize].as_ref() {
-                    // SAFETY: as in `cancel`.
-                    unsafe { fi::fi_cancel(&mut (*e.ep).fid, (&mut **c as *mut OpCtx).cast()) };
-                }
-            }
-            let deadline = Instant::now() + Duration::from_secs(2);
-            let mut sink = Vec::new();
-            while self.t.in_flight() > 0 && Instant::now() < deadline {
-                let _ = self.t.poll(&mut sink);
-                sink.clear();
-                std::thread::yield_now();
-            }
-            if self.t.in_flight() > 0 {
-                // The provider still holds operations on the caller's buffers: close the
-                // endpoints so nothing can touch them any more, and refuse further use.
-                let why = format!("{} operations could not be cancelled", self.t.in_flight());
-                tracing::error!(rank = self.t.rank, "{why}; closing the fabric endpoints");
-                self.t.eps = [None, None];
-                for c in &mut self.t.ctxs {
-                    c.in_use = false;
-                }
-                self.t.free = (0..self.t.ctxs.len() as u32).collect();
-                self.t.broken = Some(why);
-            }
+        // Operations still outstanding mean the collective did not complete (the
+        // engine returns success only when every step has): the transport breaks.
+        let failed = self.t.in_flight() > 0 || !self.t.backlog.is_empty() || self.error.is_some();
+        let mut why = String::new();
+        if failed {
+            self.t.collect_peers();
+            let (posted, deferred) = (self.t.in_flight(), self.t.backlog.len());
+            why = match &self.error {
+                Some(e) => format!("a collective failed on this rank ({e})"),
+                None => format!(
+                    "a collective did not complete on this rank (timed out or aborted with \
+                     {} operations outstanding, with ranks {:?})",
+                    posted + deferred,
+                    self.t.peers
+                ),
+            };
+            let left = self.t.cancel_all(CANCEL_DRAIN);
+            tracing::warn!(
+                rank = self.t.rank,
+                left,
+                "{why}; closing the fabric endpoints"
+            );
         }
+        // Registrations go before the endpoints they may be bound to.
         for mr in self.mrs.drain(..) {
-            close(mr.cast());
+            close(mr.cast(), "memory registration");
+        }
+        if failed {
+            // Closing the endpoints guarantees that the provider no longer touches the
+            // caller's buffers, whatever it still held.
+            self.t.break_down(why);
         }
     }
 }
@@ -1119,18 +1520,24 @@ struct Card {
     host: String,
     topology: String,
     names: [Option<Vec<u8>>; 2],
+    /// Its process, for peers on the same host: PID namespace and process.
+    process: Option<(String, Proc)>,
 }
 
 impl Card {
     fn encode(&self) -> Vec<u8> {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "host": self.host,
             "topology": self.topology,
             "local": self.names[LOCAL].as_deref().map(hex),
             "net": self.names[NET].as_deref().map(hex),
-        })
-        .to_string()
-        .into_bytes()
+        });
+        if let Some((ns, p)) = &self.process {
+            v["pidns"] = ns.as_str().into();
+            v["pid"] = p.pid.into();
+            v["start"] = p.start.into();
+        }
+        v.to_string().into_bytes()
     }
 
     fn decode(rank: usize, bytes: &[u8]) -> Result<Card> {
@@ -1155,6 +1562,20 @@ impl Card {
                 .ok_or_else(bad)?
                 .to_string(),
             names: [name("local")?, name("net")?],
+            process: match (
+                v.get("pidns").and_then(|x| x.as_str()),
+                v.get("pid").and_then(|x| x.as_u64()),
+                v.get("start").and_then(|x| x.as_u64()),
+            ) {
+                (Some(ns), Some(pid), Some(start)) => Some((
+                    ns.to_string(),
+                    Proc {
+                        pid: u32::try_from(pid).map_err(|_| bad())?,
+                        start,
+                    },
+                )),
+                _ => None,
+            },
         })
     }
 }
@@ -1232,6 +1653,7 @@ pub(crate) fn establish(
         host: local_hostname(),
         topology: topology_spec.to_string(),
         names,
+        process: this_process(),
     };
     let cards: Vec<Card> = join(&card.encode())?
         .iter()
@@ -1253,6 +1675,18 @@ pub(crate) fn establish(
     }
     let hosts: Vec<String> = cards.iter().map(|c| c.host.clone()).collect();
     let topology = job_topology(&hosts, topology_spec)?;
+    // Same host name and PID namespace: this rank can see the peer's process end.
+    if let Some((ns, _)) = &cards[rank].process {
+        for (p, c) in cards.iter().enumerate() {
+            if p != rank
+                && c.host == cards[rank].host
+                && let Some((pns, proc_)) = &c.process
+                && pns == ns
+            {
+                transport.watch[p] = Some(*proc_);
+            }
+        }
+    }
     let names: Vec<[Option<Vec<u8>>; 2]> = cards.into_iter().map(|c| c.names).collect();
     transport.connect(&hosts, &names)?;
     Ok((transport, topology))

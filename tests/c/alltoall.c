@@ -1,6 +1,13 @@
 /*
- * All-to-all and all-to-all-v through the C API, byte-exact, on a communicator
- * from the launcher's environment (haloCommInitFromEnv).
+ * All-to-all and all-to-all-v through the C API, byte-exact.
+ *
+ *   alltoall                        communicator from the launcher's environment
+ *                                   (haloCommInitFromEnv)
+ *   alltoall ID_FILE ALGO TOPOLOGY  rank 0 makes a haloUniqueId and writes it to
+ *                                   ID_FILE, the others read it; every rank calls
+ *                                   haloCommInitRankConfig with algorithm ALGO (a
+ *                                   haloAlgorithm_t number) and topology TOPOLOGY
+ *                                   (RANK and WORLD_SIZE from the environment)
  *
  * - haloAllToAll for every data type and counts 0 (NULL buffers), 1, 7, 1000;
  * - haloAllToAllv over several rounds with random per-pair counts (many zeros,
@@ -128,9 +135,47 @@ static void topology(haloComm_t comm, int n) {
     free(json);
 }
 
-int main(void) {
+/* The unique id: made by rank 0 and written to `path` (atomically: a temporary
+ * file, then rename), read by the others once it appears. */
+static haloUniqueId shared_id(const char *path, int rank) {
+    haloUniqueId id;
+    if (rank == 0) {
+        CHECK(haloGetUniqueId(&id));
+        char tmp[4096];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE *f = fopen(tmp, "wb");
+        if (!f || fwrite(&id, sizeof(id), 1, f) != 1 || fclose(f) != 0 || rename(tmp, path) != 0)
+            FAIL("cannot write the unique id to %s", path);
+        return id;
+    }
+    for (int tries = 0; tries < 6000; tries++) {
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            size_t got = fread(&id, sizeof(id), 1, f);
+            fclose(f);
+            if (got == 1)
+                return id;
+        }
+        sleep_ms(10);
+    }
+    FAIL("no unique id in %s after 60 s", path);
+}
+
+int main(int argc, char **argv) {
     haloComm_t comm = NULL;
-    CHECK(haloCommInitFromEnv(&comm));
+    test_rank = env_int("RANK", -1);
+    if (argc == 4) {
+        haloUniqueId id = shared_id(argv[1], test_rank);
+        haloConfig_t config = HALO_CONFIG_INITIALIZER;
+        config.algorithm = atoi(argv[2]);
+        config.topology = argv[3];
+        config.timeoutMs = 30000;
+        CHECK(haloCommInitRankConfig(&comm, env_int("WORLD_SIZE", -1), id, test_rank, &config));
+    } else if (argc == 1) {
+        CHECK(haloCommInitFromEnv(&comm));
+    } else {
+        FAIL("usage: alltoall [ID_FILE ALGO TOPOLOGY]");
+    }
     int n = -1, me = -1;
     CHECK(haloCommCount(comm, &n));
     CHECK(haloCommUserRank(comm, &me));

@@ -1,5 +1,5 @@
 /*
- * Helpers shared by the C tests of libhalo (tests/c/*.c).
+ * Helpers shared by the C tests of libhalo (the programs in tests/c).
  *
  * The programs are built with gcc -std=c11 -Wall -Wextra -Werror against
  * include/halo.h and run as several processes by ffi/halo-c/tests/c_programs.rs
@@ -10,6 +10,9 @@
 #ifndef HALO_TEST_H
 #define HALO_TEST_H
 
+/* nanosleep, clock_gettime, pthreads under -std=c11. */
+#define _POSIX_C_SOURCE 200809L
+
 #include <halo.h>
 
 #include <inttypes.h>
@@ -17,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Fails the program: the rank, the line, the message. */
 #define FAIL(...)                                                            \
@@ -51,10 +55,10 @@
         checked_errors++;                                                    \
     } while (0)
 
-static int test_rank = -1;
-static int checked_errors = 0;
+int test_rank = -1; /* (one program per translation unit) */
+int checked_errors = 0;
 
-static void expect_message(int line, const char *call, const char *message,
+static inline void expect_message(int line, const char *call, const char *message,
                            const char *needle) {
     if (message == NULL) {
         fprintf(stderr, "FAIL (rank %d, line %d): haloGetLastError returned NULL after %s\n",
@@ -70,7 +74,7 @@ static void expect_message(int line, const char *call, const char *message,
 }
 
 /* splitmix64: the same stream on every rank for the same seed. */
-static uint64_t mix64(uint64_t x) {
+static inline uint64_t mix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ULL;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
@@ -78,13 +82,19 @@ static uint64_t mix64(uint64_t x) {
 }
 
 /* The byte at `index` of what rank `src` sends to rank `dst` in round `round`. */
-static uint8_t pattern(int round, int src, int dst, size_t index) {
+static inline uint8_t pattern(int round, int src, int dst, size_t index) {
     return (uint8_t)mix64(((uint64_t)round << 48) ^ ((uint64_t)src << 32) ^
                           ((uint64_t)dst << 16) ^ (uint64_t)index);
 }
 
+/* Sleeps `ms` milliseconds. */
+static inline void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000 * 1000};
+    nanosleep(&t, NULL);
+}
+
 /* An integer from the environment, or `fallback`. */
-static int env_int(const char *name, int fallback) {
+static inline int env_int(const char *name, int fallback) {
     const char *v = getenv(name);
     return v ? atoi(v) : fallback;
 }

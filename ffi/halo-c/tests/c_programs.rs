@@ -1,0 +1,383 @@
+//! The C programs of `tests/c/`, compiled with gcc against `include/halo.h` and the
+//! library cargo built for this test (`libhalo.so` beside the test binary), run as
+//! several processes.
+//!
+//! The ranks are started the way `halo launch` starts them: `RANK`, `WORLD_SIZE`,
+//! `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `HALO_BOOTSTRAP_ADDR` and `HALO_SECRET` in the
+//! environment; each rank's output goes to its own files so that the assertions can
+//! name the rank. The memcheck test runs the programs under valgrind (skipped, with
+//! the reason printed, when valgrind is not installed: `bash scripts/deps.sh test`
+//! installs it). The last test installs the library with `scripts/install-c.sh` to a
+//! temporary prefix and builds the README's example through pkg-config, as a new user
+//! would, then runs it with the launcher behind `halo launch`.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The repository root.
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// Where cargo put `libhalo.so` and `libhalo.a` for this test: the test binary's own
+/// directory (`target/<profile>/deps`), where the library this test depends on is
+/// rebuilt whenever its sources change.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().to_path_buf();
+    assert!(
+        dir.join("libhalo.so").is_file(),
+        "libhalo.so is not in {} (cargo builds it for this test as the halo-ffi cdylib)",
+        dir.display()
+    );
+    dir
+}
+
+/// A fresh scratch directory for one test.
+fn scratch(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("c_programs")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Warnings are errors; the language is strict C11.
+const CFLAGS: &[&str] = &[
+    "-std=c11",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-Wpedantic",
+    "-g",
+];
+
+/// Runs a command to completion; panics with its output when it fails.
+#[track_caller]
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Compiles `tests/c/<name>.c` against the header and the shared library (found at run
+/// time through an rpath), once per test process.
+fn program(name: &'static str) -> PathBuf {
+    static BUILT: OnceLock<std::sync::Mutex<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Default::default);
+    let mut built = built.lock().unwrap();
+    if let Some((_, p)) = built.iter().find(|(n, _)| *n == name) {
+        return p.clone();
+    }
+    let (root, lib) = (root(), lib_dir());
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("c_programs/bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(name);
+    run_ok(
+        Command::new("gcc")
+            .args(CFLAGS)
+            .arg("-I")
+            .arg(root.join("include"))
+            .arg("-I")
+            .arg(root.join("tests/c"))
+            .arg(root.join(format!("tests/c/{name}.c")))
+            .arg("-o")
+            .arg(&out)
+            .arg("-pthread")
+            .arg("-L")
+            .arg(&lib)
+            .arg("-lhalo")
+            .arg(format!("-Wl,-rpath,{}", lib.display())),
+    );
+    built.push((name, out.clone()));
+    out
+}
+
+/// A loopback port that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// How one rank ended.
+#[derive(Debug)]
+struct Rank {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// A job: `n` ranks of `cmd` (a wrapper such as valgrind first, if any).
+struct Job {
+    n: usize,
+    cmd: Vec<String>,
+    env: Vec<(String, String)>,
+    limit: Duration,
+}
+
+impl Job {
+    fn new(n: usize, program: &Path) -> Job {
+        Job {
+            n,
+            cmd: vec![program.display().to_string()],
+            env: Vec::new(),
+            limit: Duration::from_secs(90),
+        }
+    }
+
+    fn args(mut self, args: &[&str]) -> Job {
+        self.cmd.extend(args.iter().map(|s| s.to_string()));
+        self
+    }
+
+    fn env(mut self, k: &str, v: &str) -> Job {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    fn wrapped(mut self, wrapper: Vec<String>) -> Job {
+        self.cmd.splice(0..0, wrapper);
+        self
+    }
+
+    fn limit(mut self, limit: Duration) -> Job {
+        self.limit = limit;
+        self
+    }
+
+    /// Starts every rank, waits for all (killing them past the limit) and returns how
+    /// each ended.
+    fn run(self, dir: &Path) -> Vec<Rank> {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let secret: String = (0..32)
+            .map(|i| format!("{:02x}", (std::process::id() as usize * 31 + i * 7) % 256))
+            .collect();
+        let mut children: Vec<Child> = (0..self.n)
+            .map(|r| {
+                let out = std::fs::File::create(dir.join(format!("rank{r}.out"))).unwrap();
+                let err = std::fs::File::create(dir.join(format!("rank{r}.err"))).unwrap();
+                Command::new(&self.cmd[0])
+                    .args(&self.cmd[1..])
+                    .current_dir(dir)
+                    .env("RANK", r.to_string())
+                    .env("WORLD_SIZE", self.n.to_string())
+                    .env("LOCAL_RANK", r.to_string())
+                    .env("LOCAL_WORLD_SIZE", self.n.to_string())
+                    .env("HALO_BOOTSTRAP_ADDR", &addr)
+                    .env("HALO_SECRET", &secret)
+                    .envs(self.env.iter().map(|(k, v)| (k, v)))
+                    .stdin(Stdio::null())
+                    .stdout(out)
+                    .stderr(err)
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", self.cmd))
+            })
+            .collect();
+        let start = Instant::now();
+        let mut codes: Vec<Option<Option<i32>>> = vec![None; self.n];
+        while codes.iter().any(Option::is_none) {
+            for (r, c) in children.iter_mut().enumerate() {
+                if codes[r].is_none()
+                    && let Some(st) = c.try_wait().unwrap()
+                {
+                    codes[r] = Some(st.code());
+                }
+            }
+            if start.elapsed() > self.limit {
+                for (r, c) in children.iter_mut().enumerate() {
+                    if codes[r].is_none() {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                }
+                let ranks = collect(dir, &codes);
+                panic!(
+                    "{:?} with {} ranks ran past {:?}; ranks: {ranks:#?}",
+                    self.cmd, self.n, self.limit
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        collect(dir, &codes)
+    }
+}
+
+fn collect(dir: &Path, codes: &[Option<Option<i32>>]) -> Vec<Rank> {
+    codes
+        .iter()
+        .enumerate()
+        .map(|(r, c)| Rank {
+            code: c.flatten(),
+            stdout: std::fs::read_to_string(dir.join(format!("rank{r}.out"))).unwrap_or_default(),
+            stderr: std::fs::read_to_string(dir.join(format!("rank{r}.err"))).unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// Every rank exited 0 and printed `ok_line`.
+#[track_caller]
+fn assert_all_ok(ranks: &[Rank], ok_line: &str) {
+    for (r, rank) in ranks.iter().enumerate() {
+        assert!(
+            rank.code == Some(0) && rank.stdout.contains(ok_line),
+            "rank {r} failed (exit {:?}); all ranks: {ranks:#?}",
+            rank.code
+        );
+    }
+}
+
+#[test]
+fn header_compiles_as_c99_c11_and_cpp() {
+    let dir = scratch("header");
+    let src = dir.join("include_only.c");
+    std::fs::write(
+        &src,
+        "#include <halo.h>\n\
+         int main(void) {\n\
+             haloConfig_t config = HALO_CONFIG_INITIALIZER;\n\
+             haloUniqueId id;\n\
+             (void)id;\n\
+             return config.magic == HALO_CONFIG_MAGIC && sizeof(id) == HALO_UNIQUE_ID_BYTES ? 0 : 1;\n\
+         }\n",
+    )
+    .unwrap();
+    let include = root().join("include");
+    for std in ["-std=c99", "-std=c11", "-std=c17"] {
+        run_ok(
+            Command::new("gcc")
+                .args([
+                    std,
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                    "-Wpedantic",
+                    "-fsyntax-only",
+                    "-I",
+                ])
+                .arg(&include)
+                .arg(&src),
+        );
+    }
+    if Command::new("g++").arg("--version").output().is_ok() {
+        run_ok(
+            Command::new("g++")
+                .args([
+                    "-x",
+                    "c++",
+                    "-std=c++11",
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                    "-fsyntax-only",
+                ])
+                .arg("-I")
+                .arg(&include)
+                .arg(&src),
+        );
+    } else {
+        println!("g++ not installed: the header was not compiled as C++");
+    }
+}
+
+#[test]
+fn all_to_all_and_v_are_byte_exact_on_4_ranks() {
+    let dir = scratch("alltoall4");
+    let ranks = Job::new(4, &program("alltoall")).run(&dir);
+    assert_all_ok(&ranks, "alltoall ok");
+}
+
+#[test]
+fn unique_id_and_config_on_3_ranks_with_the_halo_algorithm() {
+    // haloGetUniqueId on rank 0, passed through a file; haloCommInitRankConfig with
+    // the HALO algorithm over a preset topology of two nodes (2 + 1 ranks).
+    let dir = scratch("uniqueid3");
+    let id = dir.join("id");
+    let ranks = Job::new(3, &program("alltoall"))
+        .args(&[id.to_str().unwrap(), "4", "nodes:2x2,ranks=3"])
+        .run(&dir);
+    assert_all_ok(&ranks, "alltoall ok");
+}
+
+#[test]
+fn invalid_calls_return_their_documented_codes() {
+    let dir = scratch("errors4");
+    let ranks = Job::new(4, &program("errors")).run(&dir);
+    assert_all_ok(&ranks, "errors ok");
+}
+
+#[test]
+fn abort_from_a_watchdog_thread_stops_a_blocked_collective() {
+    let dir = scratch("abort2");
+    let ranks = Job::new(2, &program("abort"))
+        .env("HALO_TIMEOUT_MS", "60000")
+        .run(&dir);
+    assert_all_ok(&ranks, "abort ok");
+}
+
+/// valgrind's memcheck command line, or `None` (with the reason printed) when valgrind
+/// is not installed.
+fn valgrind() -> Option<Vec<String>> {
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        println!(
+            "SKIPPED: valgrind is not installed (bash scripts/deps.sh test installs it); \
+             the C programs ran without memcheck"
+        );
+        return None;
+    }
+    let supp = root().join("tests/c/valgrind.supp");
+    Some(
+        [
+            "valgrind",
+            "--tool=memcheck",
+            "--error-exitcode=99",
+            "--leak-check=full",
+            "--show-leak-kinds=definite",
+            "--errors-for-leak-kinds=definite",
+            "--num-callers=30",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("--suppressions={}", supp.display())])
+        .collect(),
+    )
+}
+
+#[test]
+fn memcheck_is_clean() {
+    let Some(vg) = valgrind() else { return };
+    for (name, ok) in [("alltoall", "alltoall ok"), ("errors", "errors ok")] {
+        let dir = scratch(&format!("memcheck_{name}"));
+        let ranks = Job::new(2, &program(name))
+            .wrapped(vg.clone())
+            .env("HALO_TIMEOUT_MS", "120000")
+            .limit(Duration::from_secs(300))
+            .run(&dir);
+        assert_all_ok(&ranks, ok);
+        for (r, rank) in ranks.iter().enumerate() {
+            assert!(
+                !rank.stderr.contains("ERROR SUMMARY: ")
+                    || rank.stderr.contains("ERROR SUMMARY: 0 errors"),
+                "valgrind found errors in {name} rank {r}:\n{}",
+                rank.stderr
+            );
+        }
+    }
+}

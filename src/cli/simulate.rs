@@ -1,0 +1,234 @@
+//! `halo simulate`: predict all-to-all times at scale by replaying the schedules.
+
+use super::Failure;
+use clap::Args;
+use halo::collectives::{
+    AlgoOptions, Algorithm, BlockSizes, MoeSizes, SimOptions, Traffic, simulate_all_to_all,
+};
+use halo::plot::{Series, fmt_bytes, line_plot_svg, parse_bytes};
+use halo::topology::{Level, Topology, fmt_seconds};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// Simulates one all-to-all(-v) per algorithm and size on a topology: every rank's
+/// schedule is built as the library builds it and replayed against the link model
+/// (latency per level, bandwidth on every resource a message crosses, fair sharing,
+/// the global-link taper). Results are simulated, not measured (docs/SIMULATION.md).
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  halo simulate --topology frontier:128 --sizes 1K:16M\n  \
+    halo simulate --topology frontier:16 --op alltoallv --experts 64 --topk 2 --skew 1.0 --plot a2av.svg"
+)]
+pub(crate) struct SimulateArgs {
+    /// Topology preset or file.
+    #[arg(long, default_value = "frontier:16")]
+    topology: String,
+    /// alltoall (uniform) or alltoallv (MoE-shaped counts).
+    #[arg(long, default_value = "alltoall")]
+    op: String,
+    /// Bytes per peer: MIN:MAX (powers of two; K, M, G suffixes) or one size. For
+    /// alltoallv, the mean bytes per peer (tokens are derived from it).
+    #[arg(long, default_value = "1K:16M")]
+    sizes: String,
+    /// Algorithms, comma separated (flat, pairwise, bruck, halo, halo2d).
+    #[arg(long, default_value = "flat,halo,halo2d", value_delimiter = ',')]
+    algos: Vec<String>,
+    /// HALO aggregation levels, comma separated (default: node).
+    #[arg(long, value_delimiter = ',')]
+    halo_levels: Vec<String>,
+    /// alltoallv: experts (placed round-robin on the ranks).
+    #[arg(long, default_value_t = 64)]
+    experts: usize,
+    /// alltoallv: experts each token is routed to.
+    #[arg(long, default_value_t = 2)]
+    topk: usize,
+    /// alltoallv: Zipf skew of expert popularity (0 = uniform).
+    #[arg(long, default_value_t = 1.0)]
+    skew: f64,
+    /// alltoallv: hidden size; a token is hidden x 2 bytes (bf16).
+    #[arg(long, default_value_t = 4096)]
+    hidden: usize,
+    /// Seconds per message on every NIC it crosses (LogGP's g).
+    #[arg(long)]
+    nic_gap: Option<f64>,
+    /// Write an SVG plot of time against size, one line per algorithm.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+fn sizes(spec: &str) -> Result<Vec<usize>, Failure> {
+    let (lo, hi) = match spec.split_once(':') {
+        Some((a, b)) => (
+            parse_bytes(a).map_err(Failure::input)?,
+            parse_bytes(b).map_err(Failure::input)?,
+        ),
+        None => {
+            let v = parse_bytes(spec).map_err(Failure::input)?;
+            (v, v)
+        }
+    };
+    if lo == 0 || lo > hi {
+        return Err(Failure::input(format!(
+            "--sizes {spec}: need 0 < MIN <= MAX"
+        )));
+    }
+    let mut out = vec![lo];
+    let mut s = lo;
+    while s < hi {
+        s = s.saturating_mul(4).min(hi);
+        out.push(s);
+    }
+    Ok(out)
+}
+
+pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
+    let topo = if std::path::Path::new(&args.topology).exists() {
+        Topology::load(&args.topology)
+    } else {
+        Topology::preset(&args.topology)
+    }
+    .map_err(Failure::input)?;
+    let algos: Vec<Algorithm> = args
+        .algos
+        .iter()
+        .map(|a| a.parse::<Algorithm>().map_err(Failure::input))
+        .collect::<Result<_, _>>()?;
+    let v = match args.op.as_str() {
+        "alltoall" => false,
+        "alltoallv" => true,
+        other => {
+            return Err(Failure::input(format!(
+                "--op {other}: expected alltoall or alltoallv"
+            )));
+        }
+    };
+    let mut opts = SimOptions::default();
+    if !args.halo_levels.is_empty() {
+        let levels: Vec<Level> = args
+            .halo_levels
+            .iter()
+            .map(|l| l.parse::<Level>().map_err(Failure::input))
+            .collect::<Result<_, _>>()?;
+        opts.algo = AlgoOptions {
+            halo_levels: Some(levels),
+            ..AlgoOptions::default()
+        };
+    }
+    if let Some(g) = args.nic_gap {
+        opts.nic_gap = g;
+    }
+    if v && (args.experts == 0 || args.topk == 0 || args.hidden == 0) {
+        return Err(Failure::input(
+            "--experts, --topk and --hidden must be positive",
+        ));
+    }
+    let n = topo.size();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HALO simulated {} on {} ({} ranks){}",
+        args.op,
+        topo.name(),
+        n,
+        if v {
+            format!(
+                ", MoE counts: {} experts, top-{}, skew {}, hidden {}",
+                args.experts, args.topk, args.skew, args.hidden
+            )
+        } else {
+            String::new()
+        }
+    );
+    let _ = write!(out, "{:<12}", "# Size");
+    for a in &algos {
+        let _ = write!(out, "{:>14}{:>12}", format!("{a} time"), "algbw GB/s");
+    }
+    if algos.contains(&Algorithm::Flat) {
+        for a in algos.iter().filter(|a| **a != Algorithm::Flat) {
+            let _ = write!(out, "{:>14}", format!("{a}/flat"));
+        }
+    }
+    out.push('\n');
+    super::emit(&out)?;
+    let mut series: Vec<Series> = algos
+        .iter()
+        .map(|a| Series {
+            name: a.to_string(),
+            points: Vec::new(),
+        })
+        .collect();
+    for size in sizes(&args.sizes)? {
+        let bytes_per_token = args.hidden * 2;
+        let tokens = (size * n).div_ceil(args.topk * bytes_per_token).max(1);
+        let moe = MoeSizes::new(
+            n,
+            args.experts,
+            args.topk,
+            args.skew,
+            tokens,
+            bytes_per_token,
+            7,
+        );
+        // algbw as nccl-tests: the payload one rank sends (incl. to itself) / time.
+        let per_rank = if v {
+            (0..n)
+                .flat_map(|s| (0..n).map(move |d| (s, d)))
+                .map(|(s, d)| moe.bytes(s, d) as f64)
+                .sum::<f64>()
+                / n as f64
+        } else {
+            (size * n) as f64
+        };
+        let mut line = format!("{:<12}", fmt_bytes(size as f64));
+        let mut times = Vec::new();
+        for (i, &a) in algos.iter().enumerate() {
+            let traffic = if v {
+                Traffic::V(&moe)
+            } else {
+                Traffic::Uniform(size)
+            };
+            match simulate_all_to_all(&topo, a, traffic, &opts) {
+                Ok(r) => {
+                    let algbw = if r.time > 0.0 {
+                        per_rank / r.time / 1e9
+                    } else {
+                        0.0
+                    };
+                    let _ = write!(line, "{:>14}{:>12.2}", fmt_seconds(r.time), algbw);
+                    series[i].points.push((size as f64, r.time * 1e6));
+                    times.push(Some(r.time));
+                }
+                Err(e) => {
+                    tracing::warn!(algorithm = %a, "{e}");
+                    let _ = write!(line, "{:>14}{:>12}", "-", "-");
+                    times.push(None);
+                }
+            }
+        }
+        if let Some(fi) = algos.iter().position(|a| *a == Algorithm::Flat) {
+            for (i, _) in algos
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| **a != Algorithm::Flat)
+            {
+                match (times[fi], times[i]) {
+                    (Some(f), Some(t)) if t > 0.0 => {
+                        let _ = write!(line, "{:>13.2}x", f / t);
+                    }
+                    _ => {
+                        let _ = write!(line, "{:>14}", "-");
+                    }
+                }
+            }
+        }
+        line.push('\n');
+        super::emit(&line)?;
+    }
+    if let Some(path) = &args.plot {
+        let title = format!("Simulated {} on {} ({} ranks)", args.op, topo.name(), n);
+        line_plot_svg(path, &title, "time (us)", &series)
+            .map_err(|e| Failure::other(e.to_string()))?;
+        eprintln!("plot written to {}", path.display());
+    }
+    Ok(())
+}

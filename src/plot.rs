@@ -1,0 +1,135 @@
+//! Line plots of latency or bandwidth against message size, one line per series,
+//! written as SVG with `plotters` (used by `halo simulate` and the benchmarks).
+
+use crate::error::{Error, Result};
+use plotters::prelude::*;
+use std::path::Path;
+
+/// One line: a name and (bytes per peer, value) points, sizes ascending.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Legend text.
+    pub name: String,
+    /// (x, y) points; x is bytes per peer, y the value (> 0 for the log scale).
+    pub points: Vec<(f64, f64)>,
+}
+
+const COLOURS: [RGBColor; 7] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(23, 190, 207),
+];
+
+/// Writes a log-log line plot of `series` to `path` (SVG).
+pub fn line_plot_svg(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Result<()> {
+    let pts = series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter(|p| p.0 > 0.0 && p.1 > 0.0);
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x0 > x1 {
+        return Err(Error::invalid_argument(
+            "nothing to plot: no positive points",
+        ));
+    }
+    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                (x0 / 1.5..x1 * 1.5).log_scale(),
+                (y0 / 1.5..y1 * 1.5).log_scale(),
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("bytes per peer")
+            .y_desc(y_label)
+            .x_label_formatter(&|x| fmt_bytes(*x))
+            .draw()?;
+        for (i, s) in series.iter().enumerate() {
+            let c = COLOURS[i % COLOURS.len()];
+            let data: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .copied()
+                .filter(|p| p.0 > 0.0 && p.1 > 0.0)
+                .collect();
+            chart
+                .draw_series(LineSeries::new(data.clone(), c.stroke_width(2)))?
+                .label(s.name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
+            chart.draw_series(data.into_iter().map(|p| Circle::new(p, 3, c.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| Error::SystemError {
+        message: format!("cannot write the plot {}: {e}", path.display()),
+    })
+}
+
+/// `1 KiB`, `16 MiB`, `512 B`.
+pub fn fmt_bytes(x: f64) -> String {
+    let units = [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (u, f) in units {
+        if x >= f as f64 {
+            let v = x / f as f64;
+            return if v.fract() == 0.0 {
+                format!("{v:.0} {u}")
+            } else {
+                format!("{v:.1} {u}")
+            };
+        }
+    }
+    format!("{x:.0} B")
+}
+
+/// Parses `1K`, `16M`, `4096`, `2G` (powers of 1024) into bytes.
+pub fn parse_bytes(s: &str) -> Result<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = s[i..].to_ascii_lowercase();
+            let m: usize = match unit.trim_end_matches("ib").trim_end_matches('b') {
+                "" => 1,
+                "k" => 1 << 10,
+                "m" => 1 << 20,
+                "g" => 1 << 30,
+                _ => {
+                    return Err(Error::invalid_argument(format!(
+                        "'{s}': unknown unit (use K, M or G)"
+                    )));
+                }
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    num.trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_mul(mult))
+        .ok_or_else(|| Error::invalid_argument(format!("'{s}' is not a size in bytes")))
+}
