@@ -15,7 +15,9 @@ if [ "${1:-}" = "test" ]; then
   PACKAGES+=(
     iproute2       # ip, tc: `halo launch --hosts` builds emulated hosts (netns, bridge, veth, tbf)
     openmpi-bin    # mpirun: `halo launch --mpi` and its tests (MPI baselines on emulated hosts)
-    libopenmpi-dev # mpicc: compiles the MPI program of the launch tests
+    libopenmpi-dev # mpicc: compiles the MPI program of the launch tests; the `mpi` feature
+    libclang-dev   # bindgen in the mpi crate's build (feature `mpi`, MPI bootstrap test)
+    clang          # idem
   )
 fi
 

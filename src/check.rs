@@ -66,6 +66,9 @@ pub struct CheckReport {
     pub bytes: u64,
     /// Time the whole check took on this rank (collectives and verification).
     pub elapsed: Duration,
+    /// With more than one loop: the time and the collectives of the loops after the
+    /// first (connections made, schedules built and cached), for timing.
+    pub warm: Option<(Duration, usize)>,
 }
 
 /// Starts the helper thread of [`DieAt`]: it raises `SIGKILL` on this process.
@@ -113,6 +116,27 @@ fn mismatch(comm: &Communicator, what: &str, src: usize, i: usize, got: u32, wan
     }
 }
 
+/// Payload bytes that rank `src` sends to rank `dst` over a whole check of `n` ranks
+/// with `opts` (every uniform and -v collective; no metadata, headers or forwarding).
+/// A lower bound for what must cross between them, e.g. between emulated hosts.
+pub fn pair_bytes(opts: &CheckOptions, src: usize, dst: usize) -> u64 {
+    let mut round = 0u64;
+    let mut bytes = 0u64;
+    for _ in 0..opts.loops.max(1) {
+        for _ in &opts.algorithms {
+            for &count in &opts.counts {
+                round += 1;
+                bytes += (count * 4) as u64;
+            }
+            for _ in 0..opts.v_rounds {
+                round += 1;
+                bytes += (v_count(round, src, dst, opts.v_max) * 4) as u64;
+            }
+        }
+    }
+    bytes
+}
+
 /// Runs the check on this rank; every rank of the communicator must call it with the
 /// same options. Returns the first wrong element as an error.
 pub fn run_check(comm: &mut Communicator, opts: &CheckOptions) -> Result<CheckReport> {
@@ -132,96 +156,105 @@ pub fn run_check(comm: &mut Communicator, opts: &CheckOptions) -> Result<CheckRe
         }
         started += 1;
     };
-    let order = (0..opts.loops.max(1)).flat_map(|_| opts.algorithms.iter().copied());
-    for algo in order {
-        comm.set_algorithm(algo);
-        let name = algo.map_or("auto".to_string(), |a| a.to_string());
-        for &count in &opts.counts {
-            round += 1;
-            next();
-            let send: Vec<u32> = (0..n)
-                .flat_map(|dst| (0..count).map(move |i| element(round, me, dst, i)))
-                .collect();
-            let mut recv = vec![0xdead_beef_u32; n * count];
-            comm.all_to_all(&send, &mut recv)?;
-            for src in 0..n {
-                for i in 0..count {
-                    let (got, want) = (recv[src * count + i], element(round, src, me, i));
-                    if got != want {
-                        return Err(mismatch(
-                            comm,
-                            &format!("{name} all_to_all, {count} per peer"),
-                            src,
-                            i,
-                            got,
-                            want,
-                        ));
-                    }
-                }
-            }
-            report.collectives += 1;
-            report.bytes += (recv.len() * 4) as u64;
+    let mut warm: Option<(Instant, usize)> = None;
+    for lp in 0..opts.loops.max(1) {
+        if lp == 1 {
+            warm = Some((Instant::now(), report.collectives));
         }
-        for _ in 0..opts.v_rounds {
-            round += 1;
-            next();
-            let sc: Vec<usize> = (0..n).map(|d| v_count(round, me, d, opts.v_max)).collect();
-            let rc: Vec<usize> = (0..n).map(|s| v_count(round, s, me, opts.v_max)).collect();
-            // Displacements with a gap of 3 elements between blocks, in reverse rank
-            // order on the receive side, so layouts are not the packed default.
-            let mut sd = vec![0; n];
-            let mut at = 0;
-            for d in 0..n {
-                sd[d] = at;
-                at += sc[d] + 3;
-            }
-            let send_len = at;
-            let mut rd = vec![0; n];
-            let mut at = 1;
-            for s in (0..n).rev() {
-                rd[s] = at;
-                at += rc[s] + 3;
-            }
-            let recv_len = at;
-            let mut send = vec![0u32; send_len];
-            for d in 0..n {
-                for i in 0..sc[d] {
-                    send[sd[d] + i] = element(round, me, d, i);
-                }
-            }
-            let mut recv = vec![0xdead_beef_u32; recv_len];
-            comm.all_to_all_v(&send, &sc, &sd, &mut recv, &rc, &rd)?;
-            let mut expect_untouched = vec![true; recv_len];
-            for s in 0..n {
-                for i in 0..rc[s] {
-                    expect_untouched[rd[s] + i] = false;
-                    let (got, want) = (recv[rd[s] + i], element(round, s, me, i));
-                    if got != want {
-                        return Err(mismatch(
-                            comm,
-                            &format!("{name} all_to_all_v"),
-                            s,
-                            i,
-                            got,
-                            want,
-                        ));
+        for &algo in &opts.algorithms {
+            comm.set_algorithm(algo);
+            let name = algo.map_or("auto".to_string(), |a| a.to_string());
+            for &count in &opts.counts {
+                round += 1;
+                next();
+                let send: Vec<u32> = (0..n)
+                    .flat_map(|dst| (0..count).map(move |i| element(round, me, dst, i)))
+                    .collect();
+                let mut recv = vec![0xdead_beef_u32; n * count];
+                comm.all_to_all(&send, &mut recv)?;
+                for src in 0..n {
+                    for i in 0..count {
+                        let (got, want) = (recv[src * count + i], element(round, src, me, i));
+                        if got != want {
+                            return Err(mismatch(
+                                comm,
+                                &format!("{name} all_to_all, {count} per peer"),
+                                src,
+                                i,
+                                got,
+                                want,
+                            ));
+                        }
                     }
                 }
+                report.collectives += 1;
+                report.bytes += (recv.len() * 4) as u64;
             }
-            if let Some(at) = (0..recv_len).find(|&i| expect_untouched[i] && recv[i] != 0xdead_beef)
-            {
-                return Err(Error::InternalError {
-                    message: format!(
-                        "check failed on rank {me} ({name} all_to_all_v): element {at} of the receive buffer, \
+            for _ in 0..opts.v_rounds {
+                round += 1;
+                next();
+                let sc: Vec<usize> = (0..n).map(|d| v_count(round, me, d, opts.v_max)).collect();
+                let rc: Vec<usize> = (0..n).map(|s| v_count(round, s, me, opts.v_max)).collect();
+                // Displacements with a gap of 3 elements between blocks, in reverse rank
+                // order on the receive side, so layouts are not the packed default.
+                let mut sd = vec![0; n];
+                let mut at = 0;
+                for d in 0..n {
+                    sd[d] = at;
+                    at += sc[d] + 3;
+                }
+                let send_len = at;
+                let mut rd = vec![0; n];
+                let mut at = 1;
+                for s in (0..n).rev() {
+                    rd[s] = at;
+                    at += rc[s] + 3;
+                }
+                let recv_len = at;
+                let mut send = vec![0u32; send_len];
+                for d in 0..n {
+                    for i in 0..sc[d] {
+                        send[sd[d] + i] = element(round, me, d, i);
+                    }
+                }
+                let mut recv = vec![0xdead_beef_u32; recv_len];
+                comm.all_to_all_v(&send, &sc, &sd, &mut recv, &rc, &rd)?;
+                let mut expect_untouched = vec![true; recv_len];
+                for s in 0..n {
+                    for i in 0..rc[s] {
+                        expect_untouched[rd[s] + i] = false;
+                        let (got, want) = (recv[rd[s] + i], element(round, s, me, i));
+                        if got != want {
+                            return Err(mismatch(
+                                comm,
+                                &format!("{name} all_to_all_v"),
+                                s,
+                                i,
+                                got,
+                                want,
+                            ));
+                        }
+                    }
+                }
+                if let Some(at) =
+                    (0..recv_len).find(|&i| expect_untouched[i] && recv[i] != 0xdead_beef)
+                {
+                    return Err(Error::InternalError {
+                        message: format!(
+                            "check failed on rank {me} ({name} all_to_all_v): element {at} of the receive buffer, \
                          outside every block, was overwritten"
-                    ),
-                });
+                        ),
+                    });
+                }
+                report.collectives += 1;
+                report.bytes += (rc.iter().sum::<usize>() * 4) as u64;
             }
-            report.collectives += 1;
-            report.bytes += (rc.iter().sum::<usize>() * 4) as u64;
         }
     }
     comm.set_algorithm(saved);
     report.elapsed = start.elapsed();
+    if let Some((t, c)) = warm {
+        report.warm = Some((t.elapsed(), report.collectives - c));
+    }
     Ok(report)
 }

@@ -12,6 +12,12 @@
 //! ([`select`]) or forced by the caller. Errors are one enum, [`Error`], whose variants
 //! map one to one onto the C result codes ([`Error::code`]).
 //!
+//! Around them: point-to-point [`Communicator::send`] / [`Communicator::recv`] /
+//! [`Communicator::send_recv`], [`Communicator::barrier`], [`Communicator::all_gather`],
+//! [`Communicator::all_reduce`] (sum, max, min over [`Reducible`] types, [`bf16`] and
+//! [`f16`](struct@f16) included, bitwise-equal on every rank) and [`Communicator::split`] into
+//! sub-communicators that share their parent's transport.
+//!
 //! Without a cluster, [`local::run`] runs `N` ranks as threads of this process over the
 //! in-process transport, optionally with link emulation ([`Emulation`]) so that one
 //! machine shows a cluster's shape; [`mod@bench`] is the OSU-style benchmark on top of it.

@@ -1,12 +1,37 @@
-//! Algorithm selection: a simple alpha-beta cost per level, until the simulator
-//! replaces it.
+//! Algorithm selection for the automatic mode: which algorithm a communicator uses for
+//! an all-to-all of `b` bytes per pair when the caller did not force one
+//! ([`crate::Communicator::set_algorithm`]).
 //!
-//! Each algorithm's time for a uniform all-to-all of `b` bytes per pair is estimated
-//! from the topology's link classes, for rank 0 as the representative rank; the
-//! cheapest that builds is used. A caller's forced choice
-//! ([`crate::Communicator::set_algorithm`]) overrides it.
+//! # How the choice is made
 //!
-//! # The formulas
+//! Block sizes fall into *size classes* (powers of two: class 0 is 0 bytes, class `c`
+//! holds `2^(c-1) ..= 2^c - 1` bytes); a class is represented by its smallest size
+//! ([`representative`]). For a class, every algorithm of [`Algorithm::ALL`] is costed at
+//! the representative size on the communicator's whole topology, and the cheapest that
+//! builds is used:
+//!
+//! - **Simulated** ([`Method::Simulated`]) when the communicator has at most
+//!   [`SIMULATE_MAX_RANKS`] ranks: each candidate's every-rank schedules are replayed by
+//!   [`halo_collectives::simulate_all_to_all`] with default [`SimOptions`] (the NIC gap
+//!   [`NIC_MESSAGE_GAP`]) and the communicator's [`AlgoOptions`]; its time is the
+//!   simulated makespan. A candidate whose schedules do not build (for any rank) is
+//!   unavailable.
+//! - **Alpha-beta** ([`Method::AlphaBeta`]) above that, where simulating would make the
+//!   first call take a second or more (docs/SIMULATION.md, "Automatic selection"): the
+//!   closed-form model below, for rank 0 as the representative rank; candidates that do
+//!   not build for rank 0 or the last rank ([`buildable`]) are unavailable.
+//!
+//! Ties go to the earlier algorithm of [`Algorithm::ALL`]. The outcome, a [`Ranking`],
+//! depends on the topology's structure and link classes (not its name or host names),
+//! the builder options and the size class only — never on the rank — and the simulator
+//! is deterministic, so every rank of a communicator reaches the same choice without
+//! communicating. Rankings are kept in a process-wide cache keyed by (topology
+//! fingerprint, builder options, size class): sub-communicators of the same shape, new
+//! communicators on the same topology and repeated runs reuse them ([`ranking`],
+//! [`cached_ranking`]). Each communicator also remembers its choice per collective
+//! kind and size class.
+//!
+//! # The alpha-beta formulas
 //!
 //! Symbols: `N` ranks, `H` nodes, `R` ranks in the largest node (without a node level,
 //! `H = N` and `R = 1`); for a level `l`, `α_l` its latency and `B_l` its bandwidth;
@@ -41,10 +66,12 @@
 
 use crate::error::Result;
 use halo_collectives::{
-    AlgoOptions, Algorithm, BuildCtx, CollectiveError, Layout, UniformSizes, build,
+    AlgoOptions, Algorithm, BuildCtx, CollectiveError, Layout, SimOptions, Traffic, UniformSizes,
+    build, simulate_all_to_all,
 };
 use halo_topology::{Level, LinkClass, Topology};
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Seconds a NIC spends per message besides its bytes (LogGP's gap *g*): 0.2 us,
 /// i.e. 5 million messages per second per NIC, a host-driven commodity NIC. Used by
@@ -277,43 +304,282 @@ pub fn buildable(topology: &Topology, algorithm: Algorithm, options: &AlgoOption
     Ok(())
 }
 
-/// The cheapest algorithm that builds on `topology` for `block` bytes per pair
-/// (flat when nothing else does).
-pub fn choose(topology: &Topology, block: usize, options: &AlgoOptions) -> Algorithm {
-    ranked(topology, block)
-        .into_iter()
-        .map(|(a, _)| a)
-        .find(|&a| buildable(topology, a, options).is_ok())
-        .unwrap_or(Algorithm::Flat)
+/// Communicators of at most this many ranks choose by simulation; larger ones by the
+/// alpha-beta model. Measured in docs/SIMULATION.md ("Automatic selection"): simulating
+/// the five candidates costs milliseconds at 16 ranks, tenths of a second at 128 and
+/// seconds at 512 (release build).
+pub const SIMULATE_MAX_RANKS: usize = 128;
+
+/// How a [`Ranking`] was computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// By replaying every rank's schedule in the simulator.
+    Simulated,
+    /// By the closed-form alpha-beta model (see the [module documentation](self)).
+    AlphaBeta,
 }
 
-/// A communicator's selection state: the topology's shape, the ranking per size class
-/// and the algorithms found not to build.
-#[derive(Debug, Default)]
-pub(crate) struct Selector {
-    shape: Option<Shape>,
-    ranked: HashMap<u32, Vec<Algorithm>>,
-    unavailable: Vec<Algorithm>,
+/// The candidates of one size class on one topology, costed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranking {
+    /// How the times were computed.
+    pub method: Method,
+    /// The bytes per pair the candidates were costed at (the class's representative).
+    pub block: usize,
+    /// The algorithms that build, with their estimated time in seconds, cheapest first
+    /// (ties in the order of [`Algorithm::ALL`]).
+    pub times: Vec<(Algorithm, f64)>,
+    /// The algorithms that do not build on the topology, and why.
+    pub unavailable: Vec<(Algorithm, String)>,
+}
+
+impl Ranking {
+    /// The cheapest algorithm, if any builds.
+    pub fn best(&self) -> Option<Algorithm> {
+        self.times.first().map(|&(a, _)| a)
+    }
+
+    /// The algorithms that build, cheapest first.
+    pub fn order(&self) -> impl Iterator<Item = Algorithm> + '_ {
+        self.times.iter().map(|&(a, _)| a)
+    }
+}
+
+/// Cheapest first; the sort is stable, so ties keep the order of [`Algorithm::ALL`].
+fn cheapest_first(mut times: Vec<(Algorithm, f64)>) -> Vec<(Algorithm, f64)> {
+    times.sort_by(|x, y| x.1.total_cmp(&y.1));
+    times
 }
 
 /// The size class of a block: 0 for 0 bytes, otherwise 1 + floor(log2 bytes).
-fn class(block: usize) -> u32 {
+pub fn size_class(block: usize) -> u32 {
     usize::BITS - block.leading_zeros()
+}
+
+/// The size a class is costed at: its smallest size (0 for class 0, `2^(c-1)` for
+/// class `c`), so that every block of the class maps to the same number.
+pub fn representative(block: usize) -> usize {
+    match size_class(block) {
+        0 => 0,
+        c => 1usize << (c - 1),
+    }
+}
+
+/// Costs every algorithm of [`Algorithm::ALL`] by simulating a uniform all-to-all of
+/// `block` bytes per pair on the whole of `topology` with `options` (the block as given,
+/// not its class's representative), whatever the number of ranks; no cache.
+///
+/// The candidates are simulated on up to five threads. When none builds (or the
+/// simulator rejects every one), the alpha-beta ranking is returned instead.
+pub fn simulated_ranking(topology: &Topology, block: usize, options: &AlgoOptions) -> Ranking {
+    let sim = SimOptions {
+        algo: options.clone(),
+        ..SimOptions::default()
+    };
+    let outcomes: Vec<halo_collectives::Result<f64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = Algorithm::ALL
+            .iter()
+            .map(|&a| {
+                let sim = &sim;
+                s.spawn(move || {
+                    simulate_all_to_all(topology, a, Traffic::Uniform(block), sim).map(|r| r.time)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    });
+    let mut times = Vec::new();
+    let mut unavailable = Vec::new();
+    for (&a, outcome) in Algorithm::ALL.iter().zip(outcomes) {
+        match outcome {
+            Ok(t) => times.push((a, t)),
+            Err(e) => unavailable.push((a, e.to_string())),
+        }
+    }
+    if times.is_empty() {
+        return alpha_beta_ranking(topology, block, options);
+    }
+    Ranking {
+        method: Method::Simulated,
+        block,
+        times: cheapest_first(times),
+        unavailable,
+    }
+}
+
+/// Costs every algorithm of [`Algorithm::ALL`] with the alpha-beta model for `block`
+/// bytes per pair; those that do not build for rank 0 or the last rank are
+/// unavailable. No cache.
+pub fn alpha_beta_ranking(topology: &Topology, block: usize, options: &AlgoOptions) -> Ranking {
+    let shape = Shape::new(topology);
+    let mut times = Vec::new();
+    let mut unavailable = Vec::new();
+    for a in Algorithm::ALL {
+        match buildable(topology, a, options) {
+            Ok(()) => times.push((a, shape.estimate(a, block))),
+            Err(e) => unavailable.push((a, e.to_string())),
+        }
+    }
+    Ranking {
+        method: Method::AlphaBeta,
+        block,
+        times: cheapest_first(times),
+        unavailable,
+    }
+}
+
+/// What a topology is for the simulator, as numbers: ranks, per level its link class
+/// and every rank's domain, and the NICs (bandwidth, latency, ranks). Names and host
+/// names are left out, so equal shapes under different names share cache entries.
+fn fingerprint(t: &Topology) -> Arc<[u64]> {
+    let n = t.size();
+    let mut v = vec![n as u64];
+    for l in t.levels() {
+        let link = t.link(l);
+        v.extend([
+            l as u64,
+            link.bandwidth.to_bits(),
+            link.latency.to_bits(),
+            link.taper.to_bits(),
+        ]);
+        if !matches!(l, Level::Device | Level::System) {
+            v.extend((0..n).map(|r| t.domain(r, l) as u64));
+        }
+    }
+    v.push(u64::MAX);
+    for nic in t.nics() {
+        v.extend([
+            nic.bandwidth.to_bits(),
+            nic.latency.to_bits(),
+            nic.ranks.len() as u64,
+        ]);
+        v.extend(nic.ranks.iter().map(|&r| r as u64));
+    }
+    v.into()
+}
+
+/// A key of the process-wide cache.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    topology: Arc<[u64]>,
+    /// The builder options, as their `Debug` text (every field, present and future).
+    options: String,
+    class: u32,
+}
+
+type Slot = Arc<OnceLock<Arc<Ranking>>>;
+
+fn cache() -> &'static Mutex<HashMap<Key, Slot>> {
+    static CACHE: OnceLock<Mutex<HashMap<Key, Slot>>> = OnceLock::new();
+    CACHE.get_or_init(Mutex::default)
+}
+
+fn slot(key: Key) -> Slot {
+    let mut map = cache().lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(key).or_default().clone()
+}
+
+/// The ranking for `block`'s size class on `topology` with `options`, by the policy of
+/// the [module documentation](self) (simulated up to [`SIMULATE_MAX_RANKS`] ranks,
+/// alpha-beta above), from the process-wide cache. The first caller for a key computes
+/// it while later callers for the same key wait for it; the answer is then shared (the
+/// same [`Arc`]) by every communicator and thread of the process.
+pub fn ranking(topology: &Topology, block: usize, options: &AlgoOptions) -> Arc<Ranking> {
+    ranking_with(fingerprint(topology), topology, block, options)
+}
+
+fn key(fingerprint: Arc<[u64]>, block: usize, options: &AlgoOptions) -> Key {
+    Key {
+        topology: fingerprint,
+        options: format!("{options:?}"),
+        class: size_class(block),
+    }
+}
+
+fn ranking_with(
+    fingerprint: Arc<[u64]>,
+    topology: &Topology,
+    block: usize,
+    options: &AlgoOptions,
+) -> Arc<Ranking> {
+    let slot = slot(key(fingerprint, block, options));
+    slot.get_or_init(|| {
+        let rep = representative(block);
+        let started = std::time::Instant::now();
+        let r = if topology.size() <= SIMULATE_MAX_RANKS {
+            simulated_ranking(topology, rep, options)
+        } else {
+            alpha_beta_ranking(topology, rep, options)
+        };
+        tracing::debug!(
+            topology = topology.name(),
+            ranks = topology.size(),
+            block = rep,
+            method = ?r.method,
+            best = ?r.best(),
+            seconds = started.elapsed().as_secs_f64(),
+            "ranked all-to-all algorithms"
+        );
+        Arc::new(r)
+    })
+    .clone()
+}
+
+/// The cached ranking for `block`'s size class, if some caller of [`ranking`] (or a
+/// communicator in automatic mode) computed it already; never computes.
+pub fn cached_ranking(
+    topology: &Topology,
+    block: usize,
+    options: &AlgoOptions,
+) -> Option<Arc<Ranking>> {
+    let key = key(fingerprint(topology), block, options);
+    let map = cache().lock().unwrap_or_else(|e| e.into_inner());
+    map.get(&key).and_then(|s| s.get().cloned())
+}
+
+/// The algorithm the automatic mode picks for `block` bytes per pair: the best of
+/// [`ranking`] (flat when nothing builds).
+pub fn choose(topology: &Topology, block: usize, options: &AlgoOptions) -> Algorithm {
+    ranking(topology, block, options)
+        .best()
+        .unwrap_or(Algorithm::Flat)
+}
+
+/// A communicator's selection state: its topology's fingerprint, the ranking per size
+/// class and the algorithms found not to build.
+#[derive(Debug, Default)]
+pub(crate) struct Selector {
+    fingerprint: Option<Arc<[u64]>>,
+    ranked: HashMap<u32, Arc<Ranking>>,
+    unavailable: Vec<Algorithm>,
 }
 
 impl Selector {
     /// Algorithms to try for `block` bytes per pair, cheapest first, skipping those
-    /// known not to build. The ranking is computed once per size class from the class's
-    /// smallest size, so that every rank decides alike.
-    pub(crate) fn candidates(&mut self, topology: &Topology, block: usize) -> Vec<Algorithm> {
-        let c = class(block);
-        let shape = self.shape.get_or_insert_with(|| Shape::new(topology));
-        let list = self.ranked.entry(c).or_insert_with(|| {
-            let rep = if c == 0 { 0 } else { 1usize << (c - 1) };
-            rank_shape(shape, rep).into_iter().map(|(a, _)| a).collect()
-        });
-        list.iter()
-            .copied()
+    /// known not to build. The ranking is [`ranking`]'s for the block's size class, the
+    /// same on every rank.
+    pub(crate) fn candidates(
+        &mut self,
+        topology: &Topology,
+        options: &AlgoOptions,
+        block: usize,
+    ) -> Vec<Algorithm> {
+        let fp = self
+            .fingerprint
+            .get_or_insert_with(|| fingerprint(topology))
+            .clone();
+        let ranking = self
+            .ranked
+            .entry(size_class(block))
+            .or_insert_with(|| ranking_with(fp, topology, block, options));
+        ranking
+            .order()
             .filter(|a| !self.unavailable.contains(a))
             .collect()
     }

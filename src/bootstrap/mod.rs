@@ -17,11 +17,17 @@
 //!   29511. Rank 0 runs the root. The secret is `HALO_SECRET` (64 hex digits) if set,
 //!   else derived from the job's identity (address, size and the launcher's job id) —
 //!   which keeps jobs apart but is not a secret against other users of the machine.
+//! - **MPI** (cargo feature `mpi`, through the `mpi` crate): [`exchange_mpi`] gathers
+//!   the payloads with `MPI_Allgatherv` over an MPI communicator the caller initialised.
 
 mod env;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod rendezvous;
 
 pub use env::{DEFAULT_BOOTSTRAP_PORT, EnvBootstrap, EnvSource};
+#[cfg(feature = "mpi")]
+pub use mpi::exchange_mpi;
 pub use rendezvous::{RendezvousRoot, bootstrap_timeout, exchange};
 
 use crate::error::{Error, Result};

@@ -72,15 +72,20 @@ pub(crate) fn run(args: &CheckArgs) -> Result<(), Failure> {
         .filter(|&p| p != comm.rank())
         .map(|p| format!("{p}:{}", comm.provider_to(p).unwrap_or("-")))
         .collect();
-    let secs = report.elapsed.as_secs_f64();
+    let timing = match report.warm {
+        Some((t, c)) => format!(
+            "; after the first loop {:.1} us per collective",
+            t.as_secs_f64() * 1e6 / c.max(1) as f64
+        ),
+        None => String::new(),
+    };
     super::emit(&format!(
-        "rank {}/{}: {} collectives verified, {} bytes received (peers {}) in {:.3} s, {:.1} us per collective\n",
+        "rank {}/{}: {} collectives verified, {} bytes received (peers {}) in {:.3} s{timing}\n",
         comm.rank(),
         comm.size(),
         report.collectives,
         report.bytes,
         peers.join(" "),
-        secs,
-        secs * 1e6 / report.collectives.max(1) as f64,
+        report.elapsed.as_secs_f64(),
     ))
 }

@@ -103,7 +103,7 @@ impl Communicator {
         let (root, secret) = (id.root(), id.secret());
         let timeout = config.bootstrap_timeout;
         let join = |card: &[u8]| exchange(root, &secret, rank, nranks, card, timeout);
-        Self::establish(rank, nranks, root, config, join)
+        Self::establish(rank, nranks, Some(root), config, join)
     }
 
     /// Joins the job the launcher describes in the environment: torchrun, Open MPI,
@@ -111,13 +111,15 @@ impl Communicator {
     pub fn init_from_env() -> Result<Communicator> {
         let b = EnvBootstrap::detect(&EnvSource::Process)?;
         let config = InitConfig::from_env()?;
-        Self::establish(b.rank, b.size, b.root, &config, |card: &[u8]| b.join(card))
+        Self::establish(b.rank, b.size, Some(b.root), &config, |card: &[u8]| {
+            b.join(card)
+        })
     }
 
     fn establish(
         rank: usize,
         size: usize,
-        root: std::net::SocketAddr,
+        root: Option<std::net::SocketAddr>,
         config: &InitConfig,
         join: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
     ) -> Result<Communicator> {
@@ -129,6 +131,19 @@ impl Communicator {
         comm.set_algorithm(config.algorithm);
         tracing::info!(rank, size, topology = %comm.topology().name(), "communicator ready");
         Ok(comm)
+    }
+
+    /// Joins the job through MPI (cargo feature `mpi`): every rank of `world` calls it;
+    /// the ranks exchange their cards with `MPI_Allgatherv` instead of a rendezvous
+    /// root. The HALO communicator has `world`'s ranks and size; its messages go over
+    /// libfabric like every other communicator's (MPI only carries the bootstrap).
+    #[cfg(feature = "mpi")]
+    pub fn init_mpi<C: mpi::traits::Communicator>(world: &C) -> Result<Communicator> {
+        let config = InitConfig::from_env()?;
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        Self::establish(rank, size, None, &config, |card: &[u8]| {
+            crate::bootstrap::exchange_mpi(world, card)
+        })
     }
 
     /// The libfabric provider that carries this rank's messages to `peer` (`None` on

@@ -219,7 +219,10 @@ impl Core {
             self.cached_uniform(a, block)?;
             return Ok(a);
         }
-        for a in self.selector.candidates(&self.topology, block) {
+        for a in self
+            .selector
+            .candidates(&self.topology, &self.options, block)
+        {
             match self.cached_uniform(a, block) {
                 Ok(()) => {
                     tracing::debug!(rank = self.rank, block, algorithm = %a, "selected for all-to-all");

@@ -437,7 +437,7 @@ impl Communicator {
                     None => self
                         .core
                         .selector
-                        .candidates(&self.core.topology, mean)
+                        .candidates(&self.core.topology, &self.core.options, mean)
                         .into_iter()
                         .filter(|alg| !alg.forwards() || *alg == meta_alg)
                         .collect(),

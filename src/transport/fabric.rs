@@ -211,6 +211,8 @@ pub(crate) struct Endpoint {
     name: Vec<u8>,
     /// The completion queue's file descriptor, when it was opened with `FI_WAIT_FD`.
     wait_fd: Option<c_int>,
+    /// Closed after a failure: objects the provider still holds busy are expected.
+    abandoned: bool,
 }
 
 // SAFETY: the endpoint is opened with FI_THREAD_DOMAIN and owned by one transport,
@@ -244,6 +246,7 @@ impl Endpoint {
             mr_mode: 0,
             name: Vec::new(),
             wait_fd: None,
+            abandoned: false,
         };
         // On error `e` is dropped and closes what was opened.
         // SAFETY: info.0 is a valid entry that outlives this block; every out-pointer is
@@ -402,11 +405,22 @@ impl Endpoint {
 }
 
 fn close(f: *mut fi::fid, what: &str) {
+    close_quietly(f, what, false);
+}
+
+/// Closes `f`; with `expect_busy` a failure is only a debug message (after a failed
+/// collective the provider may keep objects busy that it then leaks).
+fn close_quietly(f: *mut fi::fid, what: &str, expect_busy: bool) {
     if !f.is_null() {
         // SAFETY: `f` is an open libfabric object owned by the caller, closed once.
         let ret = unsafe { fi::fi_close(f) };
         if ret != 0 {
-            tracing::warn!("fi_close({what}): {}", fi::strerror(i64::from(ret)));
+            let why = fi::strerror(i64::from(ret));
+            if expect_busy {
+                tracing::debug!("fi_close({what}) after a failure: {why}");
+            } else {
+                tracing::warn!("fi_close({what}): {why}");
+            }
         }
     }
 }
@@ -415,12 +429,12 @@ impl Drop for Endpoint {
     fn drop(&mut self) {
         // The endpoint first, then what it is bound to. Every libfabric object starts
         // with its `struct fid`, so the casts give the fid.
-        let p = &self.provider;
-        close(self.ep.cast(), &format!("{p} endpoint"));
-        close(self.av.cast(), &format!("{p} address vector"));
-        close(self.cq.cast(), &format!("{p} completion queue"));
-        close(self.domain.cast(), &format!("{p} domain"));
-        close(self.fabric.cast(), &format!("{p} fabric"));
+        let (p, q) = (&self.provider, self.abandoned);
+        close_quietly(self.ep.cast(), &format!("{p} endpoint"), q);
+        close_quietly(self.av.cast(), &format!("{p} address vector"), q);
+        close_quietly(self.cq.cast(), &format!("{p} completion queue"), q);
+        close_quietly(self.domain.cast(), &format!("{p} domain"), q);
+        close_quietly(self.fabric.cast(), &format!("{p} fabric"), q);
     }
 }
 
@@ -1000,6 +1014,9 @@ impl FabricTransport {
     /// Closes the endpoints and refuses every later collective with `why`.
     fn break_down(&mut self, why: String) {
         self.backlog.clear();
+        for e in self.eps.iter_mut().flatten() {
+            e.abandoned = true;
+        }
         self.eps = [None, None];
         for c in &mut self.ctxs {
             c.in_use = false;
@@ -1638,15 +1655,19 @@ pub(crate) fn job_topology(hosts: &[String], spec: &str) -> Result<halo_topology
 pub(crate) fn establish(
     rank: usize,
     size: usize,
-    root: std::net::SocketAddr,
+    root: Option<std::net::SocketAddr>,
     config: &FabricConfig,
     topology_spec: &str,
     join: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
 ) -> Result<(FabricTransport, halo_topology::Topology)> {
-    let ip = match config.addr {
-        Some(a) => a,
-        None if size == 1 => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-        None => route_to(root)?,
+    // The network provider binds the address that reaches the bootstrap root (or,
+    // without a root, the one bootstrap would choose: HALO_SOCKET_IFNAME, else the
+    // first non-loopback interface).
+    let ip = match (config.addr, root) {
+        (Some(a), _) => a,
+        _ if size == 1 => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        (None, Some(root)) => route_to(root)?,
+        (None, None) => crate::bootstrap::default_bootstrap_ip()?,
     };
     let (mut transport, names) = FabricTransport::open(rank, size, config, &ip.to_string())?;
     let card = Card {

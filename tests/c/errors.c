@@ -133,9 +133,10 @@ static void uniform_errors(haloComm_t comm, int n) {
 
 static void v_errors(haloComm_t comm, int n, int me) {
     size_t sc[N_MAX], sd[N_MAX], rc[N_MAX], rd[N_MAX];
+    /* 2 elements for each pair, blocks 4 elements apart (room to grow one). */
     for (int q = 0; q < n; q++) {
         sc[q] = rc[q] = 2;
-        sd[q] = rd[q] = 2 * (size_t)q;
+        sd[q] = rd[q] = 4 * (size_t)q;
     }
     EXPECT_ERR(comm, haloAllToAllv(sendb, NULL, sd, recvb, rc, rd, haloInt8, comm, NULL),
                haloInvalidArgument, "haloAllToAllv: sendcounts is NULL");
@@ -153,7 +154,7 @@ static void v_errors(haloComm_t comm, int n, int me) {
     sd[n - 1] = SIZE_MAX;
     EXPECT_ERR(comm, haloAllToAllv(sendb, sc, sd, recvb, rc, rd, haloInt8, comm, NULL),
                haloInvalidArgument, "overflows");
-    sd[n - 1] = 2 * (size_t)(n - 1);
+    sd[n - 1] = 4 * (size_t)(n - 1);
     EXPECT_ERR(comm, haloAllToAllv(recvb, sc, sd, recvb, rc, rd, haloInt8, comm, NULL),
                haloInvalidArgument, "overlap");
     untouched("haloAllToAllv (after the exchange)");
