@@ -3,7 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh test
-cargo test --workspace --all-targets "$@"
-cargo test --workspace --doc
-# The MPI bootstrap (cargo feature `mpi`): mpirun -n 4 over Open MPI.
-cargo test --features mpi --test mpi_bootstrap
+# With the `mpi` feature, so the MPI bootstrap (mpirun -n 4 over Open MPI) is tested too.
+cargo test --workspace --all-targets --features halo/mpi "$@"
+cargo test --workspace --doc --features halo/mpi

@@ -305,9 +305,11 @@ pub fn buildable(topology: &Topology, algorithm: Algorithm, options: &AlgoOption
 }
 
 /// Communicators of at most this many ranks choose by simulation; larger ones by the
-/// alpha-beta model. Measured in docs/SIMULATION.md ("Automatic selection"): simulating
-/// the five candidates costs milliseconds at 16 ranks, tenths of a second at 128 and
-/// seconds at 512 (release build).
+/// alpha-beta model. The first choice of a size class costs about 2 ms at 16 ranks,
+/// 15-20 ms at 64 and 55-220 ms at 128, but 1.3-5 s at 512 (release build, five
+/// candidates on two busy cores; docs/SIMULATION.md, "Automatic selection"). Above it a
+/// reduced topology (fewer nodes of the same shape) was tried and chose worse than the
+/// alpha-beta model at tiny sizes, where Bruck's `log N` rounds win only at full scale.
 pub const SIMULATE_MAX_RANKS: usize = 128;
 
 /// How a [`Ranking`] was computed.

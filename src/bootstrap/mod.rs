@@ -17,7 +17,7 @@
 //!   29511. Rank 0 runs the root. The secret is `HALO_SECRET` (64 hex digits) if set,
 //!   else derived from the job's identity (address, size and the launcher's job id) —
 //!   which keeps jobs apart but is not a secret against other users of the machine.
-//! - **MPI** (cargo feature `mpi`, through the `mpi` crate): [`exchange_mpi`] gathers
+//! - **MPI** (cargo feature `mpi`, through the `mpi` crate): `exchange_mpi` gathers
 //!   the payloads with `MPI_Allgatherv` over an MPI communicator the caller initialised.
 
 mod env;

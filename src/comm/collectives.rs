@@ -28,11 +28,11 @@
 //!   advances only when its call succeeds, so a failed call, retried on both sides,
 //!   matches again.
 
-use super::{Communicator, Core, SEQ_BITS, overlaps, sized};
+use super::{Communicator, Core, SEQ_BITS, exec_options, overlaps, sized};
 use crate::error::{Error, Result};
 use crate::transport::{Backend, MAX_COMMS};
 use halo_collectives::{
-    AllGatherAlgorithm, AllReduceAlgorithm, Buf, Buffers, ExecOptions, Landing, Region, Schedule,
+    AllGatherAlgorithm, AllReduceAlgorithm, Buf, Buffers, Landing, Region, Schedule,
     ScheduleBuilder, TAG_BITS, all_reduce_plan, build_all_gather, exchange,
 };
 use halo_topology::Topology;
@@ -317,11 +317,7 @@ impl Communicator {
             },
             scratch: &mut [],
         };
-        let opts = ExecOptions {
-            timeout: core.timeout,
-            abort: Some(&core.abort.0),
-            ..ExecOptions::default()
-        };
+        let opts = exec_options(core.timeout, &core.abort);
         core.backend
             .run(&schedule, core.comm_tag | P2P_FLAG, bufs, &opts)?;
         if let Some(d) = dst {
@@ -403,11 +399,7 @@ impl Communicator {
             return Err(Error::internal("the all-gather schedule left its cache"));
         };
         let scratch = sized(&mut core.ext.gather_scratch, schedule.scratch_len());
-        let opts = ExecOptions {
-            timeout: core.timeout,
-            abort: Some(&core.abort.0),
-            ..ExecOptions::default()
-        };
+        let opts = exec_options(core.timeout, &core.abort);
         core.backend.run(
             schedule,
             tag_base,
@@ -494,11 +486,7 @@ impl Communicator {
         let plan = all_reduce_plan(algorithm, me, n, len)?;
         let bytes = |r: &std::ops::Range<usize>| r.start * es..r.end * es;
         for round in &plan {
-            let opts = ExecOptions {
-                timeout: core.timeout.saturating_sub(start.elapsed()),
-                abort: Some(&core.abort.0),
-                ..ExecOptions::default()
-            };
+            let opts = exec_options(core.timeout.saturating_sub(start.elapsed()), &core.abort);
             let send = round.send.as_ref().map(|t| (t.peer, bytes(&t.range)));
             let region =
                 |buf: Buf, at: usize, r: &std::ops::Range<usize>| Region::new(buf, at, r.len());

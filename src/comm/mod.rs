@@ -140,6 +140,15 @@ impl fmt::Debug for Communicator {
     }
 }
 
+/// How the engine runs one pass of this communicator: its timeout and abort flag.
+pub(crate) fn exec_options(timeout: Duration, abort: &AbortHandle) -> ExecOptions<'_> {
+    ExecOptions {
+        timeout,
+        abort: Some(&abort.0),
+        ..ExecOptions::default()
+    }
+}
+
 /// Ensures `buf` holds at least `len` bytes and returns the first `len`.
 fn sized(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
     if buf.len() < len {
@@ -250,11 +259,7 @@ impl Core {
         let algorithm = self.prepare_uniform(forced, block)?;
         let schedule = &self.cache[0].2;
         let scratch = sized(scratch, schedule.scratch_len());
-        let opts = ExecOptions {
-            timeout: self.timeout,
-            abort: Some(&self.abort.0),
-            ..ExecOptions::default()
-        };
+        let opts = exec_options(self.timeout, &self.abort);
         self.backend.run(
             schedule,
             tag_base,

@@ -20,11 +20,9 @@
 //!    algorithm is chosen for the mean block size over all pairs (the status blocks
 //!    carry every rank's total, so all ranks choose alike).
 
-use super::{Communicator, Kind, class, overlaps, raw_slice, raw_slice_mut, sized};
+use super::{Communicator, Kind, class, exec_options, overlaps, raw_slice, raw_slice_mut, sized};
 use crate::error::{Error, Result};
-use halo_collectives::{
-    Algorithm, Buffers, BuildCtx, ExecOptions, KnownSizes, Layout, META_BLOCK, build,
-};
+use halo_collectives::{Algorithm, Buffers, BuildCtx, KnownSizes, Layout, META_BLOCK, build};
 use std::collections::HashMap;
 
 /// Status codes of the agreement pass.
@@ -486,11 +484,7 @@ impl Communicator {
                 core.chosen.insert((Kind::V(meta_alg), class(mean)), alg);
             }
             let scratch = sized(&mut pool.scratch, schedule.scratch_len());
-            let opts = ExecOptions {
-                timeout: core.timeout,
-                abort: Some(&core.abort.0),
-                ..ExecOptions::default()
-            };
+            let opts = exec_options(core.timeout, &core.abort);
             core.backend.run(
                 &schedule,
                 bases[2],
