@@ -248,6 +248,27 @@ typedef enum haloAlgorithm {
 } haloAlgorithm;
 
 /**
+ * Reduction operations of `haloAllReduce`, with NCCL's numbers (`ncclSum` = 0,
+ * `ncclMax` = 2, `ncclMin` = 3). NCCL's `ncclProd` (1) and `ncclAvg` (4) are not
+ * supported yet: their numbers are kept free for them.
+ */
+typedef enum haloRedOp {
+    /**
+     * Sum (integers wrap around; `haloFloat16` / `haloBfloat16` are added in `float`
+     * and rounded to nearest-even).
+     */
+    haloSum = 0,
+    /**
+     * Maximum (a NaN operand gives NaN).
+     */
+    haloMax = 2,
+    /**
+     * Minimum (a NaN operand gives NaN).
+     */
+    haloMin = 3,
+} haloRedOp;
+
+/**
  * A communicator: one rank's handle on a group of ranks (opaque).
  *
  * Created by `haloCommInitRank`, `haloCommInitRankConfig`, `haloCommInitFromEnv` or
@@ -311,7 +332,7 @@ typedef struct haloConfig_t {
      */
     unsigned int magic;
     /**
-     * `HALO_VERSION_CODE` of the header the program was compiled with.
+     * `HALO_VERSION_CODE` of the header the program was compiled with (informational).
      */
     unsigned int version;
     /**
@@ -351,6 +372,11 @@ typedef int32_t haloDataType_t;
  * transports are host transports today: pass NULL.
  */
 typedef void *haloStream_t;
+
+/**
+ * A `haloRedOp` value (an `int32_t`, checked like `haloDataType_t`).
+ */
+typedef int32_t haloRedOp_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -529,6 +555,36 @@ haloResult_t haloCommCount(haloComm_t comm, int *count);
 haloResult_t haloCommUserRank(haloComm_t comm, int *rank);
 
 /**
+ * Splits a communicator (as `ncclCommSplit`, `MPI_Comm_split`).
+ *
+ * Collective over `comm`: every rank calls it. The ranks that pass the same `color`
+ * form a new communicator, ordered by `key`, then by their rank in `comm`; a rank
+ * that passes a negative `color` (`HALO_SPLIT_NOCOLOR`) joins none and gets NULL. The
+ * new communicator shares `comm`'s transport (nothing is connected) and its topology
+ * (restricted to the members); it inherits the timeout and the algorithm unless
+ * `config` sets them (`algorithm`, `timeoutMs`; the other fields cannot change in a
+ * split). The caller owns `*newcomm` and destroys it on its own; parent and children
+ * may be destroyed in any order, but must not be used concurrently from different
+ * threads (they share the transport: `haloInvalidUsage`). At most 32 communicators
+ * share a rank's transport.
+ *
+ * Errors: `haloInvalidArgument` for a NULL `comm` or `newcomm`, a `config` not set
+ * from `HALO_CONFIG_INITIALIZER`, or one that sets `provider`, `topology` or
+ * `bootstrapTimeoutMs`; `haloInvalidUsage` when a member already has 32
+ * communicators or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
+ * `haloAborted`. `*newcomm` is written only on success.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `newcomm` is NULL or valid for writing a
+ * `haloComm_t`; `config` is NULL or points to a `haloConfig_t`.
+ */
+haloResult_t haloCommSplit(haloComm_t comm,
+                           int color,
+                           int key,
+                           haloComm_t *newcomm,
+                           struct haloConfig_t *config);
+
+/**
  * The message of the last failed call (as `ncclGetLastError`).
  *
  * With a communicator: the last failed call on `comm`. With NULL: the last failed
@@ -648,6 +704,107 @@ haloResult_t haloAllToAllv(const void *sendbuff,
  * `comm` is NULL or a live communicator.
  */
 haloResult_t haloBarrier(haloComm_t comm);
+
+/**
+ * Sends `count` elements to rank `peer` (as `ncclSend`).
+ *
+ * Blocking: returns when the transport is done with `sendbuff`. Messages between two
+ * ranks match in order: the k-th `haloSend` from a to b meets the k-th `haloRecv` at
+ * b from a, which must have the same size (zero included). Only the two ranks take
+ * part. There are no group calls (`ncclGroupStart`): order the calls so that they
+ * match (in a ring, even ranks send first and odd ranks receive first). A send to this
+ * rank itself is buffered until the matching `haloRecv`.
+ *
+ * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+ * `datatype`, a size that overflows, a NULL `sendbuff` with `count` > 0, or a `peer`
+ * out of range (all before anything is sent); `haloInvalidUsage` when the receiver
+ * expects another size or another thread uses `comm`; `haloTimeout` naming the peer
+ * when it does not receive in time; `haloRemoteError`, `haloAborted`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` is NULL or readable for `count`
+ * elements and not written during the call.
+ */
+haloResult_t haloSend(const void *sendbuff,
+                      size_t count,
+                      haloDataType_t datatype,
+                      int peer,
+                      haloComm_t comm,
+                      haloStream_t stream);
+
+/**
+ * Receives `count` elements from rank `peer` (as `ncclRecv`), blocking until they are
+ * in `recvbuff`. See `haloSend` for how sends and receives match.
+ *
+ * Errors: as `haloSend`, for `recvbuff`; `haloTimeout` naming the peer when nothing
+ * arrives in time.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `recvbuff` is NULL or writable for `count`
+ * elements and not accessed by another thread during the call.
+ */
+haloResult_t haloRecv(void *recvbuff,
+                      size_t count,
+                      haloDataType_t datatype,
+                      int peer,
+                      haloComm_t comm,
+                      haloStream_t stream);
+
+/**
+ * All-gather (as `ncclAllGather`): every rank's `sendcount` elements land at block
+ * `r` of every rank's `recvbuff` (elements `r*sendcount .. (r+1)*sendcount-1` for
+ * rank `r`), which holds `nranks * sendcount` elements.
+ *
+ * In place as in NCCL: when `sendbuff == recvbuff + rank * sendcount` elements, this
+ * rank's block is already where it belongs. Any other overlap is an error. Every rank
+ * passes the same `sendcount` and `datatype`. Blocking.
+ *
+ * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+ * `datatype`, a size that overflows, a NULL buffer with `sendcount` > 0, or
+ * overlapping buffers (all before anything is sent); `haloInvalidUsage` when ranks pass
+ * different sizes (where the transport sees it) or another thread uses `comm`;
+ * `haloTimeout`, `haloRemoteError`, `haloAborted`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` is NULL or readable for
+ * `sendcount` elements, `recvbuff` NULL or writable for `nranks * sendcount`; no other
+ * thread accesses them during the call.
+ */
+haloResult_t haloAllGather(const void *sendbuff,
+                           void *recvbuff,
+                           size_t sendcount,
+                           haloDataType_t datatype,
+                           haloComm_t comm,
+                           haloStream_t stream);
+
+/**
+ * All-reduce (as `ncclAllReduce`): element `i` of `recvbuff` becomes element `i` of
+ * every rank's `sendbuff` combined with `op`, on every rank. In place when `sendbuff ==
+ * recvbuff`. Every rank passes the same `count`, `datatype` and `op`, and gets the
+ * same bits. Blocking.
+ *
+ * Data types: every `haloDataType` except `haloInt8` and `haloUint8`. The buffers must
+ * be aligned to their element size (as any C array of that type is).
+ *
+ * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown or
+ * unsupported `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
+ * 0, buffers that overlap without being equal, or a misaligned buffer (all before
+ * anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
+ * transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
+ * `haloAborted`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` is NULL or readable and `recvbuff`
+ * NULL or writable for `count` elements; no other thread accesses them during the
+ * call.
+ */
+haloResult_t haloAllReduce(const void *sendbuff,
+                           void *recvbuff,
+                           size_t count,
+                           haloDataType_t datatype,
+                           haloRedOp_t op,
+                           haloComm_t comm,
+                           haloStream_t stream);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -18,6 +18,8 @@ if [ "${1:-}" = "test" ]; then
     libopenmpi-dev # mpicc: compiles the MPI program of the launch tests; the `mpi` feature
     libclang-dev   # bindgen in the mpi crate's build (feature `mpi`, MPI bootstrap test)
     clang          # idem
+    valgrind       # memcheck over the C API's test programs (ffi/halo-c/tests/c_programs.rs)
+    g++            # compiles include/halo.h as C++ in the same tests (gcc itself comes with Rust's linker)
   )
 fi
 

@@ -2,7 +2,8 @@
 # Builds and installs HALO for C and C++ programs:
 #   PREFIX/lib/libhalo.so, PREFIX/lib/libhalo.a    the library (ffi/halo-c)
 #   PREFIX/include/halo.h                          the header
-#   PREFIX/lib/pkgconfig/halo.pc                   for pkg-config
+#   PREFIX/lib/pkgconfig/halo.pc                   for pkg-config (links libhalo.so)
+#   PREFIX/lib/pkgconfig/halo-static.pc            ... (links libhalo.a)
 #   PREFIX/bin/halo                                `halo launch -n N -- ./prog` and friends
 #
 #   bash scripts/install-c.sh                 # release build, PREFIX=/usr/local
@@ -49,9 +50,11 @@ install -d "$prefix/lib/pkgconfig" "$prefix/include" "$prefix/bin"
 install -m 755 "$from/libhalo.so" "$prefix/lib/libhalo.so"
 install -m 644 "$from/libhalo.a" "$prefix/lib/libhalo.a"
 install -m 644 "$header" "$prefix/include/halo.h"
-sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" \
-  "$root/ffi/halo-c/halo.pc.in" > "$prefix/lib/pkgconfig/halo.pc"
-chmod 644 "$prefix/lib/pkgconfig/halo.pc"
+for pc in halo halo-static; do
+  sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" \
+    "$root/ffi/halo-c/$pc.pc.in" > "$prefix/lib/pkgconfig/$pc.pc"
+  chmod 644 "$prefix/lib/pkgconfig/$pc.pc"
+done
 if [ -x "$from/halo" ]; then
   install -m 755 "$from/halo" "$prefix/bin/halo"
 fi
@@ -68,5 +71,8 @@ case "$prefix" in
   *)
     echo "  export PKG_CONFIG_PATH=$prefix/lib/pkgconfig\${PKG_CONFIG_PATH:+:\$PKG_CONFIG_PATH}"
     echo "  export LD_LIBRARY_PATH=$prefix/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+    if [ -x "$prefix/bin/halo" ]; then
+      echo "  export PATH=$prefix/bin:\$PATH"
+    fi
     ;;
 esac

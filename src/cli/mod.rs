@@ -1,6 +1,7 @@
 //! Command-line arguments and the commands.
 
 mod bench;
+mod calibrate;
 mod check;
 mod launch;
 mod simulate;
@@ -30,6 +31,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Predict all-to-all times at scale (1,024+ ranks) by replaying the schedules.
     Simulate(simulate::SimulateArgs),
+    /// As one rank of a job: measure every level's latency and bandwidth into a topology file.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 /// A failed command: what to print after `error: ` and the exit status.
@@ -65,6 +68,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
         Command::Check(args) => check::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Simulate(args) => simulate::run(&args),
+        Command::Calibrate(args) => calibrate::run(&args),
     }
 }
 

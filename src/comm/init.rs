@@ -125,8 +125,12 @@ impl Communicator {
     ) -> Result<Communicator> {
         let (transport, topology) =
             establish(rank, size, root, &config.fabric, &config.topology, join)?;
-        let mut comm =
-            Communicator::from_backend(Backend::Fabric(transport), rank, size, Arc::new(topology));
+        let mut comm = Communicator::from_backend(
+            Backend::Fabric(Box::new(transport)),
+            rank,
+            size,
+            Arc::new(topology),
+        );
         comm.set_timeout(config.timeout);
         comm.set_algorithm(config.algorithm);
         tracing::info!(rank, size, topology = %comm.topology().name(), "communicator ready");

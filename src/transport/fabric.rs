@@ -24,7 +24,7 @@
 //!
 //! # Waiting (`HALO_PROGRESS`)
 //! When nothing completes the engine spins briefly, then calls [`Session::wait`] with a
-//! growing bound (1 us up to 1 ms). What the wait does is [`Progress`]: `sleep` (the
+//! growing bound (1 us up to 1 ms). What the wait does is [`FabricProgress`]: `sleep` (the
 //! default: yield below 50 us, else sleep up to 200 us), `yield` (always
 //! `sched_yield`), `spin` (return at once) or `block` (sleep on the completion
 //! queue's file descriptor where the provider has one: `tcp;ofi_rxm` does, `shm` in
@@ -55,6 +55,7 @@ use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, TAG_BITS,
 use halo_fabric_sys as fi;
 use std::ffi::{CStr, CString, c_char, c_int, c_long, c_short, c_ulong, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 type CResult<T> = std::result::Result<T, CollectiveError>;
@@ -98,6 +99,17 @@ unsafe extern "C" {
         timeout: *const Timespec,
         sigmask: *const c_void,
     ) -> c_int;
+    fn mmap(
+        addr: *mut c_void,
+        len: usize,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        offset: i64,
+    ) -> *mut c_void;
+    fn munmap(addr: *mut c_void, len: usize) -> c_int;
+    /// libc's syscall (for futex).
+    fn syscall(number: c_long, ...) -> c_long;
 }
 
 fn fi_err(what: &str, ret: isize) -> Error {
@@ -438,6 +450,186 @@ impl Drop for Endpoint {
     }
 }
 
+/// `PROT_READ | PROT_WRITE`.
+const PROT_RW: c_int = 3;
+/// `MAP_SHARED`.
+const MAP_SHARED: c_int = 1;
+const FUTEX_WAIT: c_int = 0;
+const FUTEX_WAKE: c_int = 1;
+#[cfg(target_arch = "x86_64")]
+const SYS_FUTEX: Option<c_long> = Some(202);
+#[cfg(target_arch = "aarch64")]
+const SYS_FUTEX: Option<c_long> = Some(98);
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const SYS_FUTEX: Option<c_long> = None;
+
+pub(crate) static XS: [std::sync::atomic::AtomicU64; 6] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 6];
+/// A bell's word: the owner sleeps (or is about to).
+const ASLEEP: u32 = 1;
+/// A bell's word: the owner is awake, or was rung.
+const AWAKE: u32 = 0;
+/// Bytes mapped per bell (one page).
+const BELL_LEN: usize = 4096;
+
+/// A doorbell for `block` between ranks on one host: one futex word in a small
+/// shared-memory file of its owner's. `shm` (libfabric 1.17) has no wait object, so a
+/// rank that waits for same-host peers marks its word [`ASLEEP`] and sleeps on it
+/// (bounded); a peer that hands it something — a send posted, or one of its sends
+/// received (its completion may be what the owner waits for) — wakes it if the word
+/// says it sleeps. A ring costs one shared load when the owner is awake. Only a hint:
+/// every sleep is bounded, so a lost ring delays, never hangs.
+struct Bell {
+    base: *mut c_void,
+    /// The file, for the owner's bell (removed on drop).
+    own: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for Bell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bell").field("own", &self.own).finish()
+    }
+}
+
+impl Bell {
+    /// Creates this rank's bell; `None` (no bell, bounded sleeps) when that fails.
+    fn create() -> Option<Bell> {
+        SYS_FUTEX?;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::path::PathBuf::from(format!("/dev/shm/halo-bell-{}-{n}", std::process::id()));
+        // A file of a dead process whose id this one reuses: replace it.
+        let _ = std::fs::remove_file(&path);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .ok()?;
+        let bell = f
+            .set_len(BELL_LEN as u64)
+            .ok()
+            .and_then(|()| Bell::map(&f, Some(path.clone())));
+        if bell.is_none() {
+            let _ = std::fs::remove_file(&path);
+        }
+        bell
+    }
+
+    /// Maps a peer's bell.
+    fn open(path: &str) -> Option<Bell> {
+        SYS_FUTEX?;
+        if !path.starts_with("/dev/shm/halo-bell-") {
+            return None;
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .ok()?;
+        if f.metadata().ok()?.len() < BELL_LEN as u64 {
+            return None;
+        }
+        Bell::map(&f, None)
+    }
+
+    fn map(f: &std::fs::File, own: Option<std::path::PathBuf>) -> Option<Bell> {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: a fresh shared mapping of BELL_LEN bytes of a file at least that
+        // long; the result is checked against MAP_FAILED before use.
+        let base = unsafe {
+            mmap(
+                ptr::null_mut(),
+                BELL_LEN,
+                PROT_RW,
+                MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if base as isize == -1 || base.is_null() {
+            return None;
+        }
+        Some(Bell { base, own })
+    }
+
+    fn path(&self) -> Option<String> {
+        self.own.as_ref().map(|p| p.to_string_lossy().into_owned())
+    }
+
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: the mapping is page-aligned, BELL_LEN bytes long and lives as long
+        // as `self`; other processes access the word only atomically.
+        unsafe { &*self.base.cast::<AtomicU32>() }
+    }
+
+    /// Wakes the owner if it sleeps.
+    fn ring(&self) {
+        let w = self.word();
+        if w.load(Ordering::SeqCst) == ASLEEP
+            && w.swap(AWAKE, Ordering::SeqCst) == ASLEEP
+            && let Some(nr) = SYS_FUTEX
+        {
+            // SAFETY: FUTEX_WAKE on a valid, aligned, shared u32; no other arguments
+            // are read.
+            unsafe { syscall(nr, self.base, FUTEX_WAKE, 1 as c_int) };
+            XS[0].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks the owner asleep; then, unless `anything` finds work, sleeps until rung
+    /// or `timeout` passes.
+    fn sleep(&self, timeout: Duration, anything: impl FnOnce() -> CResult<bool>) -> CResult<()> {
+        let w = self.word();
+        w.store(ASLEEP, Ordering::SeqCst);
+        // A peer that handed something over before the store did not ring: look once
+        // more after it (SeqCst on both sides: either the peer sees ASLEEP or this
+        // look sees what the peer handed over).
+        let found = anything();
+        if matches!(found, Ok(false))
+            && let Some(nr) = SYS_FUTEX
+        {
+            let ts = Timespec {
+                tv_sec: timeout.as_secs() as c_long,
+                tv_nsec: c_long::from(timeout.subsec_nanos() as i32),
+            };
+            XS[1].fetch_add(1, Ordering::Relaxed);
+            let t0 = Instant::now();
+            let _g = Guard(t0);
+            struct Guard(Instant);
+            impl Drop for Guard {
+                fn drop(&mut self) {
+                    XS[2].fetch_add(self.0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
+            }
+            // SAFETY: FUTEX_WAIT on a valid, aligned, shared u32 with a valid relative
+            // timeout; it returns at once if the word is no longer ASLEEP.
+            unsafe {
+                syscall(
+                    nr,
+                    self.base,
+                    FUTEX_WAIT,
+                    ASLEEP as c_int,
+                    &ts as *const Timespec,
+                )
+            };
+        }
+        w.store(AWAKE, Ordering::SeqCst);
+        found.map(|_| ())
+    }
+}
+
+impl Drop for Bell {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe { munmap(self.base, BELL_LEN) };
+        if let Some(p) = &self.own {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 /// The context of one posted operation; libfabric returns its address in completions.
 #[repr(C)]
 struct OpCtx {
@@ -489,7 +681,7 @@ const SLEEP_MAX: Duration = Duration::from_micros(200);
 /// with a bound that grows from 1 us to 1 ms; this is what that wait does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum Progress {
+pub enum FabricProgress {
     /// Return at once: poll without pause. Lowest latency with a core per rank;
     /// oversubscribed, a spinning rank takes the processor from the peer it waits for.
     Spin,
@@ -504,15 +696,15 @@ pub enum Progress {
     Block,
 }
 
-impl std::str::FromStr for Progress {
+impl std::str::FromStr for FabricProgress {
     type Err = Error;
 
-    fn from_str(s: &str) -> Result<Progress> {
+    fn from_str(s: &str) -> Result<FabricProgress> {
         match s.trim() {
-            "spin" => Ok(Progress::Spin),
-            "yield" => Ok(Progress::Yield),
-            "sleep" => Ok(Progress::Sleep),
-            "block" => Ok(Progress::Block),
+            "spin" => Ok(FabricProgress::Spin),
+            "yield" => Ok(FabricProgress::Yield),
+            "sleep" => Ok(FabricProgress::Sleep),
+            "block" => Ok(FabricProgress::Block),
             other => Err(Error::invalid_argument(format!(
                 "HALO_PROGRESS={other:?}: expected spin, yield, sleep or block"
             ))),
@@ -520,13 +712,13 @@ impl std::str::FromStr for Progress {
     }
 }
 
-impl std::fmt::Display for Progress {
+impl std::fmt::Display for FabricProgress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Progress::Spin => "spin",
-            Progress::Yield => "yield",
-            Progress::Sleep => "sleep",
-            Progress::Block => "block",
+            FabricProgress::Spin => "spin",
+            FabricProgress::Yield => "yield",
+            FabricProgress::Sleep => "sleep",
+            FabricProgress::Block => "block",
         })
     }
 }
@@ -608,10 +800,14 @@ pub(crate) struct FabricTransport {
     peers: Vec<usize>,
     /// Same-host peers' processes, by rank, for noticing a peer that died.
     watch: Vec<Option<Proc>>,
+    /// This rank's doorbell (`block` with same-host peers).
+    bell: Option<Bell>,
+    /// Same-host peers' doorbells, by rank (empty without a bell).
+    bells: Vec<Option<Bell>>,
     /// Why the transport may no longer be used.
     broken: Option<String>,
     post_timeout: Duration,
-    progress: Progress,
+    progress: FabricProgress,
 }
 
 // SAFETY: the raw pointers inside are libfabric objects opened with FI_THREAD_DOMAIN
@@ -646,7 +842,7 @@ pub struct FabricConfig {
     /// fails (the collective's own timeout applies as well).
     pub post_timeout: Duration,
     /// What a rank does while it waits (`HALO_PROGRESS`).
-    pub progress: Progress,
+    pub progress: FabricProgress,
 }
 
 impl Default for FabricConfig {
@@ -656,7 +852,7 @@ impl Default for FabricConfig {
             net_provider: "tcp;ofi_rxm".into(),
             addr: None,
             post_timeout: Duration::from_secs(60),
-            progress: Progress::default(),
+            progress: FabricProgress::default(),
         }
     }
 }
@@ -665,7 +861,7 @@ impl FabricConfig {
     /// The default, changed by `HALO_FABRIC_PROVIDER` (one provider for every peer,
     /// e.g. `tcp;ofi_rxm` or `shm`), `HALO_FABRIC_NET_PROVIDER` (the network provider
     /// only), `HALO_FABRIC_ADDR` (the IP the network provider binds) and
-    /// `HALO_PROGRESS` (`spin`, `yield`, `sleep` or `block`; see [`Progress`]).
+    /// `HALO_PROGRESS` (`spin`, `yield`, `sleep` or `block`; see [`FabricProgress`]).
     pub fn from_env() -> Result<Self> {
         let mut c = FabricConfig::default();
         if let Ok(p) = std::env::var("HALO_FABRIC_PROVIDER") {
@@ -702,10 +898,15 @@ impl FabricTransport {
         config: &FabricConfig,
         net_node: &str,
     ) -> Result<(FabricTransport, [Option<Vec<u8>>; 2])> {
-        let want_fd = config.progress == Progress::Block;
+        let want_fd = config.progress == FabricProgress::Block;
         let local = match &config.local_provider {
             Some(p) if size > 1 => Some(Endpoint::open(p, None, want_fd)?),
             _ => None,
+        };
+        let bell = if want_fd && local.is_some() {
+            Bell::create()
+        } else {
+            None
         };
         let node = (!config.net_provider.starts_with("shm")).then_some(net_node);
         let net = Endpoint::open(&config.net_provider, node, want_fd)?;
@@ -727,6 +928,8 @@ impl FabricTransport {
             backlog: Vec::new(),
             peers: Vec::new(),
             watch: vec![None; size],
+            bell,
+            bells: Vec::new(),
             broken: None,
             post_timeout: config.post_timeout,
             progress: config.progress,
@@ -957,9 +1160,20 @@ impl FabricTransport {
             return;
         }
         // SAFETY: the context is one of ours (see `poll`).
-        let token = unsafe { (*ctx).token };
+        let (token, peer, is_send) = unsafe { ((*ctx).token, (*ctx).peer, (*ctx).is_send) };
         self.release(ctx);
         done.push(token);
+        if !is_send {
+            // The sender may be waiting for its send to complete.
+            self.ring(peer as usize);
+        }
+    }
+
+    /// Wakes a same-host peer that sleeps on its bell.
+    fn ring(&self, peer: usize) {
+        if let Some(Some(b)) = self.bells.get(peer) {
+            b.ring();
+        }
     }
 
     fn release(&mut self, ctx: *mut OpCtx) {
@@ -1026,11 +1240,7 @@ impl FabricTransport {
     }
 
     /// Waits up to `max` on the completion queues' file descriptors (`block`).
-    fn block(&mut self, max: Duration) {
-        if max < YIELD_BELOW {
-            std::thread::yield_now();
-            return;
-        }
+    fn block_fd(&mut self, max: Duration) {
         let mut fds = [
             PollFd {
                 fd: -1,
@@ -1281,6 +1491,9 @@ impl FabricSession<'_> {
             }
         };
         if ret == 0 {
+            if d.is_send {
+                self.t.ring(d.peer);
+            }
             return Ok(true);
         }
         self.t.release(ctx);
@@ -1388,6 +1601,43 @@ impl FabricSession<'_> {
     }
 }
 
+impl FabricSession<'_> {
+    /// `block`: yields while the bound is short, then sleeps on this rank's bell while
+    /// it waits only for same-host peers that have one (bounded as `sleep`: a ring
+    /// only ends the sleep early), on the completion queues' descriptors otherwise.
+    fn block(&mut self, max: Duration) -> CResult<()> {
+        if max < YIELD_BELOW {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        let bells = &self.t.bells;
+        let belled = !bells.is_empty()
+            && self.t.backlog.is_empty()
+            && self.t.ctxs.iter().any(|c| c.in_use)
+            && self
+                .t
+                .ctxs
+                .iter()
+                .filter(|c| c.in_use)
+                .all(|c| bells.get(c.peer as usize).is_some_and(Option::is_some));
+        if belled && let Some(bell) = self.t.bell.take() {
+            // Bounded as `sleep`: shm protocol steps that complete nothing (segmented
+            // copies without CMA) ring no bell.
+            let r = bell.sleep(max.min(SLEEP_MAX), || {
+                let mut done = std::mem::take(&mut self.ready);
+                let r = self.t.poll(&mut done);
+                let any = !done.is_empty();
+                self.ready = done;
+                r.map(|()| any)
+            });
+            self.t.bell = Some(bell);
+            return self.note(r);
+        }
+        self.t.block_fd(max);
+        Ok(())
+    }
+}
+
 impl Session for FabricSession<'_> {
     fn post_send(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
         let r = self.post(peer, token, true, region, tag);
@@ -1433,17 +1683,18 @@ impl Session for FabricSession<'_> {
     }
 
     fn wait(&mut self, max: Duration) -> CResult<()> {
+        XS[3].fetch_add(1, Ordering::Relaxed);
         if !self.ready.is_empty() {
             return Ok(());
         }
         let r = self.watch_peers();
         self.note(r)?;
         match self.t.progress {
-            Progress::Spin => std::hint::spin_loop(),
-            Progress::Yield => std::thread::yield_now(),
-            Progress::Sleep if max < YIELD_BELOW => std::thread::yield_now(),
-            Progress::Sleep => std::thread::sleep(max.min(SLEEP_MAX)),
-            Progress::Block => self.t.block(max),
+            FabricProgress::Spin => std::hint::spin_loop(),
+            FabricProgress::Yield => std::thread::yield_now(),
+            FabricProgress::Sleep if max < YIELD_BELOW => std::thread::yield_now(),
+            FabricProgress::Sleep => std::thread::sleep(max.min(SLEEP_MAX)),
+            FabricProgress::Block => return self.block(max),
         }
         Ok(())
     }
@@ -1539,6 +1790,8 @@ struct Card {
     names: [Option<Vec<u8>>; 2],
     /// Its process, for peers on the same host: PID namespace and process.
     process: Option<(String, Proc)>,
+    /// Its doorbell file, for peers on the same host (`block`).
+    bell: Option<String>,
 }
 
 impl Card {
@@ -1549,6 +1802,9 @@ impl Card {
             "local": self.names[LOCAL].as_deref().map(hex),
             "net": self.names[NET].as_deref().map(hex),
         });
+        if let Some(b) = &self.bell {
+            v["bell"] = b.as_str().into();
+        }
         if let Some((ns, p)) = &self.process {
             v["pidns"] = ns.as_str().into();
             v["pid"] = p.pid.into();
@@ -1593,6 +1849,7 @@ impl Card {
                 )),
                 _ => None,
             },
+            bell: v.get("bell").and_then(|b| b.as_str()).map(str::to_string),
         })
     }
 }
@@ -1675,6 +1932,7 @@ pub(crate) fn establish(
         topology: topology_spec.to_string(),
         names,
         process: this_process(),
+        bell: transport.bell.as_ref().and_then(Bell::path),
     };
     let cards: Vec<Card> = join(&card.encode())?
         .iter()
@@ -1708,7 +1966,20 @@ pub(crate) fn establish(
             }
         }
     }
-    let names: Vec<[Option<Vec<u8>>; 2]> = cards.into_iter().map(|c| c.names).collect();
+    let names: Vec<[Option<Vec<u8>>; 2]> = cards.iter().map(|c| c.names.clone()).collect();
     transport.connect(&hosts, &names)?;
+    // The bells of the peers reached over shared memory.
+    if transport.bell.is_some() {
+        transport.bells = (0..size)
+            .map(|p| {
+                let local = p != rank && transport.routes[p].ep == LOCAL as u8;
+                cards[p]
+                    .bell
+                    .as_deref()
+                    .filter(|_| local)
+                    .and_then(Bell::open)
+            })
+            .collect();
+    }
     Ok((transport, topology))
 }

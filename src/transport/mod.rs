@@ -17,12 +17,14 @@ pub(crate) use shared::{MAX_COMMS, SharedBackend};
 use halo_collectives::{Buffers, ExecOptions, Schedule, Transport, execute};
 
 /// The transport a communicator runs on.
+// One per communicator and never moved in a hot path: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Backend {
     /// Ranks as threads of this process.
     Local(local::LocalTransport),
     /// Ranks as processes, over libfabric.
-    Fabric(fabric::FabricTransport),
+    Fabric(Box<fabric::FabricTransport>),
     /// One of the above, shared by the communicators of a split tree (see `shared`).
     Shared(SharedBackend),
 }
@@ -38,7 +40,7 @@ impl Backend {
     ) -> halo_collectives::Result<()> {
         match self {
             Backend::Local(t) => run_on(t, schedule, tag_base, bufs, opts),
-            Backend::Fabric(t) => run_on(t, schedule, tag_base, bufs, opts),
+            Backend::Fabric(t) => run_on(&mut **t, schedule, tag_base, bufs, opts),
             Backend::Shared(s) => s.run(schedule, tag_base, bufs, opts),
         }
     }

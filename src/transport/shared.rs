@@ -182,7 +182,7 @@ impl SharedBackend {
         let map = self.map.as_deref();
         match guard.as_mut() {
             Some(Backend::Local(t)) => run_mapped(t, map, schedule, tag_base, bufs, opts),
-            Some(Backend::Fabric(t)) => run_mapped(t, map, schedule, tag_base, bufs, opts),
+            Some(Backend::Fabric(t)) => run_mapped(&mut **t, map, schedule, tag_base, bufs, opts),
             _ => Err(CollectiveError::Internal(
                 "shared endpoint without a transport".into(),
             )),

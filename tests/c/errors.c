@@ -150,7 +150,7 @@ static void v_errors(haloComm_t comm, int n, int me) {
 
     /* Checked after the count exchange, on every rank: each rank's own error. */
     EXPECT_ERR(comm, haloAllToAllv(NULL, sc, sd, recvb, rc, rd, haloInt8, comm, NULL),
-               haloInvalidArgument, "NULL");
+               haloInvalidArgument, "send buffer is NULL");
     sd[n - 1] = SIZE_MAX;
     EXPECT_ERR(comm, haloAllToAllv(sendb, sc, sd, recvb, rc, rd, haloInt8, comm, NULL),
                haloInvalidArgument, "overflows");
@@ -165,16 +165,18 @@ static void v_errors(haloComm_t comm, int n, int me) {
         if (me == 0)
             rc[1] = 3;
         EXPECT_ERR(comm, haloAllToAllv(sendb, sc, sd, recvb, rc, rd, haloInt8, comm, NULL),
-                   haloInvalidUsage, "");
+                   haloInvalidUsage,
+                   me <= 1 ? "rank 1 sends 2 bytes to rank 0, but rank 0 expects 3"
+                           : "ranks 0 and 1 disagree");
         rc[1] = 2;
         /* Only rank 1 passes a NULL send buffer: it gets haloInvalidArgument, the
          * others haloInvalidUsage naming it. */
         if (me == 1)
             EXPECT_ERR(comm, haloAllToAllv(NULL, sc, sd, recvb, rc, rd, haloInt8, comm, NULL),
-                       haloInvalidArgument, "NULL");
+                       haloInvalidArgument, "send buffer is NULL");
         else
             EXPECT_ERR(comm, haloAllToAllv(sendb, sc, sd, recvb, rc, rd, haloInt8, comm, NULL),
-                       haloInvalidUsage, "1");
+                       haloInvalidUsage, "rank 1 passed invalid arguments");
         untouched("haloAllToAllv (disagreeing ranks)");
     }
 }

@@ -1,14 +1,20 @@
-//! The collectives: all-to-all, all-to-all-v, barrier.
+//! The collectives: all-to-all, all-to-all-v, barrier, send / receive, all-gather,
+//! all-reduce.
 //!
 //! Each call checks, in this order and before anything is sent: the communicator, the
-//! stream, the data type, the byte sizes (overflow), the pointers, in-place use. Then
-//! the Rust communicator checks again and runs the collective.
+//! stream, the data type (and operation), the byte sizes (overflow), the pointers,
+//! in-place use and overlap, alignment where typed elements are made. Only then are
+//! slices made over the caller's memory, and the Rust communicator checks again and
+//! runs the collective.
 
 use crate::boundary::call_comm;
 use crate::error::{Failure, FfiResult, haloResult_t};
 use crate::handle::haloComm_t;
-use crate::types::{check_stream, haloDataType, haloDataType_t, haloStream_t};
-use std::ffi::c_void;
+use crate::types::{
+    check_stream, haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, haloStream_t,
+};
+use halo_rs::{Communicator, ReduceOp, Reducible, bf16, f16};
+use std::ffi::{c_int, c_void};
 
 /// `count` elements of `elem` bytes for each of `ranks` ranks, in bytes; an overflow
 /// (or more than `isize::MAX` bytes, which no buffer can hold) is an error.
@@ -188,6 +194,305 @@ pub unsafe extern "C" fn haloBarrier(comm: haloComm_t) -> haloResult_t {
     call_comm("haloBarrier", comm, |c| {
         c.lock()?.barrier()?;
         Ok(())
+    })
+}
+
+/// Whether two byte ranges share a byte.
+fn overlaps(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
+}
+
+/// The caller's memory as bytes.
+///
+/// # Safety
+/// When `len` > 0: `ptr` is non-NULL and readable for `len` bytes, not written by
+/// anyone during the returned lifetime.
+unsafe fn bytes<'a>(ptr: *const c_void, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: per the contract; `u8` needs no alignment.
+    unsafe { std::slice::from_raw_parts(ptr.cast(), len) }
+}
+
+/// The caller's memory as writable bytes.
+///
+/// # Safety
+/// When `len` > 0: `ptr` is non-NULL and writable for `len` bytes, accessed by nobody
+/// else during the returned lifetime (no other slice over it exists).
+unsafe fn bytes_mut<'a>(ptr: *mut c_void, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: per the contract; `u8` needs no alignment.
+    unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) }
+}
+
+/// A peer argument, checked against the communicator's size.
+fn peer_index(peer: c_int, n: usize) -> FfiResult<usize> {
+    usize::try_from(peer)
+        .ok()
+        .filter(|&p| p < n)
+        .ok_or_else(|| {
+            Failure::invalid(format!(
+                "peer {peer} is out of range for {n} ranks (0 .. {})",
+                n.saturating_sub(1)
+            ))
+        })
+}
+
+/// Sends `count` elements to rank `peer` (as `ncclSend`).
+///
+/// Blocking: returns when the transport is done with `sendbuff`. Messages between two
+/// ranks match in order: the k-th `haloSend` from a to b meets the k-th `haloRecv` at
+/// b from a, which must have the same size (zero included). Only the two ranks take
+/// part. There are no group calls (`ncclGroupStart`): order the calls so that they
+/// match (in a ring, even ranks send first and odd ranks receive first). A send to this
+/// rank itself is buffered until the matching `haloRecv`.
+///
+/// Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+/// `datatype`, a size that overflows, a NULL `sendbuff` with `count` > 0, or a `peer`
+/// out of range (all before anything is sent); `haloInvalidUsage` when the receiver
+/// expects another size or another thread uses `comm`; `haloTimeout` naming the peer
+/// when it does not receive in time; `haloRemoteError`, `haloAborted`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `sendbuff` is NULL or readable for `count`
+/// elements and not written during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: haloDataType_t,
+    peer: c_int,
+    comm: haloComm_t,
+    stream: haloStream_t,
+) -> haloResult_t {
+    call_comm("haloSend", comm, |c| {
+        check_stream(stream)?;
+        let elem = haloDataType::from_raw(datatype)?.size();
+        let len = total_bytes(count, elem, 1, "count")?;
+        check_buffer(sendbuff, len, "sendbuff", count)?;
+        let peer = peer_index(peer, c.size())?;
+        let mut guard = c.lock()?;
+        // SAFETY: non-NULL when `len` > 0 (checked), readable for `len` bytes and not
+        // written during the call per the contract.
+        let send = unsafe { bytes(sendbuff, len) };
+        guard.send(send, peer)?;
+        Ok(())
+    })
+}
+
+/// Receives `count` elements from rank `peer` (as `ncclRecv`), blocking until they are
+/// in `recvbuff`. See `haloSend` for how sends and receives match.
+///
+/// Errors: as `haloSend`, for `recvbuff`; `haloTimeout` naming the peer when nothing
+/// arrives in time.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `recvbuff` is NULL or writable for `count`
+/// elements and not accessed by another thread during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: haloDataType_t,
+    peer: c_int,
+    comm: haloComm_t,
+    stream: haloStream_t,
+) -> haloResult_t {
+    call_comm("haloRecv", comm, |c| {
+        check_stream(stream)?;
+        let elem = haloDataType::from_raw(datatype)?.size();
+        let len = total_bytes(count, elem, 1, "count")?;
+        check_buffer(recvbuff, len, "recvbuff", count)?;
+        let peer = peer_index(peer, c.size())?;
+        let mut guard = c.lock()?;
+        // SAFETY: non-NULL when `len` > 0 (checked), writable for `len` bytes and
+        // accessed by nobody else per the contract.
+        let recv = unsafe { bytes_mut(recvbuff, len) };
+        guard.recv(recv, peer)?;
+        Ok(())
+    })
+}
+
+/// All-gather (as `ncclAllGather`): every rank's `sendcount` elements land at block
+/// `r` of every rank's `recvbuff` (elements `r*sendcount .. (r+1)*sendcount-1` for
+/// rank `r`), which holds `nranks * sendcount` elements.
+///
+/// In place as in NCCL: when `sendbuff == recvbuff + rank * sendcount` elements, this
+/// rank's block is already where it belongs. Any other overlap is an error. Every rank
+/// passes the same `sendcount` and `datatype`. Blocking.
+///
+/// Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+/// `datatype`, a size that overflows, a NULL buffer with `sendcount` > 0, or
+/// overlapping buffers (all before anything is sent); `haloInvalidUsage` when ranks pass
+/// different sizes (where the transport sees it) or another thread uses `comm`;
+/// `haloTimeout`, `haloRemoteError`, `haloAborted`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `sendbuff` is NULL or readable for
+/// `sendcount` elements, `recvbuff` NULL or writable for `nranks * sendcount`; no other
+/// thread accesses them during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: haloDataType_t,
+    comm: haloComm_t,
+    stream: haloStream_t,
+) -> haloResult_t {
+    call_comm("haloAllGather", comm, |c| {
+        check_stream(stream)?;
+        let elem = haloDataType::from_raw(datatype)?.size();
+        let block = total_bytes(sendcount, elem, 1, "sendcount")?;
+        let total = total_bytes(sendcount, elem, c.size(), "sendcount")?;
+        check_buffer(sendbuff, block, "sendbuff", sendcount)?;
+        check_buffer(recvbuff, total, "recvbuff", sendcount)?;
+        // `block * rank` < `total`, which did not overflow.
+        let own = (recvbuff as usize).wrapping_add(block * c.rank());
+        let in_place = block > 0 && sendbuff as usize == own;
+        if !in_place && overlaps(sendbuff, block, recvbuff.cast_const(), total) {
+            return Err(Failure::invalid(
+                "sendbuff overlaps recvbuff: out-of-place, or in place with sendbuff == \
+                 recvbuff + rank * sendcount elements",
+            ));
+        }
+        let mut guard = c.lock()?;
+        // In place, this rank's block is copied out of `recvbuff` first, so that the
+        // send and receive slices never alias.
+        let mut copy = Vec::new();
+        let send: &[u8] = if in_place {
+            // SAFETY: non-NULL (`block` > 0, checked) and readable per the contract; the
+            // slice ends with this statement, before any slice over `recvbuff` exists.
+            copy.extend_from_slice(unsafe { bytes(sendbuff, block) });
+            &copy
+        } else {
+            // SAFETY: non-NULL when `block` > 0 (checked), readable and unwritten per the
+            // contract, and disjoint from `recvbuff` (checked).
+            unsafe { bytes(sendbuff, block) }
+        };
+        // SAFETY: non-NULL when `total` > 0 (checked), writable for `total` bytes and
+        // accessed by nobody else; `send` is the copy or does not overlap it.
+        let recv = unsafe { bytes_mut(recvbuff, total) };
+        guard.all_gather(send, recv)?;
+        Ok(())
+    })
+}
+
+/// The typed all-reduce over the caller's memory.
+///
+/// # Safety
+/// `send` and `recv` are non-NULL when `count` > 0, readable (`send`) and writable
+/// (`recv`) for `count` elements of `E`, and not accessed by another thread; they are
+/// either equal (in place) or do not overlap (both checked by the caller).
+unsafe fn reduce_typed<E: Reducible>(
+    comm: &mut Communicator,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    op: ReduceOp,
+    name: &str,
+) -> FfiResult<()> {
+    let align = std::mem::align_of::<E>();
+    if count > 0 {
+        for (ptr, what) in [(send as usize, "sendbuff"), (recv as usize, "recvbuff")] {
+            if ptr % align != 0 {
+                return Err(Failure::invalid(format!(
+                    "{what} is not aligned to {align} bytes, as {name} elements must be"
+                )));
+            }
+        }
+    }
+    if count > 0 && send == recv.cast_const() {
+        // SAFETY: non-NULL, aligned (checked), writable for `count` elements per the
+        // contract, and the only slice over that memory.
+        let buf = unsafe { std::slice::from_raw_parts_mut(recv.cast::<E>(), count) };
+        comm.all_reduce_in_place(buf, op)?;
+        return Ok(());
+    }
+    let (s, r): (&[E], &mut [E]) = if count == 0 {
+        (&[], &mut [])
+    } else {
+        // SAFETY: non-NULL, aligned (checked), valid for `count` elements per the
+        // contract, and the two ranges do not overlap (checked by the caller).
+        unsafe {
+            (
+                std::slice::from_raw_parts(send.cast::<E>(), count),
+                std::slice::from_raw_parts_mut(recv.cast::<E>(), count),
+            )
+        }
+    };
+    comm.all_reduce(s, r, op)?;
+    Ok(())
+}
+
+/// All-reduce (as `ncclAllReduce`): element `i` of `recvbuff` becomes element `i` of
+/// every rank's `sendbuff` combined with `op`, on every rank. In place when `sendbuff ==
+/// recvbuff`. Every rank passes the same `count`, `datatype` and `op`, and gets the
+/// same bits. Blocking.
+///
+/// Data types: every `haloDataType` except `haloInt8` and `haloUint8`. The buffers must
+/// be aligned to their element size (as any C array of that type is).
+///
+/// Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown or
+/// unsupported `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
+/// 0, buffers that overlap without being equal, or a misaligned buffer (all before
+/// anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
+/// transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
+/// `haloAborted`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `sendbuff` is NULL or readable and `recvbuff`
+/// NULL or writable for `count` elements; no other thread accesses them during the
+/// call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: haloDataType_t,
+    op: haloRedOp_t,
+    comm: haloComm_t,
+    stream: haloStream_t,
+) -> haloResult_t {
+    call_comm("haloAllReduce", comm, |c| {
+        check_stream(stream)?;
+        let dt = haloDataType::from_raw(datatype)?;
+        let op = haloRedOp::from_raw(op)?;
+        let len = total_bytes(count, dt.size(), 1, "count")?;
+        check_buffer(sendbuff, len, "sendbuff", count)?;
+        check_buffer(recvbuff, len, "recvbuff", count)?;
+        if sendbuff != recvbuff.cast_const() && overlaps(sendbuff, len, recvbuff.cast_const(), len)
+        {
+            return Err(Failure::invalid(
+                "sendbuff and recvbuff overlap: pass the same pointer for an in-place \
+                 all-reduce, or separate buffers",
+            ));
+        }
+        let name = format!("{dt:?}");
+        let mut guard = c.lock()?;
+        let comm: &mut Communicator = &mut guard;
+        let (s, r) = (sendbuff, recvbuff);
+        // SAFETY: (each arm) non-NULL when `count` > 0, valid for `count` elements,
+        // equal or disjoint: checked above or promised by the contract.
+        unsafe {
+            match dt {
+                haloDataType::haloInt32 => reduce_typed::<i32>(comm, s, r, count, op, &name),
+                haloDataType::haloUint32 => reduce_typed::<u32>(comm, s, r, count, op, &name),
+                haloDataType::haloInt64 => reduce_typed::<i64>(comm, s, r, count, op, &name),
+                haloDataType::haloUint64 => reduce_typed::<u64>(comm, s, r, count, op, &name),
+                haloDataType::haloFloat16 => reduce_typed::<f16>(comm, s, r, count, op, &name),
+                haloDataType::haloFloat32 => reduce_typed::<f32>(comm, s, r, count, op, &name),
+                haloDataType::haloFloat64 => reduce_typed::<f64>(comm, s, r, count, op, &name),
+                haloDataType::haloBfloat16 => reduce_typed::<bf16>(comm, s, r, count, op, &name),
+                haloDataType::haloInt8 | haloDataType::haloUint8 => Err(Failure::invalid(format!(
+                    "datatype {name} is not supported by haloAllReduce (8-bit integers)"
+                ))),
+            }
+        }
     })
 }
 

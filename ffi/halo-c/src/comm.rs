@@ -4,7 +4,7 @@
 use crate::boundary::{call, call_comm, or_value};
 use crate::error::{Failure, FfiResult, haloResult_t, thread_error_ptr};
 use crate::handle::{Borrowed, haloComm, haloComm_t};
-use crate::types::{HALO_VERSION_CODE, haloConfig_t, haloUniqueId, read_config};
+use crate::types::{ConfigFields, HALO_VERSION_CODE, haloConfig_t, haloUniqueId};
 use halo_rs::{Communicator, InitConfig, UniqueId};
 use std::ffi::{c_char, c_int};
 use std::sync::Once;
@@ -187,7 +187,7 @@ unsafe fn init_rank(
         out_ptr(comm, "comm")?;
         let (n, r) = rank_args(nranks, rank)?;
         // SAFETY: per the contract `config` is NULL or points to a haloConfig_t.
-        let config: InitConfig = unsafe { read_config(config) }?;
+        let config: InitConfig = unsafe { ConfigFields::read(config) }?.over_env()?;
         let id = id.to_id()?;
         let c = Communicator::init_rank_with(&id, n, r, &config)?;
         // SAFETY: checked non-NULL above; valid for a write per the contract.
@@ -327,6 +327,71 @@ pub unsafe extern "C" fn haloCommUserRank(comm: haloComm_t, rank: *mut c_int) ->
         let r = c_int::try_from(c.rank()).map_err(|_| Failure::internal("rank exceeds int"))?;
         // SAFETY: non-NULL, valid for a write per the contract.
         unsafe { rank.write(r) };
+        Ok(())
+    })
+}
+
+/// Splits a communicator (as `ncclCommSplit`, `MPI_Comm_split`).
+///
+/// Collective over `comm`: every rank calls it. The ranks that pass the same `color`
+/// form a new communicator, ordered by `key`, then by their rank in `comm`; a rank
+/// that passes a negative `color` (`HALO_SPLIT_NOCOLOR`) joins none and gets NULL. The
+/// new communicator shares `comm`'s transport (nothing is connected) and its topology
+/// (restricted to the members); it inherits the timeout and the algorithm unless
+/// `config` sets them (`algorithm`, `timeoutMs`; the other fields cannot change in a
+/// split). The caller owns `*newcomm` and destroys it on its own; parent and children
+/// may be destroyed in any order, but must not be used concurrently from different
+/// threads (they share the transport: `haloInvalidUsage`). At most 32 communicators
+/// share a rank's transport.
+///
+/// Errors: `haloInvalidArgument` for a NULL `comm` or `newcomm`, a `config` not set
+/// from `HALO_CONFIG_INITIALIZER`, or one that sets `provider`, `topology` or
+/// `bootstrapTimeoutMs`; `haloInvalidUsage` when a member already has 32
+/// communicators or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
+/// `haloAborted`. `*newcomm` is written only on success.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `newcomm` is NULL or valid for writing a
+/// `haloComm_t`; `config` is NULL or points to a `haloConfig_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloCommSplit(
+    comm: haloComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut haloComm_t,
+    config: *mut haloConfig_t,
+) -> haloResult_t {
+    call_comm("haloCommSplit", comm, |c| {
+        out_ptr(newcomm, "newcomm")?;
+        // SAFETY: per the contract `config` is NULL or points to a haloConfig_t.
+        let fields = unsafe { ConfigFields::read(config.cast_const()) }?;
+        for (set, name) in [
+            (fields.provider.is_some(), "provider"),
+            (fields.topology.is_some(), "topology"),
+            (fields.bootstrap_timeout.is_some(), "bootstrapTimeoutMs"),
+        ] {
+            if set {
+                return Err(Failure::invalid(format!(
+                    "config->{name} cannot change in a split (the new communicator shares \
+                     this one's transport and topology): leave it unset"
+                )));
+            }
+        }
+        let child = c.lock()?.split(color, key)?;
+        let handle = match child {
+            None => std::ptr::null_mut(),
+            Some(mut child) => {
+                if let Some(a) = fields.algorithm {
+                    child.set_algorithm(a);
+                }
+                if let Some(t) = fields.timeout {
+                    child.set_timeout(t);
+                }
+                haloComm::new(child).into_handle()
+            }
+        };
+        // SAFETY: non-NULL (checked), valid for a write per the contract.
+        unsafe { newcomm.write(handle) };
         Ok(())
     })
 }

@@ -204,11 +204,10 @@ mod tests {
 
     #[test]
     fn error_strings() {
-        // SAFETY: haloGetErrorString returns a static NUL-terminated string.
         let s = |r| {
-            unsafe { CStr::from_ptr(haloGetErrorString(r)) }
-                .to_str()
-                .unwrap()
+            // SAFETY: haloGetErrorString returns a static NUL-terminated string.
+            let c = unsafe { CStr::from_ptr(haloGetErrorString(r)) };
+            c.to_str().unwrap()
         };
         assert_eq!(s(0), "no error");
         assert!(s(4).starts_with("invalid argument"));

@@ -29,14 +29,19 @@
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
-// In this order in the header: constants and types, then communicators, then
-// collectives.
-mod boundary;
-mod collectives;
-mod comm;
-mod error;
-mod handle;
+// cbindgen writes the items in the order it reads the modules: constants and types,
+// then communicators, then collectives. (Blank lines keep rustfmt from sorting them.)
 mod types;
+
+mod error;
+
+mod handle;
+
+mod comm;
+
+mod collectives;
+
+mod boundary;
 
 pub use collectives::*;
 pub use comm::*;

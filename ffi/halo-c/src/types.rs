@@ -2,7 +2,7 @@
 //! operations, the unique id, the configuration, version numbers.
 
 use crate::error::{Failure, FfiResult};
-use halo_rs::{Algorithm, InitConfig};
+use halo_rs::{Algorithm, InitConfig, ReduceOp};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::time::Duration;
 
@@ -138,6 +138,42 @@ impl haloAlgorithm {
     }
 }
 
+/// Reduction operations of `haloAllReduce`, with NCCL's numbers (`ncclSum` = 0,
+/// `ncclMax` = 2, `ncclMin` = 3). NCCL's `ncclProd` (1) and `ncclAvg` (4) are not
+/// supported yet: their numbers are kept free for them.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum haloRedOp {
+    /// Sum (integers wrap around; `haloFloat16` / `haloBfloat16` are added in `float`
+    /// and rounded to nearest-even).
+    haloSum = 0,
+    /// Maximum (a NaN operand gives NaN).
+    haloMax = 2,
+    /// Minimum (a NaN operand gives NaN).
+    haloMin = 3,
+}
+
+/// A `haloRedOp` value (an `int32_t`, checked like `haloDataType_t`).
+pub type haloRedOp_t = i32;
+
+impl haloRedOp {
+    /// The operation a C value names.
+    pub(crate) fn from_raw(raw: haloRedOp_t) -> FfiResult<ReduceOp> {
+        match raw {
+            0 => Ok(ReduceOp::Sum),
+            2 => Ok(ReduceOp::Max),
+            3 => Ok(ReduceOp::Min),
+            1 | 4 => Err(Failure::invalid(format!(
+                "op {raw} (NCCL's {}) is not supported yet: use haloSum, haloMax or haloMin",
+                if raw == 1 { "ncclProd" } else { "ncclAvg" }
+            ))),
+            _ => Err(Failure::invalid(format!(
+                "op {raw} is not a haloRedOp_t (haloSum = 0, haloMax = 2, haloMin = 3)"
+            ))),
+        }
+    }
+}
+
 /// A device stream (`cudaStream_t`, `hipStream_t`) for device transports. HALO's
 /// transports are host transports today: pass NULL.
 pub type haloStream_t = *mut c_void;
@@ -209,7 +245,7 @@ pub struct haloConfig_t {
     pub size: usize,
     /// `HALO_CONFIG_MAGIC`.
     pub magic: c_uint,
-    /// `HALO_VERSION_CODE` of the header the program was compiled with.
+    /// `HALO_VERSION_CODE` of the header the program was compiled with (informational).
     pub version: c_uint,
     /// A `haloAlgorithm_t` forced for every all-to-all (default: `haloAlgoAuto`).
     pub algorithm: haloAlgorithm_t,
@@ -253,65 +289,99 @@ fn millis(v: c_int, what: &str) -> FfiResult<Option<Duration>> {
     }
 }
 
-/// The configuration `config` describes over the environment's
-/// (`InitConfig::from_env`); NULL is the environment's alone.
-///
-/// Checks `magic` and `size` before reading any other field, so an uninitialised
-/// struct is refused without following its pointers.
-///
-/// # Safety
-/// `config` is NULL or points to `sizeof(haloConfig_t)` readable bytes, whose string
-/// fields, once `magic` and `size` are right, are NULL or NUL-terminated strings.
-pub(crate) unsafe fn read_config(config: *const haloConfig_t) -> FfiResult<InitConfig> {
-    let mut out = InitConfig::from_env()?;
-    if config.is_null() {
-        return Ok(out);
-    }
-    // SAFETY: non-null and readable per the contract; every field is valid for any bit
-    // pattern (integers and raw pointers), and the pointers are not followed yet.
-    let c = unsafe { config.read() };
-    if c.magic != HALO_CONFIG_MAGIC {
-        return Err(Failure::invalid(format!(
-            "config is not initialised (magic is {:#010x}, expected HALO_CONFIG_MAGIC \
-             {HALO_CONFIG_MAGIC:#010x}): start from haloConfig_t config = HALO_CONFIG_INITIALIZER;",
-            c.magic
-        )));
-    }
-    let ours = std::mem::size_of::<haloConfig_t>();
-    if c.size != ours {
-        return Err(Failure::invalid(format!(
-            "config->size is {} but this libhalo's haloConfig_t has {ours} bytes: set it with \
-             HALO_CONFIG_INITIALIZER, and compile against the halo.h of the library you link",
-            c.size
-        )));
-    }
-    if c.algorithm != HALO_CONFIG_UNDEF_INT {
-        out.algorithm = haloAlgorithm::from_raw(c.algorithm)
-            .map_err(|f| Failure::invalid(format!("config->{}", f.message)))?;
-    }
-    if let Some(t) = millis(c.timeoutMs, "timeoutMs")? {
-        out.timeout = t;
-    }
-    if let Some(t) = millis(c.bootstrapTimeoutMs, "bootstrapTimeoutMs")? {
-        out.bootstrap_timeout = t;
-    }
-    if !c.provider.is_null() {
-        // SAFETY: the config is initialised (magic and size checked), so per the
-        // contract `provider` is a NUL-terminated string.
-        let p = unsafe { utf8(c.provider, "config->provider") }?;
-        if p.trim().is_empty() {
-            return Err(Failure::invalid(
-                "config->provider is empty: name a libfabric provider (\"shm\", \
-                 \"tcp;ofi_rxm\") or leave it NULL",
-            ));
+/// The fields a `haloConfig_t` sets (`None`: unset).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ConfigFields {
+    /// `Some(None)`: `haloAlgoAuto` explicitly.
+    pub(crate) algorithm: Option<Option<Algorithm>>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) bootstrap_timeout: Option<Duration>,
+    pub(crate) provider: Option<String>,
+    pub(crate) topology: Option<String>,
+}
+
+impl ConfigFields {
+    /// Reads and checks the fields `config` sets (NULL: none).
+    ///
+    /// Checks `magic` and `size` before reading any other field, so an uninitialised
+    /// struct is refused without following its pointers.
+    ///
+    /// # Safety
+    /// `config` is NULL or points to `sizeof(haloConfig_t)` readable bytes, whose string
+    /// fields, once `magic` and `size` are right, are NULL or NUL-terminated strings.
+    pub(crate) unsafe fn read(config: *const haloConfig_t) -> FfiResult<ConfigFields> {
+        let mut out = ConfigFields::default();
+        if config.is_null() {
+            return Ok(out);
         }
-        out.fabric.force(p.trim());
+        // SAFETY: non-null and readable per the contract; every field is valid for any
+        // bit pattern (integers and raw pointers), and the pointers are not followed yet.
+        let c = unsafe { config.read() };
+        if c.magic != HALO_CONFIG_MAGIC {
+            return Err(Failure::invalid(format!(
+                "config is not initialised (magic is {:#010x}, expected HALO_CONFIG_MAGIC \
+                 {HALO_CONFIG_MAGIC:#010x}): start from haloConfig_t config = \
+                 HALO_CONFIG_INITIALIZER;",
+                c.magic
+            )));
+        }
+        let ours = std::mem::size_of::<haloConfig_t>();
+        if c.size != ours {
+            return Err(Failure::invalid(format!(
+                "config->size is {} but this libhalo's haloConfig_t has {ours} bytes: set it \
+                 with HALO_CONFIG_INITIALIZER, and compile against the halo.h of the library \
+                 you link",
+                c.size
+            )));
+        }
+        if c.algorithm != HALO_CONFIG_UNDEF_INT {
+            out.algorithm = Some(
+                haloAlgorithm::from_raw(c.algorithm)
+                    .map_err(|f| Failure::invalid(format!("config->{}", f.message)))?,
+            );
+        }
+        out.timeout = millis(c.timeoutMs, "timeoutMs")?;
+        out.bootstrap_timeout = millis(c.bootstrapTimeoutMs, "bootstrapTimeoutMs")?;
+        if !c.provider.is_null() {
+            // SAFETY: the config is initialised (magic and size checked), so per the
+            // contract `provider` is a NUL-terminated string.
+            let p = unsafe { utf8(c.provider, "config->provider") }?;
+            if p.trim().is_empty() {
+                return Err(Failure::invalid(
+                    "config->provider is empty: name a libfabric provider (\"shm\", \
+                     \"tcp;ofi_rxm\") or leave it NULL",
+                ));
+            }
+            out.provider = Some(p.trim().to_string());
+        }
+        if !c.topology.is_null() {
+            // SAFETY: as for `provider`.
+            out.topology = Some(unsafe { utf8(c.topology, "config->topology") }?);
+        }
+        Ok(out)
     }
-    if !c.topology.is_null() {
-        // SAFETY: as for `provider`.
-        out.topology = unsafe { utf8(c.topology, "config->topology") }?;
+
+    /// The configuration of a new job: the environment's (`InitConfig::from_env`), with
+    /// these fields over it.
+    pub(crate) fn over_env(self) -> FfiResult<InitConfig> {
+        let mut c = InitConfig::from_env()?;
+        if let Some(a) = self.algorithm {
+            c.algorithm = a;
+        }
+        if let Some(t) = self.timeout {
+            c.timeout = t;
+        }
+        if let Some(t) = self.bootstrap_timeout {
+            c.bootstrap_timeout = t;
+        }
+        if let Some(p) = &self.provider {
+            c.fabric.force(p);
+        }
+        if let Some(t) = self.topology {
+            c.topology = t;
+        }
+        Ok(c)
     }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -371,7 +441,10 @@ mod tests {
         c.provider = c"tcp;ofi_rxm".as_ptr();
         c.topology = c"nodes:2x2".as_ptr();
         // SAFETY: a valid config with static strings.
-        let ic = unsafe { read_config(&c) }.unwrap();
+        let ic = unsafe { ConfigFields::read(&c) }
+            .unwrap()
+            .over_env()
+            .unwrap();
         assert_eq!(ic.algorithm, Some(Algorithm::Bruck));
         assert_eq!(ic.timeout, Duration::from_millis(1500));
         assert_eq!(ic.fabric.net_provider, "tcp;ofi_rxm");
@@ -383,7 +456,7 @@ mod tests {
     fn bad_configs_are_refused() {
         let check = |c: haloConfig_t, needle: &str| {
             // SAFETY: `c` is a readable haloConfig_t whose pointers are NULL or static.
-            let e = unsafe { read_config(&c) }.unwrap_err();
+            let e = unsafe { ConfigFields::read(&c) }.unwrap_err();
             assert_eq!(e.code, crate::error::haloResult::haloInvalidArgument);
             assert!(
                 e.message.contains(needle),

@@ -1,6 +1,14 @@
-//! The C programs of `tests/c/`, compiled with gcc against `include/halo.h` and the
-//! library cargo built for this test (`libhalo.so` beside the test binary), run as
-//! several processes.
+//! The C programs of `tests/c/`, compiled with gcc (`-std=c11 -Wall -Wextra -Werror
+//! -Wpedantic`) against `include/halo.h` and the library cargo built for this test
+//! (`libhalo.so` beside the test binary), run as several processes:
+//!
+//! - `alltoall.c`: all-to-all over every data type and all-to-all-v with random counts
+//!   (zeros, gaps, reversed receive blocks), byte-exact; from the environment on 4
+//!   ranks, and from a unique id with a `haloConfig_t` (HALO algorithm) on 3;
+//! - `errors.c`: every invalid call returns its documented code and message, writes
+//!   nothing, and leaves the communicator usable;
+//! - `collectives.c`: send / receive, all-gather, all-reduce, split, and their errors;
+//! - `abort.c`: `haloCommAbort` from a watchdog thread stops a blocked collective.
 //!
 //! The ranks are started the way `halo launch` starts them: `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `HALO_BOOTSTRAP_ADDR` and `HALO_SECRET` in the
@@ -9,7 +17,8 @@
 //! the reason printed, when valgrind is not installed: `bash scripts/deps.sh test`
 //! installs it). The last test installs the library with `scripts/install-c.sh` to a
 //! temporary prefix and builds the README's example through pkg-config, as a new user
-//! would, then runs it with the launcher behind `halo launch`.
+//! would, then runs it on 4 ranks with the launcher behind `halo launch` (and once more
+//! linked statically).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -317,6 +326,15 @@ fn unique_id_and_config_on_3_ranks_with_the_halo_algorithm() {
 }
 
 #[test]
+fn send_recv_all_gather_all_reduce_and_split_on_3_ranks() {
+    let dir = scratch("collectives3");
+    let ranks = Job::new(3, &program("collectives"))
+        .env("HALO_TIMEOUT_MS", "20000")
+        .run(&dir);
+    assert_all_ok(&ranks, "collectives ok");
+}
+
+#[test]
 fn invalid_calls_return_their_documented_codes() {
     let dir = scratch("errors4");
     // A rank that fails early leaves the others waiting: keep that short.
@@ -366,7 +384,12 @@ fn valgrind() -> Option<Vec<String>> {
 #[test]
 fn memcheck_is_clean() {
     let Some(vg) = valgrind() else { return };
-    for (name, ok) in [("alltoall", "alltoall ok"), ("errors", "errors ok")] {
+    for (name, ok) in [
+        ("alltoall", "alltoall ok"),
+        ("errors", "errors ok"),
+        ("collectives", "collectives ok"),
+        ("abort", "abort ok"),
+    ] {
         let dir = scratch(&format!("memcheck_{name}"));
         let ranks = Job::new(2, &program(name))
             .wrapped(vg.clone())
@@ -383,4 +406,98 @@ fn memcheck_is_clean() {
             );
         }
     }
+}
+
+/// The C program of the README's section "Using HALO from C".
+fn readme_example() -> String {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let section = readme
+        .split_once("## Using HALO from C")
+        .expect("README.md has a section \"Using HALO from C\"")
+        .1;
+    let code = section
+        .split_once("```c\n")
+        .expect("the section shows a C program")
+        .1;
+    code.split_once("```").unwrap().0.to_string()
+}
+
+/// `pkg-config ARGS` with `PKG_CONFIG_PATH` at `prefix`, split into arguments.
+fn pkg_config(prefix: &Path, args: &[&str]) -> Vec<String> {
+    let out = run_ok(
+        Command::new("pkg-config")
+            .args(args)
+            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")),
+    );
+    out.split_whitespace().map(str::to_string).collect()
+}
+
+#[test]
+fn a_new_user_installs_builds_with_pkg_config_and_runs_4_ranks() {
+    // As the README tells a new user: install with scripts/install-c.sh (here from what
+    // cargo built, instead of a release build), compile the README's program through
+    // pkg-config, run it on 4 ranks with `halo launch`.
+    let started = Instant::now();
+    let dir = scratch("new_user");
+    let prefix = dir.join("prefix");
+    run_ok(
+        Command::new("bash")
+            .arg(root().join("scripts/install-c.sh"))
+            .arg("--from")
+            .arg(lib_dir())
+            .arg(&prefix),
+    );
+    for f in [
+        "lib/libhalo.so",
+        "lib/libhalo.a",
+        "include/halo.h",
+        "lib/pkgconfig/halo.pc",
+        "lib/pkgconfig/halo-static.pc",
+    ] {
+        assert!(prefix.join(f).is_file(), "install-c.sh did not install {f}");
+    }
+    let version = pkg_config(&prefix, &["--modversion", "halo"]);
+    assert_eq!(version, [env!("CARGO_PKG_VERSION")]);
+
+    let src = dir.join("alltoallv.c");
+    std::fs::write(&src, readme_example()).unwrap();
+    let dynamic = dir.join("alltoallv");
+    run_ok(
+        Command::new("gcc")
+            .args(CFLAGS)
+            .arg(&src)
+            .args(pkg_config(&prefix, &["--cflags", "--libs", "halo"]))
+            .arg("-o")
+            .arg(&dynamic),
+    );
+    // `halo launch -n 4 -- ./alltoallv`, through the library behind the command.
+    let spec = halo_rs::launch::LaunchSpec::new(
+        4,
+        vec![
+            "env".into(),
+            format!("LD_LIBRARY_PATH={}", prefix.join("lib").display()),
+            dynamic.display().to_string(),
+        ],
+    );
+    let report = halo_rs::launch::launch(&spec, &halo_rs::launch::Interrupt::new())
+        .expect("halo launch starts the ranks");
+    assert_eq!(
+        report.outcome,
+        halo_rs::launch::Outcome::Success,
+        "the README's all-to-all-v failed under halo launch"
+    );
+
+    // The same program linked statically (halo-static.pc): no libhalo.so needed.
+    let fixed = dir.join("alltoallv-static");
+    run_ok(
+        Command::new("gcc")
+            .args(CFLAGS)
+            .arg(&src)
+            .args(pkg_config(&prefix, &["--cflags", "--libs", "halo-static"]))
+            .arg("-o")
+            .arg(&fixed),
+    );
+    let ranks = Job::new(4, &fixed).run(&dir);
+    assert_all_ok(&ranks, "all correct");
+    println!("installed, built and ran in {:?}", started.elapsed());
 }

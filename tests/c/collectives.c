@@ -1,0 +1,216 @@
+/*
+ * Point-to-point, all-gather, all-reduce and split through the C API, on any
+ * number of ranks >= 2 (communicator from the environment):
+ * - haloSend / haloRecv around a ring (sizes differ per pair), zero-length
+ *   messages with NULL buffers, a message to this rank itself;
+ * - haloAllGather out of place and in place (NCCL's layout);
+ * - haloAllReduce: sum, max, min over int32, int64, float, double (in place) and
+ *   bfloat16, with exact expected values;
+ * - haloCommSplit by parity with reversed keys (and, from 3 ranks, the last rank
+ *   joining none), an all-to-all on the new communicator, then the parent again;
+ * - the invalid calls of each, with their codes and messages.
+ */
+#include "halo_test.h"
+
+static void p2p(haloComm_t comm, int n, int me) {
+    int next = (me + 1) % n, prev = (me + n - 1) % n;
+    size_t scount = 10 + 3 * (size_t)me, rcount = 10 + 3 * (size_t)prev;
+    int32_t *s = malloc(scount * sizeof(int32_t)), *r = malloc(rcount * sizeof(int32_t));
+    if (!s || !r)
+        FAIL("out of memory");
+    for (size_t i = 0; i < scount; i++)
+        s[i] = me * 100000 + (int32_t)i;
+    /* Even ranks send first and odd ranks receive first: no cycle of waiting senders. */
+    if (me % 2 == 0) {
+        CHECK(haloSend(s, scount, haloInt32, next, comm, NULL));
+        CHECK(haloRecv(r, rcount, haloInt32, prev, comm, NULL));
+        CHECK(haloSend(NULL, 0, haloInt32, next, comm, NULL));
+        CHECK(haloRecv(NULL, 0, haloInt32, prev, comm, NULL));
+    } else {
+        CHECK(haloRecv(r, rcount, haloInt32, prev, comm, NULL));
+        CHECK(haloSend(s, scount, haloInt32, next, comm, NULL));
+        CHECK(haloRecv(NULL, 0, haloInt32, prev, comm, NULL));
+        CHECK(haloSend(NULL, 0, haloInt32, next, comm, NULL));
+    }
+    for (size_t i = 0; i < rcount; i++)
+        if (r[i] != prev * 100000 + (int32_t)i)
+            FAIL("haloRecv from rank %d: element %zu is %d", prev, i, (int)r[i]);
+    /* To this rank itself: buffered until received. */
+    int32_t self_in[3] = {7, 8, 9}, self_out[3] = {0, 0, 0};
+    CHECK(haloSend(self_in, 3, haloInt32, me, comm, NULL));
+    CHECK(haloRecv(self_out, 3, haloInt32, me, comm, NULL));
+    if (memcmp(self_in, self_out, sizeof(self_in)) != 0)
+        FAIL("a message to this rank itself came back changed");
+
+    char needle[64];
+    snprintf(needle, sizeof(needle), "peer %d is out of range for %d ranks", n, n);
+    EXPECT_ERR(comm, haloSend(s, 1, haloInt32, n, comm, NULL), haloInvalidArgument, needle);
+    EXPECT_ERR(comm, haloRecv(r, 1, haloInt32, -1, comm, NULL), haloInvalidArgument,
+               "peer -1 is out of range");
+    EXPECT_ERR(comm, haloRecv(NULL, 3, haloInt32, prev, comm, NULL), haloInvalidArgument,
+               "haloRecv: recvbuff is NULL but count is 3");
+    EXPECT_ERR(comm, haloSend(s, 1, 77, next, comm, NULL), haloInvalidArgument,
+               "datatype 77 is not a haloDataType_t");
+    EXPECT_ERR(comm, haloSend(s, SIZE_MAX / 2, haloInt32, next, comm, NULL), haloInvalidArgument,
+               "overflows");
+    EXPECT_ERR(comm, haloSend(s, 1, haloInt32, next, comm, (haloStream_t)s), haloInvalidArgument,
+               "stream must be NULL");
+    free(s);
+    free(r);
+}
+
+static void gather(haloComm_t comm, int n, int me) {
+    const size_t cnt = 7;
+    uint8_t send[7], *recv = malloc(cnt * (size_t)n), *buf = malloc(cnt * (size_t)n);
+    if (!recv || !buf)
+        FAIL("out of memory");
+    for (size_t i = 0; i < cnt; i++)
+        send[i] = pattern(300, me, 0, i);
+    CHECK(haloAllGather(send, recv, cnt, haloUint8, comm, NULL));
+    /* In place: this rank's block already sits at block `me` of the buffer. */
+    memset(buf, 0xEE, cnt * (size_t)n);
+    memcpy(buf + (size_t)me * cnt, send, cnt);
+    CHECK(haloAllGather(buf + (size_t)me * cnt, buf, cnt, haloUint8, comm, NULL));
+    for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < cnt; i++) {
+            if (recv[(size_t)q * cnt + i] != pattern(300, q, 0, i))
+                FAIL("all-gather: byte %zu of rank %d's block is wrong", i, q);
+            if (buf[(size_t)q * cnt + i] != pattern(300, q, 0, i))
+                FAIL("in-place all-gather: byte %zu of rank %d's block is wrong", i, q);
+        }
+    EXPECT_ERR(comm, haloAllGather(buf + 1, buf, cnt, haloUint8, comm, NULL), haloInvalidArgument,
+               "sendbuff overlaps recvbuff");
+    EXPECT_ERR(comm, haloAllGather(NULL, buf, cnt, haloUint8, comm, NULL), haloInvalidArgument,
+               "sendbuff is NULL but count is 7");
+    free(recv);
+    free(buf);
+}
+
+/* bfloat16 <-> float by the top 16 bits (exact for the small integers used here). */
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void reduce(haloComm_t comm, int n, int me) {
+    enum { C = 33 };
+    int32_t si[C], ri[C];
+    int64_t sl[C], rl[C];
+    float sf[C], rf[C];
+    double d[C];
+    uint16_t sb[C], rb[C];
+    for (int i = 0; i < C; i++) {
+        si[i] = me + i;
+        sl[i] = (int64_t)me * i * 1000000007LL;
+        sf[i] = (float)(me - i);
+        d[i] = me * 0.5 + i;
+        sb[i] = to_bf16((float)(me + 1));
+    }
+    CHECK(haloAllReduce(si, ri, C, haloInt32, haloSum, comm, NULL));
+    CHECK(haloAllReduce(sl, rl, C, haloInt64, haloMax, comm, NULL));
+    CHECK(haloAllReduce(sf, rf, C, haloFloat32, haloMin, comm, NULL));
+    CHECK(haloAllReduce(d, d, C, haloFloat64, haloSum, comm, NULL)); /* in place */
+    CHECK(haloAllReduce(sb, rb, C, haloBfloat16, haloSum, comm, NULL));
+    CHECK(haloAllReduce(NULL, NULL, 0, haloFloat32, haloSum, comm, NULL));
+    for (int i = 0; i < C; i++) {
+        if (ri[i] != n * (n - 1) / 2 + n * i)
+            FAIL("int32 sum [%d] = %d", i, (int)ri[i]);
+        if (rl[i] != (int64_t)(n - 1) * i * 1000000007LL)
+            FAIL("int64 max [%d] = %" PRId64, i, rl[i]);
+        if (rf[i] != (float)-i)
+            FAIL("float min [%d] = %g", i, (double)rf[i]);
+        if (d[i] != 0.5 * n * (n - 1) / 2 + (double)n * i)
+            FAIL("double in-place sum [%d] = %g", i, d[i]);
+        if (from_bf16(rb[i]) != (float)(n * (n + 1) / 2))
+            FAIL("bfloat16 sum [%d] = %g", i, (double)from_bf16(rb[i]));
+    }
+
+    EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt8, haloSum, comm, NULL), haloInvalidArgument,
+               "is not supported by haloAllReduce");
+    EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt32, 1, comm, NULL), haloInvalidArgument,
+               "ncclProd");
+    EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt32, 9, comm, NULL), haloInvalidArgument,
+               "op 9 is not a haloRedOp_t");
+    EXPECT_ERR(comm, haloAllReduce((char *)sf + 1, rf, 4, haloFloat32, haloSum, comm, NULL),
+               haloInvalidArgument, "sendbuff is not aligned to 4 bytes");
+    EXPECT_ERR(comm, haloAllReduce(si, si + 1, 4, haloInt32, haloSum, comm, NULL),
+               haloInvalidArgument, "overlap");
+    EXPECT_ERR(comm, haloAllReduce(si, NULL, 4, haloInt32, haloSum, comm, NULL),
+               haloInvalidArgument, "recvbuff is NULL but count is 4");
+}
+
+static void split(haloComm_t comm, int n, int me) {
+    int none = n >= 3 && me == n - 1;
+    int color = none ? HALO_SPLIT_NOCOLOR : me % 2;
+    haloComm_t sub = (haloComm_t)&color; /* must become NULL or a new communicator */
+
+    haloConfig_t bad = HALO_CONFIG_INITIALIZER;
+    bad.provider = "tcp";
+    EXPECT_ERR(comm, haloCommSplit(comm, color, -me, &sub, &bad), haloInvalidArgument,
+               "config->provider cannot change in a split");
+    EXPECT_ERR(comm, haloCommSplit(comm, color, -me, NULL, NULL), haloInvalidArgument,
+               "newcomm (an output) is NULL");
+    if (sub != (haloComm_t)&color)
+        FAIL("a failed split wrote its output");
+
+    haloConfig_t config = HALO_CONFIG_INITIALIZER;
+    config.algorithm = haloAlgoPairwise;
+    config.timeoutMs = 30000;
+    CHECK(haloCommSplit(comm, color, -me, &sub, &config));
+    if (none) {
+        if (sub != NULL)
+            FAIL("HALO_SPLIT_NOCOLOR gave a communicator");
+    } else {
+        /* Members: the ranks of my parity, except the one that joined none; keys
+         * -rank order them by descending rank. */
+        int size = 0, index = 0;
+        for (int q = 0; q < n; q++) {
+            if (q % 2 != me % 2 || (n >= 3 && q == n - 1))
+                continue;
+            size++;
+            if (q > me)
+                index++;
+        }
+        int got_n = -1, got_me = -1;
+        CHECK(haloCommCount(sub, &got_n));
+        CHECK(haloCommUserRank(sub, &got_me));
+        if (got_n != size || got_me != index)
+            FAIL("split: rank %d of %d, expected %d of %d", got_me, got_n, index, size);
+        uint8_t s[64 * 4], r[64 * 4];
+        for (int q = 0; q < size; q++)
+            for (size_t i = 0; i < 4; i++)
+                s[(size_t)q * 4 + i] = pattern(400, index, q, i);
+        CHECK(haloAllToAll(s, r, 4, haloUint8, sub, NULL));
+        for (int q = 0; q < size; q++)
+            for (size_t i = 0; i < 4; i++)
+                if (r[(size_t)q * 4 + i] != pattern(400, q, index, i))
+                    FAIL("all-to-all on the split communicator: byte %zu from %d", i, q);
+        CHECK(haloCommDestroy(sub));
+    }
+    CHECK(haloBarrier(comm)); /* the parent still works */
+}
+
+int main(void) {
+    test_rank = env_int("RANK", -1);
+    haloComm_t comm = NULL;
+    CHECK(haloCommInitFromEnv(&comm));
+    int n = 0, me = -1;
+    CHECK(haloCommCount(comm, &n));
+    CHECK(haloCommUserRank(comm, &me));
+    if (n < 2 || n > 64)
+        FAIL("run with 2 to 64 ranks");
+    p2p(comm, n, me);
+    gather(comm, n, me);
+    reduce(comm, n, me);
+    split(comm, n, me);
+    CHECK(haloCommDestroy(comm));
+    printf("collectives ok (rank %d of %d, %d invalid calls checked)\n", me, n, checked_errors);
+    return 0;
+}
