@@ -8,7 +8,9 @@
 //! one-way time of a size is the median round trip over the timed iterations, halved. The
 //! `device` level is a local memory copy on rank 0 (one copy = one "message"). Every
 //! other rank waits at a [`Communicator::barrier`] before and after each level, so all
-//! ranks call the same collectives in the same order.
+//! ranks call the same collectives in the same order. A level whose times do not grow
+//! with size (no fit) is measured again, at most twice more; rank 0 tells the others
+//! with an all-reduce.
 //!
 //! # The fit
 //!
@@ -29,13 +31,17 @@
 //! are recovered exactly. A negative latency is written as 0 (the residuals are those
 //! of what is written).
 
-use crate::{Communicator, Error, Result};
+use crate::{Communicator, Error, ReduceOp, Result};
 use halo_topology::{Level, LinkClass, Topology, TopologySpec};
 use std::time::Instant;
 
 /// The latency is fitted on the points whose bandwidth term `s / bandwidth` is at
 /// most this share of their time.
 const LATENCY_SHARE: f64 = 0.1;
+
+/// A level whose times do not grow with size (no fit) is measured again, at most this
+/// many more times (a busy machine can put a floor under the small sizes' times).
+const RETRIES: usize = 2;
 
 /// Sizes above this run fewer iterations (`iters * SMALL / size`, at least 2).
 const SMALL: usize = 64 << 10;
@@ -208,6 +214,57 @@ pub fn pairs(topo: &Topology) -> Vec<(Level, usize)> {
         .collect()
 }
 
+/// One level's samples, on rank 0 and `peer` (for `device`, rank 0 alone).
+fn time_level(
+    comm: &mut Communicator,
+    level: Level,
+    peer: usize,
+    opts: &CalibrateOptions,
+    a: &mut [u8],
+    b: &mut [u8],
+) -> Result<Vec<Sample>> {
+    let me = comm.rank();
+    let mut samples = Vec::new();
+    for &bytes in &opts.sizes {
+        // Copies are cheap: the device level runs every iteration asked for.
+        let iters = if level == Level::Device {
+            opts.iters.max(1)
+        } else {
+            iterations(opts.iters, bytes)
+        };
+        let warmup = if bytes > SMALL { 1 } else { 2 + iters / 10 };
+        let mut times = Vec::with_capacity(iters);
+        for i in 0..warmup + iters {
+            let start = Instant::now();
+            if level == Level::Device {
+                b[..bytes].copy_from_slice(&a[..bytes]);
+                std::hint::black_box(&mut *b);
+            } else if me == 0 {
+                comm.send(&a[..bytes], peer)?;
+                comm.recv(&mut b[..bytes], peer)?;
+            } else {
+                comm.recv(&mut b[..bytes], 0)?;
+                comm.send(&b[..bytes], 0)?;
+            }
+            if i >= warmup {
+                times.push(start.elapsed().as_secs_f64());
+            }
+            a[0] = a[0].wrapping_add(1);
+        }
+        let half = if level == Level::Device { 1.0 } else { 0.5 };
+        let mean = times.iter().sum::<f64>() / iters as f64 * half;
+        times.sort_by(f64::total_cmp);
+        let one_way = times[iters / 2] * half;
+        samples.push(Sample {
+            bytes,
+            iters,
+            one_way,
+            mean,
+        });
+    }
+    Ok(samples)
+}
+
 /// Runs the calibration as one rank of `comm`; every rank must call it with the same
 /// options. Rank 0 returns the measurements; other ranks return an empty list.
 ///
@@ -224,59 +281,37 @@ pub fn measure(comm: &mut Communicator, opts: &CalibrateOptions) -> Result<Vec<L
     let mut b = vec![0u8; largest];
     let mut out = Vec::new();
     for (level, peer) in pairs(comm.topology()) {
-        comm.barrier()?;
-        let mut samples = Vec::new();
-        if me == 0 || me == peer {
-            for &bytes in &opts.sizes {
-                // Copies are cheap: the device level runs every iteration asked for.
-                let iters = if level == Level::Device {
-                    opts.iters.max(1)
-                } else {
-                    iterations(opts.iters, bytes)
-                };
-                let warmup = if bytes > SMALL { 1 } else { 2 + iters / 10 };
-                let mut times = Vec::with_capacity(iters);
-                for i in 0..warmup + iters {
-                    let start = Instant::now();
-                    if level == Level::Device {
-                        b[..bytes].copy_from_slice(&a[..bytes]);
-                        std::hint::black_box(&mut b);
-                    } else if me == 0 {
-                        comm.send(&a[..bytes], peer)?;
-                        comm.recv(&mut b[..bytes], peer)?;
-                    } else {
-                        comm.recv(&mut b[..bytes], 0)?;
-                        comm.send(&b[..bytes], 0)?;
-                    }
-                    if i >= warmup {
-                        times.push(start.elapsed().as_secs_f64());
-                    }
-                    a[0] = a[0].wrapping_add(1);
+        for attempt in 0..=RETRIES {
+            comm.barrier()?;
+            let samples = if me == 0 || me == peer {
+                time_level(comm, level, peer, opts, &mut a, &mut b)?
+            } else {
+                Vec::new()
+            };
+            let fit = if me == 0 {
+                let points: Vec<(f64, f64)> = samples
+                    .iter()
+                    .map(|s| (s.bytes as f64, s.one_way))
+                    .collect();
+                fit_alpha_beta(&points)
+            } else {
+                None
+            };
+            // Rank 0 tells every rank whether the level is measured again.
+            let mut again = [u32::from(me == 0 && fit.is_none() && attempt < RETRIES)];
+            comm.all_reduce_in_place(&mut again, ReduceOp::Max)?;
+            if again[0] == 0 {
+                if me == 0 {
+                    out.push(LevelCalibration {
+                        level,
+                        peer,
+                        fit,
+                        samples,
+                    });
                 }
-                let half = if level == Level::Device { 1.0 } else { 0.5 };
-                let mean = times.iter().sum::<f64>() / iters as f64 * half;
-                times.sort_by(f64::total_cmp);
-                let one_way = times[iters / 2] * half;
-                samples.push(Sample {
-                    bytes,
-                    iters,
-                    one_way,
-                    mean,
-                });
+                break;
             }
-        }
-        comm.barrier()?;
-        if me == 0 {
-            let points: Vec<(f64, f64)> = samples
-                .iter()
-                .map(|s| (s.bytes as f64, s.one_way))
-                .collect();
-            out.push(LevelCalibration {
-                level,
-                peer,
-                fit: fit_alpha_beta(&points),
-                samples,
-            });
+            tracing::info!(%level, attempt, "calibrate: times do not grow with size; measuring again");
         }
     }
     Ok(out)

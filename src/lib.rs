@@ -62,12 +62,5 @@ pub use half::{bf16, f16};
 pub use halo_collectives as collectives;
 pub use halo_collectives::{AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm};
 pub use transport::fabric::{FabricConfig, FabricProgress};
-#[doc(hidden)]
-pub fn xs() -> Vec<u64> {
-    transport::fabric::XS
-        .iter()
-        .map(|x| x.load(std::sync::atomic::Ordering::Relaxed))
-        .collect()
-}
 pub use transport::local;
 pub use transport::local::{Emulation, LocalCluster};

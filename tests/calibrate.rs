@@ -6,8 +6,16 @@ use halo::calibrate::{fit_alpha_beta, iterations, size_ladder};
 use halo::topology::{Level, Topology};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
 
 const HALO: &str = env!("CARGO_BIN_EXE_halo");
+
+/// The launched tests time real messages: one at a time, not against each other.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn scratch(test: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -151,6 +159,7 @@ fn ladder_and_iterations() {
 
 #[test]
 fn launched_over_shared_memory_writes_a_loadable_topology() {
+    let _serial = serial();
     let dir = scratch("shm");
     let file = dir.join("t.toml");
     let out = halo(&[
@@ -256,6 +265,7 @@ fn emulated_hosts_fit_the_shaped_rate() {
         eprintln!("skipped: emulated hosts unavailable: {why}");
         return;
     }
+    let _serial = serial();
     let dir = scratch("hosts");
     let file = dir.join("t.toml");
     let out = halo(&[

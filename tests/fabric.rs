@@ -532,6 +532,28 @@ fn kill_trial(
             }
         ));
     }
+    // Survivors removed their doorbell files (`block`) on their way out.
+    let pids: Vec<u32> = (0..n)
+        .filter(|&r| r != die)
+        .map(|r| ranks[r].id())
+        .collect();
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|f| {
+                    f.starts_with("halo-bell-")
+                        && pids
+                            .iter()
+                            .any(|p| f.split('-').nth(3) == Some(p.to_string().as_str()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "doorbell files left by survivors: {left:?}"
+    );
     eprintln!(
         "trial n={n} die={die} after={after} {env:?}: {}",
         report.join(", ")

@@ -72,9 +72,6 @@ pub(crate) fn run(args: &CheckArgs) -> Result<(), Failure> {
         .filter(|&p| p != comm.rank())
         .map(|p| format!("{p}:{}", comm.provider_to(p).unwrap_or("-")))
         .collect();
-    if std::env::var_os("XB_STATS").is_some() {
-        eprintln!("stats rank {}: {:?}", comm.rank(), halo::xs());
-    }
     let timing = match report.warm {
         Some((t, c)) => format!(
             "; after the first loop {:.1} us per collective",

@@ -24,12 +24,14 @@
 //!
 //! # Waiting (`HALO_PROGRESS`)
 //! When nothing completes the engine spins briefly, then calls [`Session::wait`] with a
-//! growing bound (1 us up to 1 ms). What the wait does is [`FabricProgress`]: `sleep` (the
-//! default: yield below 50 us, else sleep up to 200 us), `yield` (always
-//! `sched_yield`), `spin` (return at once) or `block` (sleep on the completion
-//! queue's file descriptor where the provider has one: `tcp;ofi_rxm` does, `shm` in
-//! libfabric 1.17 does not, and there `block` sleeps as `sleep` does). Measured in
-//! docs/BENCHMARKS.md, "Progress under oversubscription (fabric transport)".
+//! growing bound (1 us up to 1 ms). What the wait does is [`FabricProgress`]: `block`
+//! (the default: yield below 50 us, then sleep until there is something to do — on the
+//! network completion queue's file descriptor where the provider has one, which
+//! `tcp;ofi_rxm` does, and on a futex doorbell in shared memory that same-host peers
+//! ring, because `shm` in libfabric 1.17 has no wait object), `sleep` (yield below
+//! 50 us, else sleep up to 200 us), `yield` (always `sched_yield`) or `spin` (return at
+//! once). Measured in docs/BENCHMARKS.md, "Progress under oversubscription (fabric
+//! transport)".
 //!
 //! # Failures
 //! - A peer on the same host (same host name and PID namespace) whose process has
@@ -463,8 +465,6 @@ const SYS_FUTEX: Option<c_long> = Some(98);
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 const SYS_FUTEX: Option<c_long> = None;
 
-pub(crate) static XS: [std::sync::atomic::AtomicU64; 6] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 6];
 /// A bell's word: the owner sleeps (or is about to).
 const ASLEEP: u32 = 1;
 /// A bell's word: the owner is awake, or was rung.
@@ -492,13 +492,40 @@ impl std::fmt::Debug for Bell {
 }
 
 impl Bell {
-    /// Creates this rank's bell; `None` (no bell, bounded sleeps) when that fails.
+    /// Creates this rank's bell, `/dev/shm/halo-bell-NS-PID-N` (PID namespace, process,
+    /// count), after removing the files of processes of this namespace that ended
+    /// without removing theirs (killed); `None` (no bell: bounded sleeps) when that
+    /// fails.
     fn create() -> Option<Bell> {
         SYS_FUTEX?;
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let ns: String = std::fs::read_link("/proc/self/ns/pid")
+            .map(|l| {
+                l.to_string_lossy()
+                    .chars()
+                    .filter(char::is_ascii_digit)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let prefix = format!("halo-bell-{ns}-");
+        if let Ok(dir) = std::fs::read_dir("/dev/shm") {
+            for entry in dir.flatten() {
+                let name = entry.file_name();
+                let Some(pid) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(&prefix))
+                    .and_then(|rest| rest.split('-').next())
+                    .and_then(|pid| pid.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path =
-            std::path::PathBuf::from(format!("/dev/shm/halo-bell-{}-{n}", std::process::id()));
+        let path = std::path::PathBuf::from(format!("/dev/shm/{prefix}{}-{n}", std::process::id()));
         // A file of a dead process whose id this one reuses: replace it.
         let _ = std::fs::remove_file(&path);
         let f = std::fs::OpenOptions::new()
@@ -574,7 +601,6 @@ impl Bell {
             // SAFETY: FUTEX_WAKE on a valid, aligned, shared u32; no other arguments
             // are read.
             unsafe { syscall(nr, self.base, FUTEX_WAKE, 1 as c_int) };
-            XS[0].fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -594,15 +620,6 @@ impl Bell {
                 tv_sec: timeout.as_secs() as c_long,
                 tv_nsec: c_long::from(timeout.subsec_nanos() as i32),
             };
-            XS[1].fetch_add(1, Ordering::Relaxed);
-            let t0 = Instant::now();
-            let _g = Guard(t0);
-            struct Guard(Instant);
-            impl Drop for Guard {
-                fn drop(&mut self) {
-                    XS[2].fetch_add(self.0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                }
-            }
             // SAFETY: FUTEX_WAIT on a valid, aligned, shared u32 with a valid relative
             // timeout; it returns at once if the word is no longer ASLEEP.
             unsafe {
@@ -688,11 +705,14 @@ pub enum FabricProgress {
     /// `sched_yield` between polls.
     Yield,
     /// Yield while the bound is below 50 us, then sleep up to 200 us at a time.
-    #[default]
     Sleep,
-    /// Block on the completion queue's file descriptor (`FI_WAIT_FD`, `fi_trywait`,
-    /// `ppoll`) where the provider has one (`tcp;ofi_rxm`); `shm` in libfabric 1.17
-    /// has none, and there this is `Sleep`.
+    /// The default. As `sleep`, but the sleep ends as soon as there is something to
+    /// do: on the network completion queue's file descriptor (`FI_WAIT_FD`,
+    /// `fi_trywait`, `ppoll`) where the provider has one (`tcp;ofi_rxm`), and for
+    /// same-host peers (`shm` has no wait object in libfabric 1.17) on a futex
+    /// "doorbell" in shared memory that peers ring when they hand this rank a message.
+    /// Waits only for the network sleep until woken (up to the engine's 1 ms bound).
+    #[default]
     Block,
 }
 
@@ -810,10 +830,11 @@ pub(crate) struct FabricTransport {
     progress: FabricProgress,
 }
 
-// SAFETY: the raw pointers inside are libfabric objects opened with FI_THREAD_DOMAIN
-// and operation contexts the provider writes only while this transport progresses
-// them; the transport is owned and used by one thread at a time (the communicator is
-// Send, not Sync), which that threading model allows.
+// SAFETY: the raw pointers inside are libfabric objects opened with FI_THREAD_DOMAIN,
+// operation contexts the provider writes only while this transport progresses them,
+// and doorbell mappings (process-wide shared memory, accessed only atomically); the
+// transport is owned and used by one thread at a time (the communicator is Send, not
+// Sync), which that threading model allows.
 unsafe impl Send for FabricTransport {}
 
 impl std::fmt::Debug for FabricTransport {
@@ -1683,7 +1704,6 @@ impl Session for FabricSession<'_> {
     }
 
     fn wait(&mut self, max: Duration) -> CResult<()> {
-        XS[3].fetch_add(1, Ordering::Relaxed);
         if !self.ready.is_empty() {
             return Ok(());
         }
