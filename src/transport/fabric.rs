@@ -45,6 +45,17 @@
 //!   touch the caller's buffers, and network peers see the connections go), and every
 //!   later collective fails at once with [`CollectiveError::InvalidUsage`] saying why.
 //!   As after an NCCL error, the communicator must be dropped and a new one created.
+//! - `shm` keeps its queues under spin locks in shared memory. A peer killed while it
+//!   holds one leaves the next call that needs the lock spinning inside libfabric,
+//!   beyond the reach of timeouts and `abort()` (seen in about 1 of 100 kills during
+//!   the first collective). A watchdog thread ends such a process: a libfabric call
+//!   that has not returned for `HALO_WATCHDOG_MS` (default 3000; 0 turns it off) makes
+//!   it print what is stuck and which same-host peers have ended, and exit with status
+//!   1, as NCCL's watchdog does in PyTorch.
+//! - A killed rank leaves its `shm` region `/dev/shm/PID:N:M` behind, and a later
+//!   process that gets the same id could not create its own (`fi_enable`: `EBUSY`):
+//!   before its first `shm` endpoint a process removes such files of its own id that
+//!   are older than itself. Doorbell files of dead processes are removed likewise.
 //!
 //! When the provider is `cxi`, HPE's recommended settings for collective libraries are
 //! applied unless the user set them (REFERENCE.md §2): `FI_MR_CACHE_MONITOR=userfaultfd`,
@@ -57,6 +68,7 @@ use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, TAG_BITS,
 use halo_fabric_sys as fi;
 use std::ffi::{CStr, CString, c_char, c_int, c_long, c_short, c_ulong, c_void};
 use std::ptr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -647,6 +659,193 @@ impl Drop for Bell {
     }
 }
 
+/// Default of `HALO_WATCHDOG_MS`: how long one libfabric call may run before the
+/// watchdog ends the process.
+const WATCHDOG_DEFAULT: Duration = Duration::from_secs(3);
+/// How often the watchdog looks.
+const WATCHDOG_EVERY: Duration = Duration::from_millis(100);
+
+/// What a transport is doing inside libfabric, for the watchdog.
+///
+/// `shm` keeps its queues under spin locks in shared memory: a peer killed while it
+/// holds one (in the middle of its own progress, or of a send to a third rank) leaves
+/// every later call that needs that lock spinning inside libfabric forever, where no
+/// timeout and no abort can reach. The watchdog notices a call that has not returned
+/// for `HALO_WATCHDOG_MS` (default 3 s; 0 disables it) and, as NCCL's watchdog does
+/// in PyTorch, ends the process: it prints which call is stuck, on which rank, and
+/// which same-host peers have ended, then exits with status 1 (`_exit`: the stuck
+/// provider must not be called again by exit handlers).
+#[derive(Debug)]
+struct Watched {
+    /// Incremented when a call starts and when it returns: odd while inside a call.
+    seq: std::sync::atomic::AtomicU64,
+    /// The call's peer (`u32::MAX`: none) and name (an index into `CALLS`).
+    peer: AtomicU32,
+    what: AtomicU32,
+    rank: usize,
+    limit: Duration,
+    /// Same-host peers' processes, to say which have ended.
+    procs: Mutex<Vec<(usize, Proc)>>,
+}
+
+const CALLS: [&str; 7] = [
+    "fi_tsend",
+    "fi_trecv",
+    "fi_cq_read",
+    "fi_cq_readerr",
+    "fi_cancel",
+    "fi_trywait",
+    "fi_close",
+];
+const CALL_TSEND: u32 = 0;
+const CALL_TRECV: u32 = 1;
+const CALL_CQ_READ: u32 = 2;
+const CALL_CQ_READERR: u32 = 3;
+const CALL_CANCEL: u32 = 4;
+const CALL_TRYWAIT: u32 = 5;
+const CALL_CLOSE: u32 = 6;
+
+/// The transports the watchdog looks after.
+static WATCHED: Mutex<Vec<std::sync::Weak<Watched>>> = Mutex::new(Vec::new());
+
+unsafe extern "C" {
+    /// Ends the process at once (no exit handlers, no destructors).
+    fn _exit(status: c_int) -> !;
+}
+
+impl Watched {
+    /// A new entry, registered with the watchdog (started on first use); `None` when
+    /// `limit` is zero.
+    fn register(rank: usize, limit: Duration) -> Option<std::sync::Arc<Watched>> {
+        if limit.is_zero() {
+            return None;
+        }
+        let w = std::sync::Arc::new(Watched {
+            seq: std::sync::atomic::AtomicU64::new(0),
+            peer: AtomicU32::new(u32::MAX),
+            what: AtomicU32::new(0),
+            rank,
+            limit,
+            procs: Mutex::new(Vec::new()),
+        });
+        static STARTED: std::sync::Once = std::sync::Once::new();
+        STARTED.call_once(|| {
+            let spawned = std::thread::Builder::new()
+                .name("halo-watchdog".into())
+                .spawn(watchdog);
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start the libfabric watchdog: {e}");
+            }
+        });
+        WATCHED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(std::sync::Arc::downgrade(&w));
+        Some(w)
+    }
+
+    fn enter(&self, what: u32, peer: Option<usize>) {
+        self.what.store(what, Ordering::Relaxed);
+        self.peer
+            .store(peer.map_or(u32::MAX, |p| p as u32), Ordering::Relaxed);
+        self.seq.fetch_add(1, Ordering::Release);
+    }
+
+    fn leave(&self) {
+        self.seq.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Runs `f` (one libfabric call) marked for the watchdog.
+fn watched<T>(
+    w: &Option<std::sync::Arc<Watched>>,
+    what: u32,
+    peer: Option<usize>,
+    f: impl FnOnce() -> T,
+) -> T {
+    if let Some(w) = w {
+        w.enter(what, peer);
+        let r = f();
+        w.leave();
+        r
+    } else {
+        f()
+    }
+}
+
+/// The watchdog thread: ends the process when a call has been stuck past its limit.
+fn watchdog() {
+    // Per entry: the odd sequence number last seen and since when.
+    let mut seen: Vec<(std::sync::Weak<Watched>, u64, Instant)> = Vec::new();
+    loop {
+        std::thread::sleep(WATCHDOG_EVERY);
+        let live: Vec<std::sync::Arc<Watched>> = {
+            let mut list = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
+            list.retain(|w| w.strong_count() > 0);
+            list.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        seen.retain(|(w, _, _)| w.strong_count() > 0);
+        for w in &live {
+            let seq = w.seq.load(Ordering::Acquire);
+            let i = seen
+                .iter()
+                .position(|(x, _, _)| std::ptr::eq(x.as_ptr(), std::sync::Arc::as_ptr(w)));
+            if seq % 2 == 0 {
+                if let Some(i) = i {
+                    seen.swap_remove(i);
+                }
+                continue;
+            }
+            match i {
+                Some(i) if seen[i].1 == seq => {
+                    if seen[i].2.elapsed() >= w.limit {
+                        stuck(w, seen[i].2.elapsed());
+                    }
+                }
+                Some(i) => seen[i] = (std::sync::Arc::downgrade(w), seq, Instant::now()),
+                None => seen.push((std::sync::Arc::downgrade(w), seq, Instant::now())),
+            }
+        }
+    }
+}
+
+/// Reports a stuck call and ends the process.
+fn stuck(w: &Watched, for_: Duration) -> ! {
+    let what = CALLS
+        .get(w.what.load(Ordering::Relaxed) as usize)
+        .copied()
+        .unwrap_or("a libfabric call");
+    let peer = match w.peer.load(Ordering::Relaxed) {
+        u32::MAX => String::new(),
+        p => format!(" (rank {p})"),
+    };
+    let ended: Vec<String> = w
+        .procs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|(_, p)| has_ended(*p))
+        .map(|(r, p)| format!("rank {r} (process {})", p.pid))
+        .collect();
+    let why = if ended.is_empty() {
+        "the provider is stuck".to_string()
+    } else {
+        format!(
+            "{} ended; the shm provider waits forever on a lock that a dead process held",
+            ended.join(", ")
+        )
+    };
+    eprintln!(
+        "halo watchdog: rank {}: {what}{peer} has not returned for {:.1} s: {why}; ending \
+         this process with status 1 (HALO_WATCHDOG_MS sets the limit, 0 turns this off)",
+        w.rank,
+        for_.as_secs_f64()
+    );
+    // SAFETY: _exit ends the process without running anything else; nothing of this
+    // process is used afterwards.
+    unsafe { _exit(1) }
+}
+
 /// The context of one posted operation; libfabric returns its address in completions.
 #[repr(C)]
 struct OpCtx {
@@ -781,6 +980,65 @@ fn proc_stat(path: &str) -> std::io::Result<(u8, u64)> {
     Ok((state, start))
 }
 
+/// When this process started, from `/proc/self/stat` and the boot time in `/proc/stat`
+/// (10 ms resolution).
+fn process_start() -> Option<std::time::SystemTime> {
+    let (_, ticks) = proc_stat("/proc/self/stat").ok()?;
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // USER_HZ is 100 on every Linux that reports /proc times this way.
+    Some(
+        std::time::UNIX_EPOCH
+            + Duration::from_secs(btime)
+            + Duration::from_millis(ticks.saturating_mul(10)),
+    )
+}
+
+/// Removes `/dev/shm/PID:N:M` — the regions the `shm` provider names after the
+/// process id — that an earlier process with this process's id left behind (killed
+/// before it could remove them; they are older than this process). With one in place
+/// the provider cannot create this process's region: `fi_enable` fails with `EBUSY`.
+/// Once per process, before its first `shm` endpoint.
+fn remove_stale_shm_regions() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Some(start) = process_start() else {
+            return;
+        };
+        let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+            return;
+        };
+        let prefix = format!("{}:", std::process::id());
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let ours = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(&prefix))
+                .is_some_and(|rest| {
+                    !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit() || c == ':')
+                });
+            let older = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t < start);
+            if ours && older {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => tracing::info!(
+                        "removed {}, left by an earlier process with this process id",
+                        entry.path().display()
+                    ),
+                    Err(e) => tracing::debug!("cannot remove {}: {e}", entry.path().display()),
+                }
+            }
+        }
+    });
+}
+
 /// This process as peers on the same host can watch it: its PID namespace and
 /// [`Proc`]. `None` when `/proc` does not show this process under its own id (a
 /// `/proc` of another PID namespace), so that nobody watches the wrong process.
@@ -826,6 +1084,8 @@ pub(crate) struct FabricTransport {
     bells: Vec<Option<Bell>>,
     /// Why the transport may no longer be used.
     broken: Option<String>,
+    /// This transport's entry with the watchdog (`None`: disabled).
+    watched: Option<std::sync::Arc<Watched>>,
     post_timeout: Duration,
     progress: FabricProgress,
 }
@@ -864,6 +1124,9 @@ pub struct FabricConfig {
     pub post_timeout: Duration,
     /// What a rank does while it waits (`HALO_PROGRESS`).
     pub progress: FabricProgress,
+    /// How long one libfabric call may run before the watchdog ends the process
+    /// (`HALO_WATCHDOG_MS`, default 3 s; zero: no watchdog). See the module notes.
+    pub watchdog: Duration,
 }
 
 impl Default for FabricConfig {
@@ -874,6 +1137,7 @@ impl Default for FabricConfig {
             addr: None,
             post_timeout: Duration::from_secs(60),
             progress: FabricProgress::default(),
+            watchdog: WATCHDOG_DEFAULT,
         }
     }
 }
@@ -881,8 +1145,9 @@ impl Default for FabricConfig {
 impl FabricConfig {
     /// The default, changed by `HALO_FABRIC_PROVIDER` (one provider for every peer,
     /// e.g. `tcp;ofi_rxm` or `shm`), `HALO_FABRIC_NET_PROVIDER` (the network provider
-    /// only), `HALO_FABRIC_ADDR` (the IP the network provider binds) and
-    /// `HALO_PROGRESS` (`spin`, `yield`, `sleep` or `block`; see [`FabricProgress`]).
+    /// only), `HALO_FABRIC_ADDR` (the IP the network provider binds), `HALO_PROGRESS`
+    /// (`spin`, `yield`, `sleep` or `block`; see [`FabricProgress`]) and
+    /// `HALO_WATCHDOG_MS`.
     pub fn from_env() -> Result<Self> {
         let mut c = FabricConfig::default();
         if let Ok(p) = std::env::var("HALO_FABRIC_PROVIDER") {
@@ -898,6 +1163,13 @@ impl FabricConfig {
         }
         if let Ok(p) = std::env::var("HALO_PROGRESS") {
             c.progress = p.parse()?;
+        }
+        if let Ok(v) = std::env::var("HALO_WATCHDOG_MS") {
+            c.watchdog = Duration::from_millis(v.trim().parse::<u64>().map_err(|_| {
+                Error::invalid_argument(format!(
+                    "HALO_WATCHDOG_MS={v:?} is not a number of milliseconds"
+                ))
+            })?);
         }
         Ok(c)
     }
@@ -920,6 +1192,14 @@ impl FabricTransport {
         net_node: &str,
     ) -> Result<(FabricTransport, [Option<Vec<u8>>; 2])> {
         let want_fd = config.progress == FabricProgress::Block;
+        if config
+            .local_provider
+            .as_deref()
+            .is_some_and(|p| p.starts_with("shm"))
+            || config.net_provider.starts_with("shm")
+        {
+            remove_stale_shm_regions();
+        }
         let local = match &config.local_provider {
             Some(p) if size > 1 => Some(Endpoint::open(p, None, want_fd)?),
             _ => None,
@@ -952,6 +1232,7 @@ impl FabricTransport {
             bell,
             bells: Vec::new(),
             broken: None,
+            watched: Watched::register(rank, config.watchdog),
             post_timeout: config.post_timeout,
             progress: config.progress,
         };
@@ -1115,7 +1396,9 @@ impl FabricTransport {
                 }; 32];
                 // SAFETY: the CQ is open with FI_CQ_FORMAT_CONTEXT, so each entry is an
                 // fi_cq_entry; the array has room for the count passed.
-                let ret = unsafe { fi::fi_cq_read(cq, entries.as_mut_ptr().cast(), entries.len()) };
+                let ret = watched(&self.watched, CALL_CQ_READ, None, || unsafe {
+                    fi::fi_cq_read(cq, entries.as_mut_ptr().cast(), entries.len())
+                });
                 if ret > 0 {
                     for en in &entries[..ret as usize] {
                         self.complete(en.op_context, done);
@@ -1128,7 +1411,9 @@ impl FabricTransport {
                 } else if ret == EAVAIL {
                     let mut err = fi::fi_cq_err_entry::default();
                     // SAFETY: the CQ is open; `err` is a zeroed entry the provider fills.
-                    let r = unsafe { fi::fi_cq_readerr(cq, &mut err, 0) };
+                    let r = watched(&self.watched, CALL_CQ_READERR, None, || unsafe {
+                        fi::fi_cq_readerr(cq, &mut err, 0)
+                    });
                     if r == EAGAIN {
                         break;
                     }
@@ -1216,7 +1501,12 @@ impl FabricTransport {
         if let Some(e) = self.eps[c.ep as usize].as_ref() {
             // SAFETY: the endpoint is open and the context was posted on it; cancel
             // only asks the provider to complete it with FI_ECANCELED.
-            let ret = unsafe { fi::fi_cancel(&mut (*e.ep).fid, (&mut **c as *mut OpCtx).cast()) };
+            let ret = watched(
+                &self.watched,
+                CALL_CANCEL,
+                Some(c.peer as usize),
+                || unsafe { fi::fi_cancel(&mut (*e.ep).fid, (&mut **c as *mut OpCtx).cast()) },
+            );
             if ret != 0 && ret != -(fi::FI_ENOENT as isize) {
                 tracing::debug!(
                     rank = self.rank,
@@ -1252,7 +1542,8 @@ impl FabricTransport {
         for e in self.eps.iter_mut().flatten() {
             e.abandoned = true;
         }
-        self.eps = [None, None];
+        let eps = std::mem::take(&mut self.eps);
+        watched(&self.watched, CALL_CLOSE, None, || drop(eps));
         for c in &mut self.ctxs {
             c.in_use = false;
         }
@@ -1283,7 +1574,9 @@ impl FabricTransport {
             };
             let mut fid: *mut fi::fid = e.cq.cast();
             // SAFETY: the fabric and the CQ are open; `fid` is one fid of that fabric.
-            let ret = unsafe { fi::fi_trywait(e.fabric, &mut fid, 1) };
+            let ret = watched(&self.watched, CALL_TRYWAIT, None, || unsafe {
+                fi::fi_trywait(e.fabric, &mut fid, 1)
+            });
             if ret as isize == EAGAIN {
                 // Completions are ready (or progress is needed): poll again now.
                 return;
@@ -1313,6 +1606,14 @@ impl FabricTransport {
         // SAFETY: `fds` holds `n` initialised pollfds; `ts` is a valid timespec; no
         // signal mask is changed (NULL).
         unsafe { ppoll(fds.as_mut_ptr(), n as c_ulong, &ts, ptr::null()) };
+    }
+}
+
+impl Drop for FabricTransport {
+    fn drop(&mut self) {
+        // Closing an shm endpoint touches peers' shared memory too: watched.
+        let eps = std::mem::take(&mut self.eps);
+        watched(&self.watched, CALL_CLOSE, None, || drop(eps));
     }
 }
 
@@ -1482,12 +1783,13 @@ impl FabricSession<'_> {
             )));
         };
         let ctx = self.t.take_ctx(d.token, d.peer, route.ep, d.is_send);
+        let call = if d.is_send { CALL_TSEND } else { CALL_TRECV };
         // SAFETY: `ptr_ .. + region.len` lies in a buffer this session borrows until it
         // is dropped, and the drop cancels every operation and, if any is not back,
         // closes the endpoints first; the context is a live boxed OpCtx whose first
         // field is the fi_context2 the provider may use; `desc` is NULL or the
         // descriptor of that buffer's registration on this endpoint.
-        let ret = unsafe {
+        let ret = watched(&self.t.watched, call, Some(d.peer), || unsafe {
             if d.is_send {
                 fi::fi_tsend(
                     ep,
@@ -1510,7 +1812,7 @@ impl FabricSession<'_> {
                     ctx.cast(),
                 )
             }
-        };
+        });
         if ret == 0 {
             if d.is_send {
                 self.t.ring(d.peer);
@@ -1985,6 +2287,14 @@ pub(crate) fn establish(
                 transport.watch[p] = Some(*proc_);
             }
         }
+    }
+    if let Some(w) = &transport.watched {
+        *w.procs.lock().unwrap_or_else(|p| p.into_inner()) = transport
+            .watch
+            .iter()
+            .enumerate()
+            .filter_map(|(r, p)| p.map(|p| (r, p)))
+            .collect();
     }
     let names: Vec<[Option<Vec<u8>>; 2]> = cards.iter().map(|c| c.names.clone()).collect();
     transport.connect(&hosts, &names)?;
