@@ -227,41 +227,12 @@ fn launched_over_shared_memory_writes_a_loadable_topology() {
     assert_eq!(v["levels"][1]["ranks"], serde_json::json!([0, 1]));
 }
 
-fn emulation_unavailable() -> Option<String> {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
-        })
-        .unwrap_or(false);
-    if !root {
-        return Some("not root".into());
-    }
-    let ok = |prog: &str, args: &[&str]| {
-        Command::new(prog)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !ok("ip", &["netns", "list"]) {
-        return Some("`ip netns list` does not work (iproute2 missing?)".into());
-    }
-    if !ok("unshare", &["--net", "--uts", "true"]) {
-        return Some("cannot create network namespaces (unshare --net failed)".into());
-    }
-    None
-}
-
 /// Two emulated hosts at 100 Mbit/s: the fitted system bandwidth is the shaped rate,
 /// 12.5 MB/s, within 0.5x..1.5x. tbf lets about 256 KB through unshaped, so the sizes
 /// go up to 4 MiB, where the shaped part dominates and decides the slope.
 #[test]
 fn emulated_hosts_fit_the_shaped_rate() {
-    if let Some(why) = emulation_unavailable() {
+    if let Some(why) = halo::launch::emulation_unavailable() {
         eprintln!("skipped: emulated hosts unavailable: {why}");
         return;
     }

@@ -259,35 +259,9 @@ fn every_progress_strategy_is_byte_exact() {
 // Emulated hosts
 // ---------------------------------------------------------------------------
 
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-/// Why namespaces cannot be used here, if they cannot.
-fn namespaces_unavailable() -> Option<String> {
-    if !is_root() {
-        return Some("not root".into());
-    }
-    let ok = |prog: &str, args: &[&str]| {
-        Command::new(prog)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !ok("ip", &["netns", "list"]) {
-        return Some("`ip netns list` does not work (iproute2 missing?)".into());
-    }
-    if !ok("unshare", &["--net", "--uts", "true"]) {
-        return Some("cannot create namespaces (unshare --net --uts failed)".into());
-    }
-    None
-}
-
 macro_rules! need_namespaces {
     () => {
-        if let Some(why) = namespaces_unavailable() {
+        if let Some(why) = halo::launch::emulation_unavailable() {
             eprintln!("skipped: namespaces unavailable: {why}");
             return;
         }

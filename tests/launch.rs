@@ -446,32 +446,9 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Why emulated hosts cannot run here, if they cannot.
-fn emulation_unavailable() -> Option<String> {
-    if !is_root() {
-        return Some("not root".into());
-    }
-    let ok = |prog: &str, args: &[&str]| {
-        Command::new(prog)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !ok("ip", &["netns", "list"]) {
-        return Some("`ip netns list` does not work (iproute2 missing?)".into());
-    }
-    // An anonymous network and UTS namespace: nothing named is created.
-    if !ok("unshare", &["--net", "--uts", "true"]) {
-        return Some("cannot create network namespaces (unshare --net failed)".into());
-    }
-    None
-}
-
 macro_rules! need_emulation {
     () => {
-        if let Some(why) = emulation_unavailable() {
+        if let Some(why) = halo::launch::emulation_unavailable() {
             eprintln!("skipped: emulated hosts unavailable: {why}");
             return;
         }

@@ -34,7 +34,10 @@ mod placement;
 mod procs;
 mod signals;
 
-pub use netns::{EmulatedCluster, HOST_DEVICE, Host, LinkCounters, MAX_HOSTS, SUBNET, is_root};
+pub use netns::{
+    EmulatedCluster, HOST_DEVICE, Host, LinkCounters, MAX_HOSTS, SUBNET, emulation_unavailable,
+    is_root,
+};
 pub use placement::{Placement, Slot};
 pub use signals::Interrupt;
 

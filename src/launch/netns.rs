@@ -116,6 +116,30 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// Why emulated hosts cannot be created here, if they cannot: not root, `ip netns`
+/// missing, or namespaces refused (checked with an anonymous `unshare --net --uts`,
+/// which creates nothing named).
+pub fn emulation_unavailable() -> Option<String> {
+    if !is_root() {
+        return Some("not root".into());
+    }
+    let ok = |prog: &str, args: &[&str]| {
+        std::process::Command::new(prog)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !ok("ip", &["netns", "list"]) {
+        return Some("`ip netns list` does not work (iproute2 missing?)".into());
+    }
+    if !ok("unshare", &["--net", "--uts", "true"]) {
+        return Some("cannot create network namespaces (unshare --net --uts failed)".into());
+    }
+    None
+}
+
 impl EmulatedCluster {
     /// Creates `hosts` host namespaces and the switch, shaping each host link to
     /// `rate` (tc syntax, e.g. `1gbit`) in both directions when given. On any
