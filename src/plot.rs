@@ -1,5 +1,5 @@
 //! Line plots of latency or bandwidth against message size, one line per series,
-//! written as SVG with `plotters` (used by `halo simulate` and the benchmarks).
+//! written as SVG or PNG with `plotters` (used by `halo simulate` and the benchmarks).
 
 use crate::error::{Error, Result};
 use plotters::prelude::*;
@@ -24,8 +24,13 @@ const COLOURS: [RGBColor; 7] = [
     RGBColor(23, 190, 207),
 ];
 
-/// Writes a log-log line plot of `series` to `path` (SVG).
-pub fn line_plot_svg(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Result<()> {
+/// Writes a log-log line plot of `series` to `path`: SVG, or PNG when the file name
+/// ends in `.png`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when no point is positive; [`Error::SystemError`] when
+/// the file cannot be written.
+pub fn line_plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Result<()> {
     let pts = series
         .iter()
         .flat_map(|s| s.points.iter())
@@ -42,52 +47,141 @@ pub fn line_plot_svg(path: &Path, title: &str, y_label: &str, series: &[Series])
             "nothing to plot: no positive points",
         ));
     }
-    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
-        let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(
-                (x0 / 1.5..x1 * 1.5).log_scale(),
-                (y0 / 1.5..y1 * 1.5).log_scale(),
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc("bytes per peer")
-            .y_desc(y_label)
-            .x_label_formatter(&|x| fmt_bytes(*x))
-            .draw()?;
-        for (i, s) in series.iter().enumerate() {
-            let c = COLOURS[i % COLOURS.len()];
-            let data: Vec<(f64, f64)> = s
-                .points
-                .iter()
-                .copied()
-                .filter(|p| p.0 > 0.0 && p.1 > 0.0)
-                .collect();
-            chart
-                .draw_series(LineSeries::new(data.clone(), c.stroke_width(2)))?
-                .label(s.name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
-                });
-            chart.draw_series(data.into_iter().map(|p| Circle::new(p, 3, c.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()?;
-        root.present()?;
-        Ok(())
+    load_font()?;
+    let bounds = (x0, x1, y0, y1);
+    let png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    let drawn = if png {
+        draw(
+            BitMapBackend::new(path, (900, 560)).into_drawing_area(),
+            title,
+            y_label,
+            series,
+            bounds,
+        )
+    } else {
+        draw(
+            SVGBackend::new(path, (900, 560)).into_drawing_area(),
+            title,
+            y_label,
+            series,
+            bounds,
+        )
     };
-    draw().map_err(|e| Error::SystemError {
+    drawn.map_err(|e| Error::SystemError {
         message: format!("cannot write the plot {}: {e}", path.display()),
     })
+}
+
+/// [`line_plot`] as SVG whatever the file name.
+///
+/// # Errors
+/// As [`line_plot`].
+pub fn line_plot_svg(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Result<()> {
+    if path.extension().is_some_and(|e| e == "svg") {
+        line_plot(path, title, y_label, series)
+    } else {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".svg");
+        let tmp = std::path::PathBuf::from(p);
+        line_plot(&tmp, title, y_label, series)?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::SystemError {
+            message: format!("cannot write the plot {}: {e}", path.display()),
+        })
+    }
+}
+
+type Bounds = (f64, f64, f64, f64);
+
+/// Where plots look for their TrueType font (Debian's fonts-dejavu-core first).
+const FONT_PATHS: [&str; 4] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+/// Registers the plots' font once per process (`HALO_PLOT_FONT` names another file).
+/// plotters draws text with `ab_glyph`, which needs the font's bytes for the rest of
+/// the process, so they are kept.
+fn load_font() -> Result<()> {
+    static FONT: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+    FONT.get_or_init(|| {
+        let mut tried: Vec<String> = Vec::new();
+        let env = std::env::var("HALO_PLOT_FONT").ok();
+        for p in env.iter().map(String::as_str).chain(FONT_PATHS) {
+            match std::fs::read(p) {
+                Ok(bytes) => {
+                    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                    return plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+                        .map_err(|_| format!("{p} is not a TrueType font"));
+                }
+                Err(_) => tried.push(p.to_string()),
+            }
+        }
+        Err(format!(
+            "plots need a TrueType font and none was found (tried {}); install one \
+             (Debian: apt-get install fonts-dejavu-core) or set HALO_PLOT_FONT",
+            tried.join(", ")
+        ))
+    })
+    .clone()
+    .map_err(Error::invalid_argument)
+}
+
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    y_label: &str,
+    series: &[Series],
+    (x0, x1, y0, y1): Bounds,
+) -> std::result::Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(
+            (x0 / 1.5..x1 * 1.5).log_scale(),
+            (y0 / 1.5..y1 * 1.5).log_scale(),
+        )
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("bytes per peer")
+        .y_desc(y_label)
+        .x_label_formatter(&|x| fmt_bytes(*x))
+        .draw()
+        .map_err(e)?;
+    for (i, s) in series.iter().enumerate() {
+        let c = COLOURS[i % COLOURS.len()];
+        let data: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .copied()
+            .filter(|p| p.0 > 0.0 && p.1 > 0.0)
+            .collect();
+        chart
+            .draw_series(LineSeries::new(data.clone(), c.stroke_width(2)))
+            .map_err(e)?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        chart
+            .draw_series(data.into_iter().map(|p| Circle::new(p, 3, c.filled())))
+            .map_err(e)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)?;
+    Ok(())
 }
 
 /// `1 KiB`, `16 MiB`, `512 B`.

@@ -1,60 +1,122 @@
-//! `halo bench`: the OSU-style all-to-all benchmark, in-process on an emulated cluster.
+//! `halo bench`: the OSU-style benchmark suite, in-process or as the ranks of a job.
 
 use super::Failure;
-use clap::Args;
-use halo::bench::{BenchOptions, BenchRow, format_osu, run_local_bench};
-use halo::collectives::Algorithm;
+use clap::{Args, ValueEnum};
+use halo::Communicator;
+use halo::bench::moe::MoeShape;
+use halo::bench::report::{self, RunInfo};
+use halo::bench::{BenchAlgo, BenchOptions, BenchRow, Op, run_local_bench, run_ranks};
 use halo::local::Emulation;
 use halo::topology::Topology;
-use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
-/// Measures all-to-all latency per algorithm and message size, as osu_alltoall does,
-/// with N ranks as threads of this process on an emulated topology (per-level latency
-/// and bandwidth, a NIC shared by each node's ranks). No cluster needed.
+/// How the table is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// OSU's text layout.
+    Osu,
+    /// One JSON document.
+    Json,
+    /// CSV with a header line.
+    Csv,
+}
+
+/// OSU-style benchmarks: all-to-all, MoE-shaped all-to-all-v, latency and bandwidth.
+///
+/// Without a launcher the ranks are threads of this process on an emulated topology
+/// (per-level latency and bandwidth, a NIC shared by each node's ranks): no cluster
+/// needed. Started as the ranks of a job (`halo launch`, mpirun, srun, torchrun) each
+/// process is one rank and rank 0 prints. `--algo mpi` measures MPI_Alltoall(v) /
+/// MPI_Send on the same processes (halo built with the cargo feature `mpi`, ranks
+/// started by Open MPI: `halo launch --mpi`).
 #[derive(Debug, Args)]
-#[command(
-    after_help = "Examples:\n  halo bench\n  halo bench --topology frontier:2 -m 1:65536 -i 100 --algo flat,halo\n  \
-    halo bench --scale 1 -c"
-)]
+#[command(after_help = "Examples:\n  halo bench\n  \
+    halo bench alltoallv --experts 64 --topk 2 --skew 1.2 -m 1:65536 -c\n  \
+    halo launch -n 8 -- halo bench alltoall -m 1:1048576 --algo flat,halo,auto\n  \
+    halo launch --mpi -n 8 --hosts 4 --host-rate 1gbit -- halo bench --algo all --compare\n  \
+    halo launch -n 2 -- halo bench latency")]
 pub(crate) struct BenchArgs {
-    /// Topology preset or file the ranks are placed in (one thread per rank).
-    #[arg(long, default_value = "nodes:4x4")]
-    topology: String,
-    /// Sizes in bytes per destination: MAX or MIN:MAX (powers of two), like OSU's -m.
-    #[arg(short = 'm', long = "message-size", default_value = "1:65536")]
-    sizes: String,
-    /// Timed iterations per size (default: OSU's 1000 up to 8 KiB, 100 above).
+    /// The benchmark: alltoall, alltoallv (MoE-shaped), latency, bw.
+    #[arg(value_name = "BENCHMARK", default_value = "alltoall")]
+    op: String,
+    /// Sizes in bytes per destination, MAX or MIN:MAX (powers of two), like OSU's -m
+    /// (alltoallv with --hidden: tokens per rank). Default: OSU's, except 1:65536
+    /// in-process.
+    #[arg(short = 'm', long = "message-size")]
+    sizes: Option<String>,
+    /// Timed iterations per size (default: OSU's per benchmark).
     #[arg(short = 'i', long)]
     iterations: Option<usize>,
-    /// Warm-up iterations per size (default: OSU's 100 up to 8 KiB, 10 above).
+    /// Warm-up iterations per size (default: OSU's per benchmark).
     #[arg(short = 'x', long)]
     warmup: Option<usize>,
-    /// Validate every result (OSU's -c).
+    /// Validate every result of every iteration, outside the timer (OSU's -c); wrong
+    /// bytes are counted in an Errors column and make the command fail.
     #[arg(short = 'c', long)]
     validate: bool,
-    /// Full output (OSU's -f); min, max and iterations are always printed.
+    /// Full output (OSU's -f): minimum, maximum and iterations.
     #[arg(short = 'f', long)]
     full: bool,
-    /// Algorithms, comma separated (flat, pairwise, bruck, halo, halo2d) or all.
+    /// Implementations, comma separated: flat, pairwise, bruck, halo, halo2d, auto,
+    /// mpi, or all (every HALO algorithm that builds, auto, and mpi when available).
     #[arg(long, default_value = "all", value_delimiter = ',')]
     algo: Vec<String>,
-    /// Multiply every emulated time by this factor so that the modelled network stands
-    /// out of the in-process overhead on a busy machine.
+    /// Print nccl-tests' columns (size, count, type, time, algbw, busbw, #wrong).
+    #[arg(long)]
+    nccl_tests: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Osu)]
+    format: Format,
+    /// Also write the rows as JSON to FILE (whatever --format says).
+    #[arg(long, value_name = "FILE")]
+    json_out: Option<PathBuf>,
+    /// Print each implementation's time and its ratio to flat and to MPI per size, and
+    /// write plots (SVG and PNG) into --plot-dir.
+    #[arg(long)]
+    compare: bool,
+    /// Where --compare writes its plots.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    plot_dir: PathBuf,
+    /// alltoallv: experts in the layer.
+    #[arg(long, default_value_t = 64)]
+    experts: usize,
+    /// alltoallv: experts per token.
+    #[arg(long, default_value_t = 2)]
+    topk: usize,
+    /// alltoallv: Zipf exponent of expert popularity (0 = uniform).
+    #[arg(long, default_value_t = 1.0)]
+    skew: f64,
+    /// alltoallv: tokens routed per rank (sets the shape; sizes scale the bytes).
+    #[arg(long, default_value_t = 4096)]
+    tokens: usize,
+    /// alltoallv: hidden size (bf16 elements per token); -m then counts tokens per rank.
+    #[arg(long)]
+    hidden: Option<usize>,
+    /// bw: messages in flight per iteration (OSU's window).
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// In-process: topology preset or file the ranks are placed in (one thread each).
+    #[arg(long, default_value = "nodes:4x4")]
+    topology: String,
+    /// In-process: multiply every emulated time by this factor so that the modelled
+    /// network stands out of the in-process overhead on a busy machine.
     #[arg(long, default_value_t = 20.0)]
     scale: f64,
-    /// Turn link emulation off (raw in-process transport).
+    /// In-process: turn link emulation off (raw in-process transport).
     #[arg(long)]
     no_emulation: bool,
-    /// Per-call timeout in seconds.
+    /// Run in-process even when started by a launcher.
+    #[arg(long)]
+    threads: bool,
+    /// Per-call timeout of HALO's calls, seconds.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
 }
 
 fn parse_sizes(s: &str) -> Result<(usize, usize), Failure> {
     let parse = |x: &str| {
-        x.trim()
-            .parse::<usize>()
+        halo::plot::parse_bytes(x)
             .map_err(|_| Failure::input(format!("-m {s}: '{x}' is not a size in bytes")))
     };
     let (lo, hi) = match s.split_once(':') {
@@ -67,99 +129,196 @@ fn parse_sizes(s: &str) -> Result<(usize, usize), Failure> {
     Ok((lo, hi))
 }
 
-/// One line per size: each algorithm's latency and its ratio to the flat fan-out.
-fn ratio_table(rows: &[BenchRow]) -> String {
-    let mut out = String::new();
-    let mut algs: Vec<Algorithm> = Vec::new();
-    for r in rows {
-        if !algs.contains(&r.algorithm) {
-            algs.push(r.algorithm);
+fn algorithms(list: &[String]) -> Result<Vec<BenchAlgo>, Failure> {
+    let mut out = Vec::new();
+    for a in list {
+        if a == "all" {
+            return Ok(Vec::new());
         }
+        out.push(a.parse::<BenchAlgo>().map_err(Failure::input)?);
     }
-    if !algs.contains(&Algorithm::Flat) || algs.len() < 2 {
-        return out;
-    }
-    let _ = writeln!(
-        out,
-        "\n# Speed-up over the flat fan-out (flat latency / algorithm latency; > 1 is faster)"
-    );
-    let _ = write!(out, "{:<10}", "# Size");
-    for a in algs.iter().filter(|a| **a != Algorithm::Flat) {
-        let _ = write!(out, "{:>12}", a.name());
-    }
-    out.push('\n');
-    let mut sizes: Vec<usize> = rows.iter().map(|r| r.size).collect();
-    sizes.dedup();
-    sizes.sort_unstable();
-    sizes.dedup();
-    for size in sizes {
-        let lat = |a: Algorithm| {
-            rows.iter()
-                .find(|r| r.size == size && r.algorithm == a)
-                .map(|r| r.avg_us)
-        };
-        let Some(flat) = lat(Algorithm::Flat) else {
-            continue;
-        };
-        let _ = write!(out, "{size:<10}");
-        for a in algs.iter().filter(|a| **a != Algorithm::Flat) {
-            match lat(*a) {
-                Some(t) if t > 0.0 => {
-                    let _ = write!(out, "{:>11.2}x", flat / t);
-                }
-                _ => {
-                    let _ = write!(out, "{:>12}", "-");
-                }
-            }
-        }
-        out.push('\n');
-    }
-    out
+    Ok(out)
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
-    let topology = if std::path::Path::new(&args.topology).exists() {
-        Topology::load(&args.topology)
-    } else {
-        Topology::preset(&args.topology)
-    }
-    .map_err(Failure::input)?;
-    let (min_size, max_size) = parse_sizes(&args.sizes)?;
-    let mut algorithms = Vec::new();
-    for a in &args.algo {
-        if a == "all" {
-            algorithms.clear();
-            break;
-        }
-        algorithms.push(a.parse::<Algorithm>().map_err(Failure::input)?);
-    }
-    if !(args.scale.is_finite() && args.scale > 0.0) {
-        return Err(Failure::input(format!(
-            "--scale {} must be a positive number",
-            args.scale
-        )));
-    }
-    let emulation = if args.no_emulation {
-        Emulation::off()
-    } else {
-        Emulation {
-            scale: args.scale,
-            ..Emulation::on()
-        }
+/// Whether a launcher started this process as one rank of a job.
+fn launched() -> bool {
+    ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, Failure> {
+    let (min_size, max_size) = match &args.sizes {
+        Some(s) => parse_sizes(s)?,
+        None if in_process && op.is_collective() => (1, 65536),
+        None => op.default_sizes(),
     };
-    let _ = args.full;
-    let opts = BenchOptions {
-        topology,
-        emulation,
-        algorithms,
+    Ok(BenchOptions {
+        op,
+        algorithms: algorithms(&args.algo)?,
         min_size,
         max_size,
         iterations: args.iterations,
         warmup: args.warmup,
         timeout: Duration::from_secs(args.timeout),
         validate: args.validate,
+        moe: MoeShape {
+            experts: args.experts,
+            topk: args.topk,
+            skew: args.skew,
+            tokens: args.tokens,
+            hidden: args.hidden,
+            ..MoeShape::default()
+        },
+        window: args.window,
+    })
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
+    let op: Op = args.op.parse().map_err(Failure::input)?;
+    if op == Op::AllToAllV {
+        let shape = MoeShape {
+            experts: args.experts,
+            topk: args.topk,
+            skew: args.skew,
+            tokens: args.tokens,
+            hidden: args.hidden,
+            ..MoeShape::default()
+        };
+        shape.validate().map_err(Failure::input)?;
+    }
+    if args.window == 0 {
+        return Err(Failure::input("--window must be at least 1"));
+    }
+    let in_process = args.threads || !launched();
+    let opts = options(args, op, in_process)?;
+    let fail = |e: halo::Error| match e {
+        halo::Error::InvalidArgument { .. } => Failure::input(format!("bench: {e}")),
+        e => Failure::other(format!("bench: {e}")),
     };
-    let rows = run_local_bench(&opts).map_err(|e| Failure::other(format!("bench: {e}")))?;
-    super::emit(&format_osu(&opts, &rows))?;
-    super::emit(&ratio_table(&rows))
+    let (info, rows) = if in_process {
+        let topology = if std::path::Path::new(&args.topology).exists() {
+            Topology::load(&args.topology)
+        } else {
+            Topology::preset(&args.topology)
+        }
+        .map_err(Failure::input)?;
+        if !(args.scale.is_finite() && args.scale > 0.0) {
+            return Err(Failure::input(format!(
+                "--scale {} must be a positive number",
+                args.scale
+            )));
+        }
+        let emulation = if args.no_emulation {
+            Emulation::off()
+        } else {
+            Emulation {
+                scale: args.scale,
+                ..Emulation::on()
+            }
+        };
+        let mode = if !emulation.enabled {
+            "threads".to_string()
+        } else if emulation.scale == 1.0 {
+            "threads, emulated".to_string()
+        } else {
+            format!("threads, emulated x{}", emulation.scale)
+        };
+        let rows = run_local_bench(&opts, &topology, emulation).map_err(fail)?;
+        let info = RunInfo {
+            op,
+            ranks: topology.size(),
+            topology: topology.name().to_string(),
+            mode,
+        };
+        (info, rows)
+    } else {
+        match run_processes(&opts).map_err(fail)? {
+            Some(r) => r,
+            None => return Ok(()),
+        }
+    };
+    print_results(args, &info, &rows)
+}
+
+/// Rank 0 prints; the rows go to stdout in the chosen format, the JSON copy and the
+/// plots to their files. Wrong bytes fail the command.
+fn print_results(args: &BenchArgs, info: &RunInfo, rows: &[BenchRow]) -> Result<(), Failure> {
+    let text = if args.nccl_tests {
+        report::format_nccl_tests(info, rows)
+    } else {
+        match args.format {
+            Format::Osu => report::format_osu(info, rows, args.full, args.validate),
+            Format::Json => report::format_json(info, rows),
+            Format::Csv => report::format_csv(info, rows),
+        }
+    };
+    super::emit(&text)?;
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, report::format_json(info, rows))
+            .map_err(|e| Failure::other(format!("cannot write {}: {e}", path.display())))?;
+    }
+    if args.compare {
+        super::emit(&report::compare_table(info, rows))?;
+        let files = report::write_plots(&args.plot_dir, info, rows)
+            .map_err(|e| Failure::other(format!("plots: {e}")))?;
+        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        super::emit(&format!("# plots: {}\n", names.join(" ")))?;
+    }
+    let wrong: Vec<String> = rows
+        .iter()
+        .filter(|r| r.wrong > 0)
+        .map(|r| format!("{} at {} B: {} wrong bytes", r.algorithm, r.size, r.wrong))
+        .collect();
+    if !wrong.is_empty() {
+        return Err(Failure::other(format!(
+            "validation failed: {}",
+            wrong.join("; ")
+        )));
+    }
+    Ok(())
+}
+
+fn process_info(op: Op, comm: &Communicator, mpi: bool) -> RunInfo {
+    RunInfo {
+        op,
+        ranks: comm.size(),
+        topology: comm.topology().name().to_string(),
+        mode: if mpi {
+            "processes, MPI-launched".to_string()
+        } else {
+            "processes".to_string()
+        },
+    }
+}
+
+/// As one rank of a job: MPI first when it is asked for (and built in), else the
+/// launcher's environment. `None` on ranks other than 0.
+fn run_processes(opts: &BenchOptions) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
+    let wants_mpi = opts.algorithms.is_empty() || opts.algorithms.contains(&BenchAlgo::Mpi);
+    let mpi_env = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if wants_mpi && mpi_env {
+        #[cfg(feature = "mpi")]
+        return run_with_mpi(opts);
+    }
+    let mut comm = Communicator::init_from_env()?;
+    let info = process_info(opts.op, &comm, false);
+    Ok(run_ranks(&mut comm, None, opts)?.map(|rows| (info, rows)))
+}
+
+#[cfg(feature = "mpi")]
+fn run_with_mpi(opts: &BenchOptions) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
+    use halo::bench::{Engine, mpi::MpiEngine};
+    let universe = mpi::initialize().ok_or_else(|| halo::Error::SystemError {
+        message: "MPI could not be initialised (MPI_Init failed or ran before)".into(),
+    })?;
+    let world = universe.world();
+    let mut comm = Communicator::init_mpi(&world)?;
+    let info = process_info(opts.op, &comm, true);
+    let mut engine = MpiEngine::new(&world);
+    let rows = run_ranks(&mut comm, Some(&mut engine as &mut dyn Engine), opts)?;
+    drop(comm);
+    Ok(rows.map(|rows| (info, rows)))
 }

@@ -2240,13 +2240,21 @@ pub(crate) fn establish(
     join: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
 ) -> Result<(FabricTransport, halo_topology::Topology)> {
     // The network provider binds the address that reaches the bootstrap root (or,
-    // without a root, the one bootstrap would choose: HALO_SOCKET_IFNAME, else the
-    // first non-loopback interface).
+    // without a root, the one that reaches HALO_BOOTSTRAP_ADDR, else the one bootstrap
+    // would choose: HALO_SOCKET_IFNAME, else the first non-loopback interface).
     let ip = match (config.addr, root) {
         (Some(a), _) => a,
         _ if size == 1 => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
         (None, Some(root)) => route_to(root)?,
-        (None, None) => crate::bootstrap::default_bootstrap_ip()?,
+        // Bootstrapped another way (MPI): HALO_BOOTSTRAP_ADDR, where a launcher set it,
+        // is the job's root on another host for most ranks — bind what reaches it.
+        (None, None) => match std::env::var("HALO_BOOTSTRAP_ADDR")
+            .ok()
+            .and_then(|v| crate::bootstrap::parse_host_port(&v, 1).ok())
+        {
+            Some(root) => route_to(root)?,
+            None => crate::bootstrap::default_bootstrap_ip()?,
+        },
     };
     let (mut transport, names) = FabricTransport::open(rank, size, config, &ip.to_string())?;
     let card = Card {

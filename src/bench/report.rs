@@ -1,0 +1,475 @@
+//! The benchmark's output: OSU's text layout, nccl-tests' columns, JSON, CSV, the
+//! comparison tables of `--compare` and their plots.
+
+use super::{BenchAlgo, BenchRow, Op};
+use crate::error::{Error, Result};
+use crate::plot::{self, Series};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// What the tables' titles say about the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunInfo {
+    /// The benchmark.
+    pub op: Op,
+    /// Ranks in the job.
+    pub ranks: usize,
+    /// The topology's name.
+    pub topology: String,
+    /// How the ranks ran: `threads, emulated x20`, `processes`, ...
+    pub mode: String,
+}
+
+fn algorithms(rows: &[BenchRow]) -> Vec<BenchAlgo> {
+    let mut out: Vec<BenchAlgo> = Vec::new();
+    for r in rows {
+        if !out.contains(&r.algorithm) {
+            out.push(r.algorithm);
+        }
+    }
+    out
+}
+
+fn sizes(rows: &[BenchRow]) -> Vec<usize> {
+    let mut s: Vec<usize> = rows.iter().map(|r| r.size).collect();
+    s.sort_unstable();
+    s.dedup();
+    s
+}
+
+fn osu_title(op: Op) -> &'static str {
+    match op {
+        Op::AllToAll => "All-to-All Personalized Exchange Latency Test",
+        Op::AllToAllV => "All-to-Allv Personalized Exchange Latency Test (MoE-shaped counts)",
+        Op::Latency => "Latency Test",
+        Op::Bandwidth => "Bandwidth Test",
+    }
+}
+
+/// OSU's layout: per implementation a title line, the column header and one line per
+/// size. The collectives print `# Size` and `Avg Latency(us)`, with `full` (OSU's
+/// `-f`) also the minimum, maximum and iterations; `latency` prints `Latency (us)`,
+/// `bw` `Bandwidth (MB/s)`. With `-c` a last column counts wrong bytes (`Errors`).
+pub fn format_osu(info: &RunInfo, rows: &[BenchRow], full: bool, validated: bool) -> String {
+    let mut out = String::new();
+    for (i, alg) in algorithms(rows).into_iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let _ = writeln!(
+            out,
+            "# OSU-style HALO {} ({}: {}, {} ranks, topology {}, {})",
+            osu_title(info.op),
+            if info.op.is_collective() {
+                "algorithm"
+            } else {
+                "path"
+            },
+            alg.label(info.op),
+            info.ranks,
+            info.topology,
+            info.mode
+        );
+        match info.op {
+            Op::Latency => {
+                let _ = write!(out, "{:<10}{:>20}", "# Size", "Latency (us)");
+            }
+            Op::Bandwidth => {
+                let _ = write!(out, "{:<10}{:>20}", "# Size", "Bandwidth (MB/s)");
+            }
+            _ => {
+                let _ = write!(out, "{:<10}{:>20}", "# Size", "Avg Latency(us)");
+                if full {
+                    let _ = write!(
+                        out,
+                        "{:>20}{:>20}{:>12}",
+                        "Min Latency(us)", "Max Latency(us)", "Iterations"
+                    );
+                }
+            }
+        }
+        if validated {
+            let _ = write!(out, "{:>10}", "Errors");
+        }
+        out.push('\n');
+        for r in rows.iter().filter(|r| r.algorithm == alg) {
+            let value = if info.op == Op::Bandwidth {
+                r.mb_per_s()
+            } else {
+                r.avg_us
+            };
+            let _ = write!(out, "{:<10}{:>20.2}", r.size, value);
+            if full && info.op.is_collective() {
+                let _ = write!(
+                    out,
+                    "{:>20.2}{:>20.2}{:>12}",
+                    r.min_us, r.max_us, r.iterations
+                );
+            }
+            if validated {
+                let _ = write!(out, "{:>10}", r.wrong);
+            }
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// nccl-tests' columns (`alltoall_perf`): per implementation a header, then per size
+/// `size` (bytes per rank in all), `count` (elements, `uint8`), `type`, `time` (us),
+/// `algbw` and `busbw` (GB/s) and `#wrong`.
+pub fn format_nccl_tests(info: &RunInfo, rows: &[BenchRow]) -> String {
+    let mut out = String::new();
+    let n = if info.op.is_collective() {
+        info.ranks
+    } else {
+        1
+    };
+    for (i, alg) in algorithms(rows).into_iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let _ = writeln!(
+            out,
+            "# halo {} ({}), {} ranks, topology {}, {}",
+            info.op,
+            alg.label(info.op),
+            info.ranks,
+            info.topology,
+            info.mode
+        );
+        let _ = writeln!(
+            out,
+            "#{:>11}{:>13}{:>9}{:>11}{:>9}{:>9}{:>8}",
+            "size", "count", "type", "time", "algbw", "busbw", "#wrong"
+        );
+        let _ = writeln!(
+            out,
+            "#{:>11}{:>13}{:>9}{:>11}{:>9}{:>9}{:>8}",
+            "(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", ""
+        );
+        for r in rows.iter().filter(|r| r.algorithm == alg) {
+            let total = r.size * n;
+            let _ = writeln!(
+                out,
+                "{:>12}{:>13}{:>9}{:>11.2}{:>9.2}{:>9.2}{:>8}",
+                total, total, "uint8", r.avg_us, r.alg_bw_gbs, r.bus_bw_gbs, r.wrong
+            );
+        }
+    }
+    out
+}
+
+fn row_json(r: &BenchRow) -> serde_json::Value {
+    serde_json::json!({
+        "op": r.op.name(),
+        "algorithm": r.algorithm.label(r.op),
+        "size": r.size,
+        "avg_us": r.avg_us,
+        "min_us": r.min_us,
+        "max_us": r.max_us,
+        "iterations": r.iterations,
+        "algbw_gbs": r.alg_bw_gbs,
+        "busbw_gbs": r.bus_bw_gbs,
+        "mb_per_s": r.mb_per_s(),
+        "wrong": r.wrong,
+    })
+}
+
+/// One JSON document: the run's description and every row.
+pub fn format_json(info: &RunInfo, rows: &[BenchRow]) -> String {
+    let doc = serde_json::json!({
+        "benchmark": info.op.name(),
+        "ranks": info.ranks,
+        "topology": info.topology,
+        "mode": info.mode,
+        "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+    });
+    let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// CSV with a header line; one line per row.
+pub fn format_csv(info: &RunInfo, rows: &[BenchRow]) -> String {
+    let mut out = String::from(
+        "benchmark,ranks,algorithm,size,avg_us,min_us,max_us,iterations,algbw_gbs,busbw_gbs,mb_per_s,wrong\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{:.3},{:.3},{:.3},{},{:.6},{:.6},{:.3},{}",
+            info.op,
+            info.ranks,
+            r.algorithm.label(info.op),
+            r.size,
+            r.avg_us,
+            r.min_us,
+            r.max_us,
+            r.iterations,
+            r.alg_bw_gbs,
+            r.bus_bw_gbs,
+            r.mb_per_s(),
+            r.wrong
+        );
+    }
+    out
+}
+
+fn value(rows: &[BenchRow], alg: BenchAlgo, size: usize) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.algorithm == alg && r.size == size)
+        .map(|r| r.avg_us)
+        .filter(|t| *t > 0.0)
+}
+
+/// The ratio tables of `--compare`: per size each implementation's time, then its
+/// speed-up over the flat fan-out and over MPI (baseline time / its time; > 1 is
+/// faster), where those were measured.
+pub fn compare_table(info: &RunInfo, rows: &[BenchRow]) -> String {
+    let algs = algorithms(rows);
+    let mut out = String::new();
+    let unit = if info.op == Op::Bandwidth {
+        "us per message"
+    } else {
+        "us"
+    };
+    let _ = writeln!(
+        out,
+        "\n# Comparison: {} ({} ranks, {}), time in {unit}",
+        info.op, info.ranks, info.mode
+    );
+    let _ = write!(out, "{:<10}", "# Size");
+    for a in &algs {
+        let _ = write!(out, "{:>12}", a.label(info.op));
+    }
+    out.push('\n');
+    for s in sizes(rows) {
+        let _ = write!(out, "{s:<10}");
+        for &a in &algs {
+            match value(rows, a, s) {
+                Some(t) => {
+                    let _ = write!(out, "{t:>12.2}");
+                }
+                None => {
+                    let _ = write!(out, "{:>12}", "-");
+                }
+            }
+        }
+        out.push('\n');
+    }
+    let baselines = [
+        (
+            BenchAlgo::Halo(Some(halo_collectives::Algorithm::Flat)),
+            "the flat fan-out",
+        ),
+        (BenchAlgo::Mpi, "MPI"),
+    ];
+    for (base, what) in baselines {
+        if !algs.contains(&base) || algs.len() < 2 {
+            continue;
+        }
+        let others: Vec<BenchAlgo> = algs.iter().copied().filter(|a| *a != base).collect();
+        let _ = writeln!(
+            out,
+            "\n# Speed-up over {what} ({} time / time; > 1 is faster)",
+            base.label(info.op)
+        );
+        let _ = write!(out, "{:<10}", "# Size");
+        for a in &others {
+            let _ = write!(out, "{:>12}", a.label(info.op));
+        }
+        out.push('\n');
+        for s in sizes(rows) {
+            let Some(b) = value(rows, base, s) else {
+                continue;
+            };
+            let _ = write!(out, "{s:<10}");
+            for &a in &others {
+                match value(rows, a, s) {
+                    Some(t) => {
+                        let _ = write!(out, "{:>11.2}x", b / t);
+                    }
+                    None => {
+                        let _ = write!(out, "{:>12}", "-");
+                    }
+                }
+            }
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Writes the plots of `--compare` into `dir`: `halo-bench-<op>-latency.{svg,png}`
+/// (time against size, one line per implementation) and
+/// `halo-bench-<op>-busbw.{svg,png}` (bus bandwidth; MB/s for `bw`). Returns the
+/// files written.
+///
+/// # Errors
+/// [`Error::SystemError`] when a file cannot be written; [`Error::InvalidArgument`]
+/// when there is nothing to plot.
+pub fn write_plots(dir: &Path, info: &RunInfo, rows: &[BenchRow]) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::SystemError {
+        message: format!("cannot create {}: {e}", dir.display()),
+    })?;
+    let algs = algorithms(rows);
+    let series = |f: &dyn Fn(&BenchRow) -> f64| -> Vec<Series> {
+        algs.iter()
+            .map(|&a| Series {
+                name: a.label(info.op).to_string(),
+                points: rows
+                    .iter()
+                    .filter(|r| r.algorithm == a)
+                    .map(|r| (r.size as f64, f(r)))
+                    .collect(),
+            })
+            .collect()
+    };
+    let what = format!("{} ranks, {}", info.ranks, info.mode);
+    let mut written = Vec::new();
+    let bandwidth = info.op == Op::Bandwidth;
+    let (bw_name, bw_label) = if bandwidth {
+        ("bw", "MB/s")
+    } else {
+        ("busbw", "bus bandwidth (GB/s)")
+    };
+    let bw = |r: &BenchRow| {
+        if bandwidth {
+            r.mb_per_s()
+        } else {
+            r.bus_bw_gbs
+        }
+    };
+    let plots: [(&str, String, &str, Vec<Series>); 2] = [
+        (
+            "latency",
+            format!("halo bench {}: time ({what})", info.op),
+            "time (us)",
+            series(&|r| r.avg_us),
+        ),
+        (
+            bw_name,
+            format!("halo bench {}: {bw_label} ({what})", info.op),
+            bw_label,
+            series(&bw),
+        ),
+    ];
+    for (name, title, y, s) in plots {
+        for ext in ["svg", "png"] {
+            let path = dir.join(format!("halo-bench-{}-{name}.{ext}", info.op));
+            plot::line_plot(&path, &title, y, &s)?;
+            written.push(path);
+        }
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use halo_collectives::Algorithm;
+
+    fn info(op: Op) -> RunInfo {
+        RunInfo {
+            op,
+            ranks: 4,
+            topology: "nodes:2x2".into(),
+            mode: "processes".into(),
+        }
+    }
+
+    fn row(alg: BenchAlgo, size: usize, us: f64) -> BenchRow {
+        BenchRow {
+            op: Op::AllToAll,
+            algorithm: alg,
+            size,
+            avg_us: us,
+            min_us: us - 1.0,
+            max_us: us + 1.0,
+            iterations: 1000,
+            alg_bw_gbs: size as f64 * 4.0 / us / 1e3,
+            bus_bw_gbs: super::super::bus_bandwidth(size, 4, us * 1e-6),
+            wrong: 0,
+        }
+    }
+
+    #[test]
+    fn osu_layout_is_exact() {
+        let rows = [row(BenchAlgo::Halo(Some(Algorithm::Flat)), 1024, 12.345)];
+        let text = format_osu(&info(Op::AllToAll), &rows, false, false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "# OSU-style HALO All-to-All Personalized Exchange Latency Test (algorithm: flat, 4 ranks, topology nodes:2x2, processes)"
+        );
+        assert_eq!(lines[1], "# Size         Avg Latency(us)");
+        assert_eq!(lines[2], "1024                     12.35");
+        let full = format_osu(&info(Op::AllToAll), &rows, true, true);
+        assert_eq!(
+            full.lines().nth(2).unwrap(),
+            "1024                     12.35               11.35               13.35        1000         0"
+        );
+    }
+
+    #[test]
+    fn nccl_tests_columns_and_busbw() {
+        let rows = [row(BenchAlgo::Halo(Some(Algorithm::Halo)), 1024, 1.0)];
+        let text = format_nccl_tests(&info(Op::AllToAll), &rows);
+        let last = text.lines().last().unwrap();
+        let cols: Vec<&str> = last.split_whitespace().collect();
+        // 4 KiB per rank in all; algbw 4096 B / 1 us = 4.10 GB/s; busbw x 3/4 = 3.07.
+        assert_eq!(cols, ["4096", "4096", "uint8", "1.00", "4.10", "3.07", "0"]);
+    }
+
+    #[test]
+    fn compare_gives_ratios_against_flat_and_mpi() {
+        let flat = BenchAlgo::Halo(Some(Algorithm::Flat));
+        let halo = BenchAlgo::Halo(Some(Algorithm::Halo));
+        let rows = [
+            row(flat, 1, 100.0),
+            row(halo, 1, 25.0),
+            row(BenchAlgo::Mpi, 1, 50.0),
+        ];
+        let t = compare_table(&info(Op::AllToAll), &rows);
+        assert!(t.contains("# Speed-up over the flat fan-out"), "{t}");
+        let flat_line = t
+            .lines()
+            .skip_while(|l| !l.contains("flat fan-out"))
+            .nth(2)
+            .unwrap();
+        assert_eq!(
+            flat_line.split_whitespace().collect::<Vec<_>>(),
+            ["1", "4.00x", "2.00x"]
+        );
+        let mpi_line = t
+            .lines()
+            .skip_while(|l| !l.contains("over MPI"))
+            .nth(2)
+            .unwrap();
+        assert_eq!(
+            mpi_line.split_whitespace().collect::<Vec<_>>(),
+            ["1", "0.50x", "2.00x"]
+        );
+    }
+
+    #[test]
+    fn json_and_csv_carry_every_row() {
+        let rows = [
+            row(BenchAlgo::Mpi, 8, 3.0),
+            row(BenchAlgo::Halo(None), 8, 2.0),
+        ];
+        let j: serde_json::Value =
+            serde_json::from_str(&format_json(&info(Op::AllToAll), &rows)).unwrap();
+        assert_eq!(j["rows"][1]["algorithm"], "auto");
+        assert_eq!(j["rows"][0]["avg_us"], 3.0);
+        let csv = format_csv(&info(Op::AllToAll), &rows);
+        assert_eq!(csv.lines().count(), 3);
+        assert!(
+            csv.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("alltoall,4,mpi,8,3.000,")
+        );
+    }
+}
