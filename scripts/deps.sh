@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages HALO needs.
 #   bash scripts/deps.sh        # to build and run (the main job)
-#   bash scripts/deps.sh test   # to run the tests as well
-# As root it runs apt-get; otherwise it prints the exact command to run.
+#   bash scripts/deps.sh test   # to run the tests as well (adds numpy for the python3 on PATH)
+# As root it runs apt-get (and pip); otherwise it prints the exact command to run.
 set -euo pipefail
 
 PACKAGES=(
   pkg-config     # finds hwloc and libfabric
+  fonts-dejavu-core # the font of the plots (`halo bench --compare`, `halo simulate --plot`)
   libhwloc-dev   # hwloc 2.x: local topology discovery (halo-topology, feature "hwloc")
   libudev-dev    # hwloc's static link needs libudev
   libfabric-dev  # libfabric >= 1.14 headers + lib (halo-fabric-sys); shm and tcp;ofi_rxm providers
@@ -20,14 +21,33 @@ if [ "${1:-}" = "test" ]; then
     clang          # idem
     valgrind       # memcheck over the C API's test programs (ffi/halo-c/tests/c_programs.rs)
     g++            # compiles include/halo.h as C++ in the same tests (gcc itself comes with Rust's linker)
+    python3        # the Python package's tests (python/tests, run by ffi/halo-c/tests/python.rs)
+    python3-pip    # pip, to install numpy for them (below)
   )
 fi
+
+# numpy for the python3 on PATH (a pyenv or venv python, or Debian's own, which needs
+# --break-system-packages): the Python tests need it; torch is optional (its tests skip).
+python_deps() {
+  [ "${1:-}" = "test" ] || return 0
+  python3 -c 'import numpy' 2>/dev/null && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "The Python tests need numpy for $(command -v python3)." >&2
+    echo "Run: python3 -m pip install numpy" >&2
+    exit 1
+  fi
+  echo "installing numpy for $(command -v python3)" >&2
+  python3 -m pip install -q numpy 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages numpy
+  python3 -c 'import numpy' || { echo "numpy did not install for python3" >&2; exit 1; }
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
+  python_deps "${1:-}"
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -39,3 +59,4 @@ echo "installing: ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq "${missing[@]}" >/dev/null
+python_deps "${1:-}"

@@ -1,0 +1,378 @@
+"""The communicator: a rank's handle on a group of ranks, over libhalo's C API."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import operator
+
+from . import _lib
+from ._buffers import as_buffer
+from ._lib import ReduceOp, check, library
+
+__all__ = ["Communicator", "init", "init_rank", "get_unique_id"]
+
+
+def _splits(sizes, rows: int, n: int, what: str) -> list:
+    """Validated rows per rank along dim 0 of ``what`` (torch's rules)."""
+    if sizes is None:
+        if rows % n:
+            raise ValueError(
+                f"{what} has {rows} rows along dim 0, which do not split evenly across "
+                f"{n} ranks; pass {what}_split_sizes"
+            )
+        return [rows // n] * n
+    if hasattr(sizes, "tolist"):  # a torch.Tensor or numpy array of sizes
+        sizes = sizes.tolist()
+    try:
+        sizes = list(sizes)
+    except TypeError:
+        raise TypeError(f"{what}_split_sizes must be a sequence of ints, not {type(sizes).__name__}") from None
+    if len(sizes) != n:
+        raise ValueError(f"{what}_split_sizes has {len(sizes)} entries; the communicator has {n} ranks")
+    out = []
+    for q, s in enumerate(sizes):
+        try:
+            s = operator.index(s)
+        except TypeError:
+            raise TypeError(
+                f"{what}_split_sizes[{q}] is {s!r}, not an integer"
+            ) from None
+        if s < 0:
+            raise ValueError(f"{what}_split_sizes[{q}] is {s}; sizes must be >= 0")
+        out.append(s)
+    if sum(out) != rows:
+        raise ValueError(
+            f"{what}_split_sizes sum to {sum(out)}, but {what} has {rows} rows along dim 0"
+        )
+    return out
+
+
+def _size_array(values):
+    return (ctypes.c_size_t * len(values))(*values)
+
+
+def _prefix(counts):
+    out, total = [], 0
+    for c in counts:
+        out.append(total)
+        total += c
+    return out, total
+
+
+def _op(op) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.upper()]
+        except KeyError:
+            pass
+    raise ValueError(
+        f"op {op!r} is not supported by HALO's all-reduce: use 'sum', 'max' or 'min'"
+    )
+
+
+def _same_dtype(bufs, what: str) -> None:
+    first = bufs[0]
+    for b in bufs[1:]:
+        if b.dtype_name != first.dtype_name:
+            raise TypeError(f"{what} mixes data types: {first.dtype_name} and {b.dtype_name}")
+
+
+def _consecutive(bufs):
+    """The first pointer when the buffers lie back to back in memory (as the pieces
+    of one array split along dim 0 do), else None."""
+    base, at = None, None
+    for b in bufs:
+        if b.nbytes == 0:
+            continue
+        if base is None:
+            base, at = b.ptr, b.ptr
+        if b.ptr != at:
+            return None
+        at += b.nbytes
+    return base if base is not None else 0
+
+
+class Communicator:
+    """One rank's handle on a group of ranks (a ``haloComm_t``).
+
+    Made by :func:`init` (under ``halo launch``, torchrun, mpirun or srun),
+    :func:`init_rank` or :meth:`split`. Collectives block until this rank's part is
+    done, and every rank calls them in the same order. A communicator is used by one
+    thread at a time (a second thread gets ``HaloError`` with ``INVALID_USAGE``).
+    Freed by :meth:`destroy` or by leaving a ``with`` block.
+
+    Errors: arguments that are wrong on this rank raise ``TypeError`` or
+    ``ValueError`` before anything is sent (like torch.distributed, the other ranks are
+    not told); what libhalo reports raises :class:`HaloError` (e.g. ranks that disagree
+    on a count: ``Result.INVALID_USAGE`` on every rank, nothing moved).
+    """
+
+    def __init__(self, handle: ctypes.c_void_p):
+        self._handle = handle
+        lib = library()
+        v = ctypes.c_int(0)
+        check(lib.haloCommCount(handle, ctypes.byref(v)), handle)
+        self._size = v.value
+        check(lib.haloCommUserRank(handle, ctypes.byref(v)), handle)
+        self._rank = v.value
+        self._topology = None
+
+    # -- properties ---------------------------------------------------------------
+
+    def _h(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("this communicator was destroyed")
+        return self._handle
+
+    @property
+    def rank(self) -> int:
+        """This rank's index, 0 .. size-1."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """The number of ranks."""
+        return self._size
+
+    @property
+    def topology(self) -> dict:
+        """The communicator's machine model, parsed from ``haloTopologyJson`` (the
+        ``halo topo --json`` format)."""
+        if self._topology is None:
+            h = self._h()
+            lib = library()
+            needed = ctypes.c_size_t(0)
+            check(lib.haloTopologyJson(h, None, 0, ctypes.byref(needed)), h)
+            buf = ctypes.create_string_buffer(needed.value)
+            check(lib.haloTopologyJson(h, buf, needed.value, ctypes.byref(needed)), h)
+            self._topology = json.loads(buf.value.decode("utf-8"))
+        return self._topology
+
+    def __repr__(self) -> str:
+        state = "" if self._handle is not None else ", destroyed"
+        return f"<halo.Communicator rank={self._rank} size={self._size}{state}>"
+
+    # -- collectives --------------------------------------------------------------
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None):
+        """All-to-all of one array (``torch.distributed.all_to_all_single``).
+
+        ``input`` is split along dim 0 into ``input_split_sizes[q]`` rows for rank
+        ``q`` (``None``: ``input.shape[0] / size`` rows each); the rows from rank ``q``
+        land, in rank order, in ``output``, ``output_split_sizes[q]`` of them
+        (``None``: an even split). A row is everything behind one index of dim 0, so
+        ``input`` and ``output`` need the same data type and the same number of
+        elements per row; sizes may be zero. ``output`` and ``input`` are contiguous
+        CPU numpy arrays or torch tensors and must not overlap. Returns ``output``.
+
+        Raises ``ValueError`` / ``TypeError`` for arguments that are wrong on this rank
+        (split sizes that do not sum to dim 0, a wrong number of sizes, negative
+        sizes, uneven dim 0 without sizes, mismatched data types or rows, memory HALO
+        cannot use), before anything is sent; :class:`HaloError` when libhalo rejects
+        the call (ranks that disagree on a count: ``INVALID_USAGE`` on every rank,
+        ``output`` untouched) or the exchange fails.
+        """
+        h = self._h()
+        n = self._size
+        out = as_buffer(output, "output", writable=True)
+        inp = as_buffer(input, "input")
+        if inp.dtype_name != out.dtype_name:
+            raise TypeError(f"input is {inp.dtype_name} but output is {out.dtype_name}")
+        if not inp.shape or not out.shape:
+            raise ValueError("input and output need at least one dimension (rows along dim 0)")
+        if inp.row_elements != out.row_elements:
+            raise ValueError(
+                f"input rows hold {inp.row_elements} elements (shape {inp.shape}) but "
+                f"output rows hold {out.row_elements} (shape {out.shape})"
+            )
+        send = _splits(input_split_sizes, inp.shape[0], n, "input")
+        recv = _splits(output_split_sizes, out.shape[0], n, "output")
+        row = inp.row_elements
+        lib = library()
+        if (
+            input_split_sizes is None
+            and output_split_sizes is None
+            and send[0] == recv[0]
+        ):
+            # torch's even split: every rank sends and receives the same count.
+            check(
+                lib.haloAllToAll(inp.ptr, out.ptr, send[0] * row, inp.dtype, h, None),
+                h,
+            )
+            return output
+        sc = [s * row for s in send]
+        rc = [r * row for r in recv]
+        sd, _ = _prefix(sc)
+        rd, _ = _prefix(rc)
+        check(
+            lib.haloAllToAllv(
+                inp.ptr,
+                _size_array(sc),
+                _size_array(sd),
+                out.ptr,
+                _size_array(rc),
+                _size_array(rd),
+                inp.dtype,
+                h,
+                None,
+            ),
+            h,
+        )
+        return output
+
+    def all_to_all(self, output_list, input_list):
+        """All-to-all of lists (``torch.distributed.all_to_all``): ``input_list[q]``
+        goes to rank ``q``, and what rank ``q`` sends lands in ``output_list[q]``.
+
+        Both lists hold one array per rank, of one data type; sizes may differ and be
+        zero, and ``output_list[q]`` has as many elements as rank ``q``'s
+        ``input_list[me]``. Arrays that lie back to back in memory (the pieces of one
+        array split along dim 0) are used in place; otherwise they are staged through
+        one contiguous buffer (one copy each way). Returns ``output_list``. Errors as
+        :meth:`all_to_all_single`.
+        """
+        h = self._h()
+        n = self._size
+        ins = list(input_list)
+        outs = list(output_list)
+        if len(ins) != n or len(outs) != n:
+            raise ValueError(
+                f"input_list has {len(ins)} and output_list {len(outs)} entries; the "
+                f"communicator has {n} ranks"
+            )
+        ib = [as_buffer(x, f"input_list[{q}]") for q, x in enumerate(ins)]
+        ob = [as_buffer(x, f"output_list[{q}]", writable=True) for q, x in enumerate(outs)]
+        _same_dtype(ib + ob, "input_list and output_list")
+        dtype, itemsize = ib[0].dtype, ib[0].itemsize
+        sc = [b.numel for b in ib]
+        rc = [b.numel for b in ob]
+        sd, stotal = _prefix(sc)
+        rd, rtotal = _prefix(rc)
+
+        send_ptr = _consecutive(ib)
+        staged_send = None
+        if send_ptr is None:
+            staged_send = (ctypes.c_ubyte * (stotal * itemsize))()
+            send_ptr = ctypes.addressof(staged_send)
+            for b, d in zip(ib, sd):
+                ctypes.memmove(send_ptr + d * itemsize, b.ptr, b.nbytes)
+        recv_ptr = _consecutive(ob)
+        staged_recv = None
+        if recv_ptr is None:
+            staged_recv = (ctypes.c_ubyte * (rtotal * itemsize))()
+            recv_ptr = ctypes.addressof(staged_recv)
+        check(
+            library().haloAllToAllv(
+                send_ptr or None,
+                _size_array(sc),
+                _size_array(sd),
+                recv_ptr or None,
+                _size_array(rc),
+                _size_array(rd),
+                dtype,
+                h,
+                None,
+            ),
+            h,
+        )
+        if staged_recv is not None:
+            for b, d in zip(ob, rd):
+                ctypes.memmove(b.ptr, recv_ptr + d * itemsize, b.nbytes)
+        return output_list
+
+    def all_reduce(self, array, op="sum"):
+        """All-reduce in place (``torch.distributed.all_reduce``): every element becomes
+        the ``op`` ('sum', 'max' or 'min', or a :class:`ReduceOp`) of that element over
+        all ranks; every rank gets the same bits. int8 and uint8 are not supported by
+        libhalo's all-reduce (``HaloError`` with ``INVALID_ARGUMENT``). Returns
+        ``array``."""
+        h = self._h()
+        op = _op(op)
+        b = as_buffer(array, "array", writable=True)
+        check(library().haloAllReduce(b.ptr, b.ptr, b.numel, b.dtype, op, h, None), h)
+        return array
+
+    def barrier(self) -> None:
+        """Waits until every rank has called ``barrier``."""
+        h = self._h()
+        check(library().haloBarrier(h), h)
+
+    # -- communicators ------------------------------------------------------------
+
+    def split(self, color, key=None):
+        """Splits the communicator (``haloCommSplit``, ``MPI_Comm_split``): collective
+        over this communicator. Ranks that pass the same ``color`` form a new
+        communicator ordered by ``key`` (default: this rank), then by rank; a rank
+        that passes ``None`` or a negative color joins none and gets ``None``."""
+        h = self._h()
+        color = _lib.SPLIT_NOCOLOR if color is None or color < 0 else int(color)
+        key = self._rank if key is None else int(key)
+        new = ctypes.c_void_p()
+        check(library().haloCommSplit(h, color, key, ctypes.byref(new), None), h)
+        return Communicator(new) if new.value else None
+
+    def destroy(self) -> None:
+        """Frees the communicator (local: the other ranks are not waited for). Later
+        calls on it raise ``ValueError``; calling ``destroy`` again does nothing."""
+        h, self._handle = self._handle, None
+        if h is not None:
+            check(library().haloCommDestroy(h), None)
+
+    def abort(self) -> None:
+        """Aborts the communicator (``haloCommAbort``): a collective blocked in another
+        thread returns ``HaloError`` with ``ABORTED``; the other ranks' collectives
+        fail too. The communicator is freed."""
+        h, self._handle = self._handle, None
+        if h is not None:
+            check(library().haloCommAbort(h), None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+        return False
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None) is not None:
+                self.destroy()
+        except Exception:
+            pass
+
+
+def init() -> Communicator:
+    """This rank's communicator from the launcher's environment
+    (``haloCommInitFromEnv``): ``RANK``/``WORLD_SIZE`` (``halo launch``, torchrun),
+    Open MPI's, PMI's or Slurm's variables, and the rendezvous in
+    ``HALO_BOOTSTRAP_ADDR`` (else ``MASTER_ADDR``/``MASTER_PORT + 1``). Every rank
+    calls it; it returns once all have joined. ``HaloError`` with
+    ``INVALID_ARGUMENT`` when a variable is missing or malformed."""
+    handle = ctypes.c_void_p()
+    check(library().haloCommInitFromEnv(ctypes.byref(handle)), None)
+    return Communicator(handle)
+
+
+def get_unique_id() -> bytes:
+    """A new job's id (``haloGetUniqueId``, 128 bytes): make it on one rank and pass it
+    to every rank for :func:`init_rank`. It holds a secret: keep it private."""
+    uid = _lib.UniqueId()
+    check(library().haloGetUniqueId(ctypes.byref(uid)), None)
+    return bytes(ctypes.string_at(ctypes.addressof(uid), _lib.UNIQUE_ID_BYTES))
+
+
+def init_rank(nranks: int, unique_id: bytes, rank: int) -> Communicator:
+    """Rank ``rank`` of ``nranks`` joins the job of ``unique_id``
+    (``haloCommInitRank``); every rank calls it."""
+    unique_id = bytes(unique_id)
+    if len(unique_id) != _lib.UNIQUE_ID_BYTES:
+        raise ValueError(f"a unique id has {_lib.UNIQUE_ID_BYTES} bytes, not {len(unique_id)}")
+    uid = _lib.UniqueId()
+    ctypes.memmove(ctypes.addressof(uid), unique_id, _lib.UNIQUE_ID_BYTES)
+    handle = ctypes.c_void_p()
+    check(library().haloCommInitRank(ctypes.byref(handle), int(nranks), uid, int(rank)), None)
+    return Communicator(handle)
+
