@@ -153,7 +153,7 @@ fn draw<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc("bytes per peer")
         .y_desc(y_label)
-        .x_label_formatter(&|x| fmt_bytes(*x))
+        .x_label_formatter(&|x| fmt_axis_bytes(*x))
         .draw()
         .map_err(e)?;
     for (i, s) in series.iter().enumerate() {
@@ -182,6 +182,22 @@ fn draw<DB: DrawingBackend>(
         .map_err(e)?;
     root.present().map_err(e)?;
     Ok(())
+}
+
+/// An axis tick of a log scale, whose ticks fall on powers of ten: `100 B`, `10 kB`,
+/// `1 MB` (decimal units, so that the ticks read as round numbers).
+fn fmt_axis_bytes(x: f64) -> String {
+    let short = |v: f64| {
+        let t = format!("{v:.2}");
+        t.trim_end_matches('0').trim_end_matches('.').to_string()
+    };
+    let units = [("GB", 1e9), ("MB", 1e6), ("kB", 1e3)];
+    for (u, f) in units {
+        if x >= f * 0.999 {
+            return format!("{} {u}", short(x / f));
+        }
+    }
+    format!("{} B", short(x))
 }
 
 /// `1 KiB`, `16 MiB`, `512 B`.

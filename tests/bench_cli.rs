@@ -310,7 +310,7 @@ fn mpi_baseline_in_the_same_run() {
         "bench",
         "alltoall",
         "-m",
-        "1:256",
+        "0:256",
         "-i",
         "3",
         "-x",
@@ -344,7 +344,7 @@ fn mpi_baseline_in_the_same_run() {
             "bench",
             op,
             "-m",
-            "1:128",
+            "0:128", // size 0: empty buffers, whose pointer Open MPI would take for MPI_IN_PLACE
             "-i",
             "3",
             "-x",
@@ -363,4 +363,100 @@ fn mpi_baseline_in_the_same_run() {
         assert_eq!(t.len(), 2, "{op}: {out}");
         assert!(osu_rows(&out).iter().all(|r| r.2 == 0), "{op}: {out}");
     }
+}
+
+#[test]
+fn memcpy_reference_and_its_ratio() {
+    let out = ok(&halo(&[
+        "bench",
+        "--topology",
+        "nodes:2x2",
+        "-m",
+        "1024:1024",
+        "-i",
+        "2",
+        "-x",
+        "0",
+        "--algo",
+        "flat,memcpy",
+        "--compare",
+        "--plot-dir",
+        scratch("memcpy").to_str().unwrap(),
+    ]));
+    assert!(out.contains("(algorithm: memcpy, 4 ranks"), "{out}");
+    let ratio = out
+        .lines()
+        .skip_while(|l| !l.starts_with("# Bus bandwidth / memcpy bandwidth"))
+        .nth(2)
+        .unwrap_or_else(|| panic!("{out}"));
+    let cols: Vec<&str> = ratio.split_whitespace().collect();
+    assert_eq!(cols[0], "1024", "{out}");
+    assert!(cols[1].ends_with('x'), "{out}");
+    let out = halo(&["bench", "alltoallv", "--algo", "memcpy", "-m", "8"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reference of alltoall only"));
+}
+
+#[test]
+fn simulate_against_a_measurement() {
+    let dir = scratch("validate");
+    let json = dir.join("rows.json");
+    ok(&halo(&[
+        "bench",
+        "--topology",
+        "nodes:2x2",
+        "-m",
+        "1:1024",
+        "-i",
+        "2",
+        "-x",
+        "0",
+        "--algo",
+        "flat,halo",
+        "--threads",
+        "--json-out",
+        json.to_str().unwrap(),
+    ]));
+    let out = ok(&halo(&[
+        "simulate",
+        "--topology",
+        "nodes:2x2",
+        "--measured",
+        json.to_str().unwrap(),
+    ]));
+    let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 11, "{out}");
+    for r in &rows {
+        // size, flat measured, simulated, error, halo measured, simulated, error, ratios
+        assert!(r.contains('%') && r.contains(" | "), "{r}");
+    }
+    assert!(out.contains("# flat: error from"), "{out}");
+    assert!(out.contains("# halo: error from"), "{out}");
+    let wrong = halo(&[
+        "simulate",
+        "--topology",
+        "flat:8",
+        "--measured",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(wrong.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("has 4 ranks but topology"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    std::fs::write(
+        &json,
+        "{\"benchmark\": \"latency\", \"ranks\": 4, \"rows\": []}",
+    )
+    .unwrap();
+    let lat = halo(&[
+        "simulate",
+        "--topology",
+        "nodes:2x2",
+        "--measured",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(lat.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&lat.stderr).contains("only alltoall runs are compared"));
 }

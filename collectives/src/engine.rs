@@ -85,7 +85,11 @@ pub struct ExecOptions<'a> {
     pub timeout: Duration,
     /// Set from another thread to make the operation return `Aborted` promptly.
     pub abort: Option<&'a AtomicBool>,
-    /// Polls without waiting before the engine starts to back off.
+    /// Polls without waiting before the engine starts to back off (default 4: with
+    /// more ranks than cores, every poll spent spinning is taken from the peer being
+    /// waited for; 4 processes on 2 cores ran a 4-byte all-to-all in about 13 us with
+    /// 0-4 polls against 25-30 us with 64, and 2 processes on 2 cores saw no
+    /// difference — docs/BENCHMARKS.md, "Fixes made while measuring").
     pub spin: u32,
 }
 
@@ -94,7 +98,7 @@ impl Default for ExecOptions<'_> {
         ExecOptions {
             timeout: Duration::from_secs(60),
             abort: None,
-            spin: 64,
+            spin: 4,
         }
     }
 }

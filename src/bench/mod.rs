@@ -123,6 +123,12 @@ pub enum BenchAlgo {
     /// The MPI library the processes were started with (`MPI_Alltoall`, `MPI_Alltoallv`,
     /// `MPI_Send`/`MPI_Recv`), cargo feature `mpi`.
     Mpi,
+    /// The memory floor of `alltoall`, not an all-to-all: every rank copies its send
+    /// buffer into its receive buffer with `memcpy`, all ranks at once, then waits at a
+    /// barrier (inside the timer). Its time is what moving every rank's bytes once
+    /// costs on this machine, with the processor shared as the all-to-all shares it,
+    /// plus one barrier.
+    Memcpy,
 }
 
 impl BenchAlgo {
@@ -132,6 +138,7 @@ impl BenchAlgo {
             BenchAlgo::Halo(None) => "auto",
             BenchAlgo::Halo(Some(a)) => a.name(),
             BenchAlgo::Mpi => "mpi",
+            BenchAlgo::Memcpy => "memcpy",
         }
     }
 
@@ -156,10 +163,11 @@ impl FromStr for BenchAlgo {
         match s {
             "auto" | "halo-auto" => Ok(BenchAlgo::Halo(None)),
             "mpi" => Ok(BenchAlgo::Mpi),
+            "memcpy" => Ok(BenchAlgo::Memcpy),
             other => other
                 .parse::<Algorithm>()
                 .map(|a| BenchAlgo::Halo(Some(a)))
-                .map_err(|e| Error::invalid_argument(format!("{e}; or auto, mpi, all"))),
+                .map_err(|e| Error::invalid_argument(format!("{e}; or auto, mpi, memcpy, all"))),
         }
     }
 }
@@ -170,7 +178,8 @@ pub struct BenchOptions {
     /// The benchmark.
     pub op: Op,
     /// The implementations to measure, in order; empty: every HALO algorithm that
-    /// builds, then `auto`, then `mpi` when an MPI engine is given.
+    /// builds, then `auto`, then `mpi` when an MPI engine is given, then (for
+    /// `alltoall`) the `memcpy` reference.
     pub algorithms: Vec<BenchAlgo>,
     /// Smallest size (bytes per destination; for `alltoallv` with `hidden`, tokens).
     /// Rounded up to a power of two; 0 is measured as 0.
@@ -252,6 +261,9 @@ impl BenchOptions {
             if mpi {
                 all.push(BenchAlgo::Mpi);
             }
+            if self.op == Op::AllToAll {
+                all.push(BenchAlgo::Memcpy);
+            }
             all
         } else {
             self.algorithms.clone()
@@ -261,6 +273,11 @@ impl BenchOptions {
                 "--algo mpi needs the ranks to be MPI processes and halo built with the \
                  cargo feature `mpi`: halo launch --mpi -n N [--hosts K] -- halo bench ... \
                  (or mpirun -n N halo bench ...)",
+            ));
+        }
+        if asked.contains(&BenchAlgo::Memcpy) && self.op != Op::AllToAll {
+            return Err(Error::invalid_argument(
+                "--algo memcpy is the reference of alltoall only",
             ));
         }
         let options = AlgoOptions::default();
@@ -416,6 +433,53 @@ impl Engine for Communicator {
     }
     fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<()> {
         Communicator::recv(self, buf, peer)
+    }
+}
+
+/// [`BenchAlgo::Memcpy`]: a local copy between the communicator's barriers.
+struct MemcpyEngine<'a>(&'a mut Communicator);
+
+impl Engine for MemcpyEngine<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn barrier(&mut self) -> Result<()> {
+        self.0.barrier()
+    }
+    /// The copy, then a barrier: a rank's time must end when the last rank's copy has,
+    /// as an all-to-all's does. Without it, ranks that share a core would each time
+    /// only their own copy (a rank scheduled late also leaves the first barrier late),
+    /// and on 8 threads over 2 cores the reference would look 3-4x faster than the
+    /// machine can move the bytes of all ranks.
+    fn all_to_all(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        recv.copy_from_slice(send);
+        self.0.barrier()
+    }
+    fn all_to_all_v(
+        &mut self,
+        _: &[u8],
+        _: &[usize],
+        _: &[usize],
+        _: &mut [u8],
+        _: &[usize],
+        _: &[usize],
+    ) -> Result<()> {
+        Err(Error::invalid_argument(
+            "memcpy is the reference of alltoall only",
+        ))
+    }
+    fn send(&mut self, _: &[u8], _: usize) -> Result<()> {
+        Err(Error::invalid_argument(
+            "memcpy is the reference of alltoall only",
+        ))
+    }
+    fn recv(&mut self, _: &mut [u8], _: usize) -> Result<()> {
+        Err(Error::invalid_argument(
+            "memcpy is the reference of alltoall only",
+        ))
     }
 }
 
@@ -624,7 +688,12 @@ fn measure_rank(
     let n = comm.size();
     let mut out = Vec::with_capacity(algorithms.len() * sizes.len());
     for &alg in algorithms {
+        let mut memcpy;
         let engine: &mut dyn Engine = match alg {
+            BenchAlgo::Memcpy => {
+                memcpy = MemcpyEngine(&mut *comm);
+                &mut memcpy
+            }
             BenchAlgo::Halo(a) => {
                 comm.set_algorithm(a);
                 comm
@@ -639,7 +708,9 @@ fn measure_rank(
             let sample = match opts.op {
                 Op::AllToAll => {
                     let counts = vec![vec![size; n]; n];
-                    measure_collective(engine, &counts, iterations, warmup, opts.validate, true)?
+                    // The copy is not an all-to-all: nothing to validate.
+                    let validate = opts.validate && alg != BenchAlgo::Memcpy;
+                    measure_collective(engine, &counts, iterations, warmup, validate, true)?
                 }
                 Op::AllToAllV => {
                     let (_, counts) = opts.moe.bytes(n, size)?;
@@ -854,7 +925,7 @@ mod tests {
         assert!(e.contains("halo launch --mpi"), "{e}");
         assert_eq!(o.resolve(&t, true).unwrap(), vec![BenchAlgo::Mpi]);
         let all = BenchOptions::default().resolve(&t, true).unwrap();
-        assert_eq!(all.last(), Some(&BenchAlgo::Mpi));
+        assert_eq!(all[all.len() - 2..], [BenchAlgo::Mpi, BenchAlgo::Memcpy]);
         assert!(all.contains(&BenchAlgo::Halo(None)));
         let p2p = BenchOptions {
             op: Op::Latency,

@@ -54,7 +54,14 @@ impl<C: Communicator> Engine for MpiEngine<'_, C> {
             ));
         }
         counts_i32(&[send.len() / self.size().max(1)], "block of")?;
-        self.world.all_to_all_into(send, recv);
+        if send.is_empty() {
+            // An empty slice's pointer is 0x1, which is Open MPI's MPI_IN_PLACE: pass
+            // one byte instead, which still makes a count of 0 per rank.
+            let (s, mut r) = ([0u8; 1], [0u8; 1]);
+            self.world.all_to_all_into(&s[..], &mut r[..]);
+        } else {
+            self.world.all_to_all_into(send, recv);
+        }
         Ok(())
     }
     fn all_to_all_v(
@@ -82,6 +89,12 @@ impl<C: Communicator> Engine for MpiEngine<'_, C> {
                 "MPI all-to-all-v: a block is out of its buffer",
             ));
         }
+        // An empty slice's pointer is 0x1, which is Open MPI's MPI_IN_PLACE (rejected as
+        // a receive buffer, misread as a send buffer): an empty side passes one byte,
+        // with its counts (all 0) and displacements (all 0) unchanged.
+        let (s1, mut r1) = ([0u8; 1], [0u8; 1]);
+        let send = if send.is_empty() { &s1[..] } else { send };
+        let recv = if recv.is_empty() { &mut r1[..] } else { recv };
         let s = Partition::new(send, sc, sd);
         let mut r = PartitionMut::new(recv, rc, rd);
         self.world.all_to_all_varcount_into(&s, &mut r);

@@ -269,36 +269,69 @@ pub fn compare_table(info: &RunInfo, rows: &[BenchRow]) -> String {
         if !algs.contains(&base) || algs.len() < 2 {
             continue;
         }
-        let others: Vec<BenchAlgo> = algs.iter().copied().filter(|a| *a != base).collect();
+        let others: Vec<BenchAlgo> = algs
+            .iter()
+            .copied()
+            .filter(|a| *a != base && *a != BenchAlgo::Memcpy)
+            .collect();
         let _ = writeln!(
             out,
             "\n# Speed-up over {what} ({} time / time; > 1 is faster)",
             base.label(info.op)
         );
-        let _ = write!(out, "{:<10}", "# Size");
-        for a in &others {
-            let _ = write!(out, "{:>12}", a.label(info.op));
-        }
-        out.push('\n');
-        for s in sizes(rows) {
-            let Some(b) = value(rows, base, s) else {
-                continue;
-            };
-            let _ = write!(out, "{s:<10}");
-            for &a in &others {
-                match value(rows, a, s) {
-                    Some(t) => {
-                        let _ = write!(out, "{:>11.2}x", b / t);
-                    }
-                    None => {
-                        let _ = write!(out, "{:>12}", "-");
-                    }
-                }
-            }
-            out.push('\n');
-        }
+        ratio_block(&mut out, info, rows, &others, |s, a| {
+            Some(value(rows, base, s)? / value(rows, a, s)?)
+        });
+    }
+    if algs.contains(&BenchAlgo::Memcpy) && algs.len() > 1 {
+        // busbw / memcpy bandwidth = (size n / t x (n - 1) / n) / (size n / t_memcpy).
+        let n = info.ranks.max(1) as f64;
+        let others: Vec<BenchAlgo> = algs
+            .iter()
+            .copied()
+            .filter(|a| *a != BenchAlgo::Memcpy)
+            .collect();
+        let _ = writeln!(
+            out,
+            "\n# Bus bandwidth / memcpy bandwidth (memcpy time / time x (n - 1) / n; memcpy: every rank copies its send buffer, all at once)"
+        );
+        ratio_block(&mut out, info, rows, &others, |s, a| {
+            Some(value(rows, BenchAlgo::Memcpy, s)? / value(rows, a, s)? * (n - 1.0) / n)
+        });
     }
     out
+}
+
+/// One table of ratios: a line per size, a column per implementation.
+fn ratio_block(
+    out: &mut String,
+    info: &RunInfo,
+    rows: &[BenchRow],
+    columns: &[BenchAlgo],
+    ratio: impl Fn(usize, BenchAlgo) -> Option<f64>,
+) {
+    let _ = write!(out, "{:<10}", "# Size");
+    for a in columns {
+        let _ = write!(out, "{:>12}", a.label(info.op));
+    }
+    out.push('\n');
+    for s in sizes(rows) {
+        if columns.iter().all(|&a| ratio(s, a).is_none()) {
+            continue;
+        }
+        let _ = write!(out, "{s:<10}");
+        for &a in columns {
+            match ratio(s, a) {
+                Some(r) => {
+                    let _ = write!(out, "{r:>11.2}x");
+                }
+                None => {
+                    let _ = write!(out, "{:>12}", "-");
+                }
+            }
+        }
+        out.push('\n');
+    }
 }
 
 /// Writes the plots of `--compare` into `dir`: `halo-bench-<op>-latency.{svg,png}`

@@ -54,6 +54,14 @@ pub(crate) struct SimulateArgs {
     /// Write an SVG plot of time against size, one line per algorithm.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Validate against a measurement: a `halo bench alltoall --json-out FILE` run.
+    /// Every HALO algorithm's row (flat, pairwise, bruck, halo, halo2d) is simulated
+    /// at its size on --topology (which must have the run's rank count; a `halo
+    /// calibrate` file of the same job is the intended one), and the table gives
+    /// measured and simulated times, the error, and each algorithm's ratio to flat
+    /// measured and simulated.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["plot", "algos", "sizes", "op"])]
+    measured: Option<PathBuf>,
 }
 
 fn sizes(spec: &str) -> Result<Vec<usize>, Failure> {
@@ -88,6 +96,13 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
         Topology::preset(&args.topology)
     }
     .map_err(Failure::input)?;
+    if let Some(file) = &args.measured {
+        let mut opts = SimOptions::default();
+        if let Some(g) = args.nic_gap {
+            opts.nic_gap = g;
+        }
+        return super::emit(&validate(&topo, file, &opts)?);
+    }
     let algos: Vec<Algorithm> = args
         .algos
         .iter()
@@ -231,4 +246,166 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
         eprintln!("plot written to {}", path.display());
     }
     Ok(())
+}
+
+/// One measured row of a `halo bench --json-out` file.
+#[derive(Debug, serde::Deserialize)]
+struct MeasuredRow {
+    algorithm: String,
+    size: usize,
+    avg_us: f64,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Measured {
+    benchmark: String,
+    ranks: usize,
+    #[serde(default)]
+    mode: String,
+    rows: Vec<MeasuredRow>,
+}
+
+/// `halo simulate --measured FILE`: simulated against measured, per algorithm and size.
+fn validate(topo: &Topology, file: &std::path::Path, opts: &SimOptions) -> Result<String, Failure> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Failure::input(format!("--measured {}: {e}", file.display())))?;
+    let m: Measured = serde_json::from_str(&text).map_err(|e| {
+        Failure::input(format!(
+            "--measured {}: not a `halo bench --json-out` file: {e}",
+            file.display()
+        ))
+    })?;
+    if m.benchmark != "alltoall" {
+        return Err(Failure::input(format!(
+            "--measured {}: a {} run; only alltoall runs are compared",
+            file.display(),
+            m.benchmark
+        )));
+    }
+    if m.ranks != topo.size() {
+        return Err(Failure::input(format!(
+            "--measured {} has {} ranks but topology {} has {}",
+            file.display(),
+            m.ranks,
+            topo.name(),
+            topo.size()
+        )));
+    }
+    let mut algos: Vec<Algorithm> = Vec::new();
+    for r in &m.rows {
+        if let Ok(a) = r.algorithm.parse::<Algorithm>()
+            && !algos.contains(&a)
+        {
+            algos.push(a);
+        }
+    }
+    if algos.is_empty() {
+        return Err(Failure::input(format!(
+            "--measured {}: no row of a HALO algorithm (flat, pairwise, bruck, halo, halo2d)",
+            file.display()
+        )));
+    }
+    let mut sizes: Vec<usize> = m.rows.iter().map(|r| r.size).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let measured = |a: Algorithm, s: usize| {
+        m.rows
+            .iter()
+            .find(|r| r.size == s && r.algorithm == a.name())
+            .map(|r| r.avg_us * 1e-6)
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Simulated against measured: {} ({} ranks, {}) on topology {}",
+        file.display(),
+        m.ranks,
+        m.mode,
+        topo.name()
+    );
+    let _ = writeln!(
+        out,
+        "# error = simulated / measured - 1; x flat = flat time / algorithm time (measured | simulated)"
+    );
+    let _ = write!(out, "{:<10}", "# Size");
+    for a in &algos {
+        let _ = write!(
+            out,
+            "{:>12}{:>12}{:>9}",
+            format!("{a} meas"),
+            format!("{a} sim"),
+            "error"
+        );
+    }
+    let has_flat = algos.contains(&Algorithm::Flat);
+    if has_flat {
+        for a in algos.iter().filter(|a| **a != Algorithm::Flat) {
+            let _ = write!(out, "{:>16}", format!("{a} x flat"));
+        }
+    }
+    out.push('\n');
+    let mut errors: Vec<(Algorithm, f64)> = Vec::new();
+    for &s in &sizes {
+        let _ = write!(out, "{s:<10}");
+        let mut sim = Vec::new();
+        for &a in &algos {
+            let meas = measured(a, s);
+            let t = simulate_all_to_all(topo, a, Traffic::Uniform(s), opts)
+                .map(|r| r.time)
+                .ok();
+            sim.push((meas, t));
+            match (meas, t) {
+                (Some(mv), Some(tv)) => {
+                    let err = tv / mv - 1.0;
+                    errors.push((a, err));
+                    let _ = write!(
+                        out,
+                        "{:>12}{:>12}{:>8.0}%",
+                        fmt_seconds(mv),
+                        fmt_seconds(tv),
+                        err * 100.0
+                    );
+                }
+                _ => {
+                    let _ = write!(out, "{:>12}{:>12}{:>9}", "-", "-", "-");
+                }
+            }
+        }
+        if let Some(fi) = algos.iter().position(|a| *a == Algorithm::Flat) {
+            for (i, _) in algos.iter().enumerate().filter(|(i, _)| *i != fi) {
+                let ratio = |f: Option<f64>, t: Option<f64>| match (f, t) {
+                    (Some(f), Some(t)) if t > 0.0 => format!("{:.2}", f / t),
+                    _ => "-".to_string(),
+                };
+                let cell = format!(
+                    "{} | {}",
+                    ratio(sim[fi].0, sim[i].0),
+                    ratio(sim[fi].1, sim[i].1)
+                );
+                let _ = write!(out, "{cell:>16}");
+            }
+        }
+        out.push('\n');
+    }
+    for &a in &algos {
+        let e: Vec<f64> = errors
+            .iter()
+            .filter(|(b, _)| *b == a)
+            .map(|(_, e)| *e)
+            .collect();
+        if e.is_empty() {
+            continue;
+        }
+        let lo = e.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = e.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mean_abs = e.iter().map(|x| x.abs()).sum::<f64>() / e.len() as f64;
+        let _ = writeln!(
+            out,
+            "# {a}: error from {:+.0}% to {:+.0}%, mean |error| {:.0}%",
+            lo * 100.0,
+            hi * 100.0,
+            mean_abs * 100.0
+        );
+    }
+    Ok(out)
 }

@@ -145,8 +145,20 @@ pub(crate) fn exec_options(timeout: Duration, abort: &AbortHandle) -> ExecOption
     ExecOptions {
         timeout,
         abort: Some(&abort.0),
-        ..ExecOptions::default()
+        spin: spin_polls(),
     }
+}
+
+/// Polls before the engine starts to back off: `HALO_SPIN`, else the engine's
+/// default ([`ExecOptions::spin`]).
+fn spin_polls() -> u32 {
+    static SPIN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        std::env::var("HALO_SPIN")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(ExecOptions::default().spin)
+    })
 }
 
 /// Ensures `buf` holds at least `len` bytes and returns the first `len`.

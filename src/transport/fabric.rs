@@ -893,8 +893,9 @@ const SLEEP_MAX: Duration = Duration::from_micros(200);
 
 /// What a rank does while it waits for completions (`HALO_PROGRESS`).
 ///
-/// The engine first polls without pause (64 times), then calls the transport's wait
-/// with a bound that grows from 1 us to 1 ms; this is what that wait does.
+/// The engine first polls without pause (`ExecOptions::spin` times, 4 by default),
+/// then calls the transport's wait with a bound that grows from 1 us to 1 ms; this is
+/// what that wait does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FabricProgress {
@@ -1072,6 +1073,10 @@ pub(crate) struct FabricTransport {
     #[allow(clippy::vec_box)]
     ctxs: Vec<Box<OpCtx>>,
     free: Vec<u32>,
+    /// Operations posted and not yet completed, per endpoint slot.
+    posted: [usize; 2],
+    /// Calls of `poll`, to read idle completion queues now and then.
+    polls: u32,
     /// Posts refused with -FI_EAGAIN, in posting order (kept here to reuse the memory).
     backlog: Vec<Deferred>,
     /// Scratch list of peers (reused).
@@ -1225,6 +1230,8 @@ impl FabricTransport {
             eps: [local, Some(net)],
             routes: Vec::new(),
             ctxs: Vec::new(),
+            posted: [0; 2],
+            polls: 0,
             free: Vec::new(),
             backlog: Vec::new(),
             peers: Vec::new(),
@@ -1357,6 +1364,7 @@ impl FabricTransport {
         c.ep = ep;
         c.is_send = is_send;
         c.in_use = true;
+        self.posted[ep as usize] += 1;
         &mut **c as *mut OpCtx
     }
 
@@ -1388,8 +1396,25 @@ impl FabricTransport {
     }
 
     /// Reads every endpoint's completion queue once; completed tokens go to `done`.
+    ///
+    /// A queue with nothing posted on it and no refused post waiting for it is read
+    /// only every 64th call: reading the `tcp;ofi_rxm` queue is an `epoll_wait`
+    /// system call, which all-local collectives would otherwise pay on every poll.
+    /// Reading it now and then keeps the provider's own progress going (connection
+    /// requests from peers that are ahead of this rank).
     fn poll(&mut self, done: &mut Vec<u32>) -> CResult<()> {
+        self.polls = self.polls.wrapping_add(1);
+        let sweep = self.polls.is_multiple_of(64);
         for slot in [LOCAL, NET] {
+            if !sweep
+                && self.posted[slot] == 0
+                && !self
+                    .backlog
+                    .iter()
+                    .any(|d| self.routes[d.peer].ep as usize == slot)
+            {
+                continue;
+            }
             while let Some(cq) = self.eps[slot].as_ref().map(|e| e.cq) {
                 let mut entries = [fi::fi_cq_entry {
                     op_context: ptr::null_mut(),
@@ -1487,6 +1512,7 @@ impl FabricTransport {
         let c = unsafe { &mut *ctx };
         if c.in_use {
             c.in_use = false;
+            self.posted[c.ep as usize] = self.posted[c.ep as usize].saturating_sub(1);
             self.free.push(c.index);
         }
     }
@@ -1547,6 +1573,7 @@ impl FabricTransport {
         for c in &mut self.ctxs {
             c.in_use = false;
         }
+        self.posted = [0; 2];
         self.free = (0..self.ctxs.len() as u32).collect();
         self.broken = Some(why);
     }
