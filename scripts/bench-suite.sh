@@ -4,14 +4,14 @@
 # (network namespaces) and Open MPI (bash scripts/deps.sh test).
 #   bash scripts/bench-suite.sh [OUT_DIR] [CONFIG...]
 # OUT_DIR defaults to docs/bench; CONFIGs default to all of:
-#   emu4x2 emu4x2-v emu2-p2p host4 host8 threads8
+#   emu4x2 emu4x2-sync emu4x2-v emu4x2-v-sync emu2-p2p host4 host8 threads8
 # Each CONFIG writes OUT_DIR/CONFIG/{output.txt,rows.json,*.svg,*.png}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/bench}
 shift || true
 configs=("$@")
-[ ${#configs[@]} -gt 0 ] || configs=(emu4x2 emu4x2-v emu2-p2p host4 host8 threads8)
+[ ${#configs[@]} -gt 0 ] || configs=(emu4x2 emu4x2-sync emu4x2-v emu4x2-v-sync emu2-p2p host4 host8 threads8)
 cargo build --release --features mpi --bin halo >&2
 halo=$PWD/target/release/halo
 
@@ -41,8 +41,12 @@ for c in "${configs[@]}"; do
   case $c in
     emu4x2)   run "$c" --mpi -n 8 --hosts 4 --host-rate 1gbit --timeout 1200 -- \
                 alltoall -m 1:1048576 -i 50 -x 5 -f --algo flat,halo,halo2d,auto,mpi ;;
+    emu4x2-sync) run "$c" --mpi -n 8 --hosts 4 --host-rate 1gbit --timeout 1200 -- \
+                alltoall -m 1:1048576 -i 50 -x 5 -f --sync --algo flat,halo,halo2d,auto,mpi ;;
     emu4x2-v) run "$c" --mpi -n 8 --hosts 4 --host-rate 1gbit --timeout 1200 -- \
                 alltoallv -m 1:262144 -i 50 -x 5 -f --algo flat,halo,auto,mpi --experts 64 --topk 2 --skew 1.0 ;;
+    emu4x2-v-sync) run "$c" --mpi -n 8 --hosts 4 --host-rate 1gbit --timeout 1200 -- \
+                alltoallv -m 1:262144 -i 50 -x 5 -f --sync --algo flat,halo,auto,mpi --experts 64 --topk 2 --skew 1.0 ;;
     emu2-p2p) run "$c-latency" --mpi -n 2 --hosts 2 --host-rate 1gbit --timeout 600 -- \
                 latency -m 0:65536 -i 1000 -x 100 --algo auto,mpi
               run "$c-bw" --mpi -n 2 --hosts 2 --host-rate 1gbit --timeout 600 -- \

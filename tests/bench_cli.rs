@@ -460,3 +460,27 @@ fn simulate_against_a_measurement() {
     assert_eq!(lat.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&lat.stderr).contains("only alltoall runs are compared"));
 }
+
+#[test]
+fn sync_timing_is_named_in_the_title() {
+    let out = ok(&halo(&[
+        "bench",
+        "--topology",
+        "nodes:2x2",
+        "-m",
+        "8:8",
+        "-i",
+        "2",
+        "-x",
+        "0",
+        "--algo",
+        "flat",
+        "--sync",
+        "-c",
+    ]));
+    assert!(
+        titles(&out)[0].contains("threads, emulated x20, timed to a barrier after each call)"),
+        "{out}"
+    );
+    assert_eq!(osu_rows(&out).len(), 1, "{out}");
+}

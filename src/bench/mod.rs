@@ -194,6 +194,13 @@ pub struct BenchOptions {
     pub timeout: Duration,
     /// Check every received byte of every iteration, outside the timer (OSU's `-c`).
     pub validate: bool,
+    /// Time each collective up to the end of a barrier after it (`--sync`), so that a
+    /// rank's time ends when every rank has finished, not when its own part returned.
+    /// OSU's timing (the default) lets a library whose sends complete into kernel
+    /// socket buffers return before the bytes have crossed the network; the rest of the
+    /// transfer then hides in the next, untimed barrier. The barrier's own cost is
+    /// included (measure it with the `memcpy` reference's smallest size).
+    pub sync: bool,
     /// The router behind `alltoallv`'s counts.
     pub moe: MoeShape,
     /// Messages in flight per iteration of `bw` (OSU's window, 64).
@@ -212,6 +219,7 @@ impl Default for BenchOptions {
             warmup: None,
             timeout: Duration::from_secs(60),
             validate: false,
+            sync: false,
             moe: MoeShape::default(),
             window: 64,
         }
@@ -539,6 +547,7 @@ fn measure_collective(
     warmup: usize,
     validate: bool,
     uniform: bool,
+    sync: bool,
 ) -> Result<Sample> {
     let (me, n) = (e.rank(), e.size());
     let send_counts = counts[me].clone();
@@ -569,6 +578,9 @@ fn measure_collective(
                 &recv_counts,
                 &recv_displs,
             )?;
+        }
+        if sync {
+            e.barrier()?;
         }
         if i >= warmup {
             timed += t.elapsed();
@@ -710,11 +722,21 @@ fn measure_rank(
                     let counts = vec![vec![size; n]; n];
                     // The copy is not an all-to-all: nothing to validate.
                     let validate = opts.validate && alg != BenchAlgo::Memcpy;
-                    measure_collective(engine, &counts, iterations, warmup, validate, true)?
+                    measure_collective(
+                        engine, &counts, iterations, warmup, validate, true, opts.sync,
+                    )?
                 }
                 Op::AllToAllV => {
                     let (_, counts) = opts.moe.bytes(n, size)?;
-                    measure_collective(engine, &counts, iterations, warmup, opts.validate, false)?
+                    measure_collective(
+                        engine,
+                        &counts,
+                        iterations,
+                        warmup,
+                        opts.validate,
+                        false,
+                        opts.sync,
+                    )?
                 }
                 Op::Latency | Op::Bandwidth => measure_p2p(
                     engine,

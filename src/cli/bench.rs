@@ -55,6 +55,10 @@ pub(crate) struct BenchArgs {
     /// bytes are counted in an Errors column and make the command fail.
     #[arg(short = 'c', long)]
     validate: bool,
+    /// Time each all-to-all up to the end of a barrier after it, so that a rank's time
+    /// ends when every rank is done (OSU times the call alone; see docs/BENCHMARKS.md).
+    #[arg(long)]
+    sync: bool,
     /// Full output (OSU's -f): minimum, maximum and iterations.
     #[arg(short = 'f', long)]
     full: bool,
@@ -162,6 +166,7 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
         warmup: args.warmup,
         timeout: Duration::from_secs(args.timeout),
         validate: args.validate,
+        sync: args.sync,
         moe: MoeShape {
             experts: args.experts,
             topk: args.topk,
@@ -238,6 +243,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
             None => return Ok(()),
         }
     };
+    let mut info = info;
+    if args.sync {
+        info.mode.push_str(", timed to a barrier after each call");
+    }
     print_results(args, &info, &rows)
 }
 

@@ -41,7 +41,8 @@ impl Default for InitConfig {
 impl InitConfig {
     /// The defaults, changed by `HALO_FABRIC_PROVIDER`, `HALO_FABRIC_NET_PROVIDER`,
     /// `HALO_FABRIC_ADDR`, `HALO_TOPOLOGY`, `HALO_TIMEOUT_MS`, `HALO_BOOTSTRAP_TIMEOUT_MS`
-    /// and `HALO_ALGO`. A malformed value is an error naming the variable.
+    /// and `HALO_ALGO` (and checks `HALO_BARRIER_ALGO`, which the barrier reads). A
+    /// malformed value is an error naming the variable.
     pub fn from_env() -> Result<InitConfig> {
         let ms = |name: &str| -> Result<Option<Duration>> {
             match std::env::var(name) {
@@ -68,6 +69,10 @@ impl InitConfig {
         }
         if let Some(t) = ms("HALO_BOOTSTRAP_TIMEOUT_MS")? {
             c.bootstrap_timeout = t;
+        }
+        if let Ok(a) = std::env::var("HALO_BARRIER_ALGO") {
+            a.parse::<Algorithm>()
+                .map_err(|e| Error::invalid_argument(format!("HALO_BARRIER_ALGO: {e}")))?;
         }
         if let Ok(a) = std::env::var("HALO_ALGO")
             && a != "auto"

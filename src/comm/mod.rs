@@ -149,6 +149,19 @@ pub(crate) fn exec_options(timeout: Duration, abort: &AbortHandle) -> ExecOption
     }
 }
 
+/// The barrier's all-to-all algorithm: `HALO_BARRIER_ALGO`, else Bruck's. An unknown
+/// name is logged and ignored.
+fn barrier_algorithm() -> Algorithm {
+    static ALGO: std::sync::OnceLock<Algorithm> = std::sync::OnceLock::new();
+    *ALGO.get_or_init(|| match std::env::var("HALO_BARRIER_ALGO") {
+        Ok(a) => a.parse().unwrap_or_else(|e| {
+            tracing::warn!("HALO_BARRIER_ALGO={a:?} ignored: {e}");
+            Algorithm::Bruck
+        }),
+        Err(_) => Algorithm::Bruck,
+    })
+}
+
 /// Polls before the engine starts to back off: `HALO_SPIN`, else the engine's
 /// default ([`ExecOptions::spin`]).
 fn spin_polls() -> u32 {
@@ -500,7 +513,11 @@ impl Communicator {
         self.uniform_bytes(tag_base, send, recv, block)
     }
 
-    /// Waits until every rank has called `barrier` (a one-byte flat all-to-all).
+    /// Waits until every rank has called `barrier`: a one-byte all-to-all with Bruck's
+    /// algorithm (`ceil(log2 n)` rounds of one message; `HALO_BARRIER_ALGO` picks another
+    /// all-to-all algorithm). Bruck's rounds beat the flat fan-out's `n - 1` messages
+    /// when ranks share cores: 8 processes on 2 cores, 35-49 us against 62-70 us on one
+    /// host and 274-315 us against 413-475 us on 4 emulated hosts (docs/BENCHMARKS.md).
     ///
     /// # Errors
     /// [`Error::Timeout`], [`Error::Aborted`], [`Error::RemoteError`] as they happen.
@@ -512,7 +529,7 @@ impl Communicator {
         let recv = sized(&mut self.pool.barrier_recv, n);
         let last = self.core.last;
         self.core.uniform(
-            Some(Algorithm::Flat),
+            Some(barrier_algorithm()),
             tag_base,
             send,
             recv,
