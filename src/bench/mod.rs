@@ -178,8 +178,8 @@ pub struct BenchOptions {
     /// The benchmark.
     pub op: Op,
     /// The implementations to measure, in order; empty: every HALO algorithm that
-    /// builds, then `auto`, then `mpi` when an MPI engine is given, then (for
-    /// `alltoall`) the `memcpy` reference.
+    /// builds, then `auto`, then `mpi` when an MPI engine is given (the `memcpy`
+    /// reference only when asked for).
     pub algorithms: Vec<BenchAlgo>,
     /// Smallest size (bytes per destination; for `alltoallv` with `hidden`, tokens).
     /// Rounded up to a power of two; 0 is measured as 0.
@@ -268,9 +268,6 @@ impl BenchOptions {
             all.push(BenchAlgo::Halo(None));
             if mpi {
                 all.push(BenchAlgo::Mpi);
-            }
-            if self.op == Op::AllToAll {
-                all.push(BenchAlgo::Memcpy);
             }
             all
         } else {
@@ -947,7 +944,8 @@ mod tests {
         assert!(e.contains("halo launch --mpi"), "{e}");
         assert_eq!(o.resolve(&t, true).unwrap(), vec![BenchAlgo::Mpi]);
         let all = BenchOptions::default().resolve(&t, true).unwrap();
-        assert_eq!(all[all.len() - 2..], [BenchAlgo::Mpi, BenchAlgo::Memcpy]);
+        assert_eq!(all.last(), Some(&BenchAlgo::Mpi));
+        assert!(!all.contains(&BenchAlgo::Memcpy));
         assert!(all.contains(&BenchAlgo::Halo(None)));
         let p2p = BenchOptions {
             op: Op::Latency,

@@ -63,7 +63,8 @@ pub(crate) struct BenchArgs {
     #[arg(short = 'f', long)]
     full: bool,
     /// Implementations, comma separated: flat, pairwise, bruck, halo, halo2d, auto,
-    /// mpi, or all (every HALO algorithm that builds, auto, and mpi when available).
+    /// mpi, memcpy (alltoall's memory reference), or all (every HALO algorithm that
+    /// builds, auto, and mpi when available).
     #[arg(long, default_value = "all", value_delimiter = ',')]
     algo: Vec<String>,
     /// Print nccl-tests' columns (size, count, type, time, algbw, busbw, #wrong).
@@ -75,8 +76,9 @@ pub(crate) struct BenchArgs {
     /// Also write the rows as JSON to FILE (whatever --format says).
     #[arg(long, value_name = "FILE")]
     json_out: Option<PathBuf>,
-    /// Print each implementation's time and its ratio to flat and to MPI per size, and
-    /// write plots (SVG and PNG) into --plot-dir.
+    /// Print each implementation's time and its ratio to flat and to MPI per size (OSU
+    /// text prints it anyway when several were measured), and write plots (SVG and
+    /// PNG) into --plot-dir.
     #[arg(long)]
     compare: bool,
     /// Where --compare writes its plots.
@@ -263,12 +265,18 @@ fn print_results(args: &BenchArgs, info: &RunInfo, rows: &[BenchRow]) -> Result<
         }
     };
     super::emit(&text)?;
+    // The ratios come with OSU's text whenever there is something to compare; with
+    // --compare also after the other formats, and the plots.
+    let several = rows.iter().any(|r| r.algorithm != rows[0].algorithm);
+    let text_format = args.format == Format::Osu && !args.nccl_tests;
+    if args.compare || (text_format && several) {
+        super::emit(&report::compare_table(info, rows))?;
+    }
     if let Some(path) = &args.json_out {
         std::fs::write(path, report::format_json(info, rows))
             .map_err(|e| Failure::other(format!("cannot write {}: {e}", path.display())))?;
     }
     if args.compare {
-        super::emit(&report::compare_table(info, rows))?;
         let files = report::write_plots(&args.plot_dir, info, rows)
             .map_err(|e| Failure::other(format!("plots: {e}")))?;
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
