@@ -458,7 +458,47 @@ fn simulate_against_a_measurement() {
         json.to_str().unwrap(),
     ]);
     assert_eq!(lat.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&lat.stderr).contains("only alltoall runs are compared"));
+    assert!(
+        String::from_utf8_lossy(&lat.stderr)
+            .contains("only alltoall and alltoallv runs are compared")
+    );
+    // alltoallv: the router travels in the file and the counts are rebuilt.
+    ok(&halo(&[
+        "bench",
+        "alltoallv",
+        "--topology",
+        "nodes:2x2",
+        "-m",
+        "64:256",
+        "-i",
+        "2",
+        "-x",
+        "0",
+        "--algo",
+        "flat,halo",
+        "--experts",
+        "8",
+        "--skew",
+        "1.5",
+        "--json-out",
+        json.to_str().unwrap(),
+    ]));
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(j["moe"]["experts"], 8);
+    assert_eq!(j["moe"]["skew"], 1.5);
+    let out = ok(&halo(&[
+        "simulate",
+        "--topology",
+        "nodes:2x2",
+        "--measured",
+        json.to_str().unwrap(),
+    ]));
+    assert_eq!(
+        out.lines().filter(|l| !l.starts_with('#')).count(),
+        3,
+        "{out}"
+    );
+    assert!(out.contains("# halo: error from"), "{out}");
 }
 
 #[test]

@@ -21,7 +21,7 @@
 use crate::error::{Error, Result};
 
 /// The router's parameters (`halo bench alltoallv --experts --topk --skew --tokens --hidden`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MoeShape {
     /// Experts in the layer (over all ranks).
     pub experts: usize,

@@ -18,6 +18,9 @@ pub struct RunInfo {
     pub topology: String,
     /// How the ranks ran: `threads, emulated x20`, `processes`, ...
     pub mode: String,
+    /// The router behind `alltoallv`'s counts (`None` for the other benchmarks), so
+    /// that `halo simulate --measured` can rebuild them.
+    pub moe: Option<super::moe::MoeShape>,
 }
 
 fn algorithms(rows: &[BenchRow]) -> Vec<BenchAlgo> {
@@ -183,6 +186,7 @@ pub fn format_json(info: &RunInfo, rows: &[BenchRow]) -> String {
         "ranks": info.ranks,
         "topology": info.topology,
         "mode": info.mode,
+        "moe": info.moe,
         "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
     });
     let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
@@ -409,6 +413,7 @@ mod tests {
             ranks: 4,
             topology: "nodes:2x2".into(),
             mode: "processes".into(),
+            moe: None,
         }
     }
 

@@ -237,6 +237,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
             ranks: topology.size(),
             topology: topology.name().to_string(),
             mode,
+            moe: None,
         };
         (info, rows)
     } else {
@@ -246,6 +247,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
         }
     };
     let mut info = info;
+    if op == Op::AllToAllV {
+        info.moe = Some(opts.moe.clone());
+    }
     if args.sync {
         info.mode.push_str(", timed to a barrier after each call");
     }
@@ -306,6 +310,7 @@ fn process_info(op: Op, comm: &Communicator, mpi: bool) -> RunInfo {
         } else {
             "processes".to_string()
         },
+        moe: None,
     }
 }
 

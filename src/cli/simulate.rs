@@ -3,7 +3,8 @@
 use super::Failure;
 use clap::Args;
 use halo::collectives::{
-    AlgoOptions, Algorithm, BlockSizes, MoeSizes, SimOptions, Traffic, simulate_all_to_all,
+    AlgoOptions, Algorithm, BlockSizes, MatrixSizes, MoeSizes, SimOptions, Traffic,
+    simulate_all_to_all,
 };
 use halo::plot::{Series, fmt_bytes, line_plot_svg, parse_bytes};
 use halo::topology::{Level, Topology, fmt_seconds};
@@ -54,7 +55,9 @@ pub(crate) struct SimulateArgs {
     /// Write an SVG plot of time against size, one line per algorithm.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// Validate against a measurement: a `halo bench alltoall --json-out FILE` run.
+    /// Validate against a measurement: a `halo bench alltoall --json-out FILE` run
+    /// (or `alltoallv`: its router's counts are rebuilt exactly; the simulator replays
+    /// the data pass only, not the count exchange).
     /// Every HALO algorithm's row (flat, pairwise, bruck, halo, halo2d) is simulated
     /// at its size on --topology (which must have the run's rank count; a `halo
     /// calibrate` file of the same job is the intended one), and the table gives
@@ -262,6 +265,9 @@ struct Measured {
     ranks: usize,
     #[serde(default)]
     mode: String,
+    /// The router of an `alltoallv` run.
+    #[serde(default)]
+    moe: Option<halo::bench::moe::MoeShape>,
     rows: Vec<MeasuredRow>,
 }
 
@@ -275,13 +281,30 @@ fn validate(topo: &Topology, file: &std::path::Path, opts: &SimOptions) -> Resul
             file.display()
         ))
     })?;
-    if m.benchmark != "alltoall" {
-        return Err(Failure::input(format!(
-            "--measured {}: a {} run; only alltoall runs are compared",
-            file.display(),
-            m.benchmark
-        )));
-    }
+    let moe = match (m.benchmark.as_str(), &m.moe) {
+        ("alltoall", _) => None,
+        ("alltoallv", Some(shape)) if shape.hidden.is_none() => Some(shape.clone()),
+        ("alltoallv", Some(_)) => {
+            return Err(Failure::input(format!(
+                "--measured {}: an alltoallv run with --hidden (sizes are tokens); only \
+                 byte-sized sweeps are compared",
+                file.display()
+            )));
+        }
+        ("alltoallv", None) => {
+            return Err(Failure::input(format!(
+                "--measured {}: an alltoallv run without its router (\"moe\"); re-run it \
+                 with this version of halo bench",
+                file.display()
+            )));
+        }
+        (other, _) => {
+            return Err(Failure::input(format!(
+                "--measured {}: a {other} run; only alltoall and alltoallv runs are compared",
+                file.display()
+            )));
+        }
+    };
     if m.ranks != topo.size() {
         return Err(Failure::input(format!(
             "--measured {} has {} ranks but topology {} has {}",
@@ -350,9 +373,18 @@ fn validate(topo: &Topology, file: &std::path::Path, opts: &SimOptions) -> Resul
         let mut sim = Vec::new();
         for &a in &algos {
             let meas = measured(a, s);
-            let t = simulate_all_to_all(topo, a, Traffic::Uniform(s), opts)
-                .map(|r| r.time)
-                .ok();
+            let t = match &moe {
+                None => simulate_all_to_all(topo, a, Traffic::Uniform(s), opts)
+                    .map(|r| r.time)
+                    .ok(),
+                Some(shape) => shape.bytes(m.ranks, s).ok().and_then(|(_, rows)| {
+                    let flat: Vec<usize> = rows.into_iter().flatten().collect();
+                    let sizes = MatrixSizes::new(m.ranks, flat);
+                    simulate_all_to_all(topo, a, Traffic::V(&sizes), opts)
+                        .map(|r| r.time)
+                        .ok()
+                }),
+            };
             sim.push((meas, t));
             match (meas, t) {
                 (Some(mv), Some(tv)) => {
