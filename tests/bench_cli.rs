@@ -524,3 +524,40 @@ fn sync_timing_is_named_in_the_title() {
     );
     assert_eq!(osu_rows(&out).len(), 1, "{out}");
 }
+
+#[test]
+fn plain_mpirun_bootstraps_through_mpi() {
+    if let Some(why) = mpi_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let out = Command::new("mpirun")
+        .args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
+        .args([
+            HALO,
+            "bench",
+            "-m",
+            "1:8",
+            "-i",
+            "2",
+            "-x",
+            "0",
+            "-c",
+            "--algo",
+            "flat,halo",
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("HALO_DEBUG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = ok(&out);
+    let t = titles(&text);
+    assert_eq!(t.len(), 2, "{text}");
+    assert!(
+        t[0].contains("2 ranks") && t[0].contains("MPI-launched"),
+        "{text}"
+    );
+    assert!(osu_rows(&text).iter().all(|r| r.2 == 0), "{text}");
+}

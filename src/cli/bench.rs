@@ -314,24 +314,30 @@ fn process_info(op: Op, comm: &Communicator, mpi: bool) -> RunInfo {
     }
 }
 
-/// As one rank of a job: MPI first when it is asked for (and built in), else the
-/// launcher's environment. `None` on ranks other than 0.
+/// As one rank of a job. Started by an MPI launcher (Open MPI's or PMI's variables) and
+/// built with the `mpi` feature, the ranks bootstrap through MPI — so plain `mpirun -n N
+/// halo bench` works — and MPI is measured too when asked for; else they bootstrap from
+/// the launcher's environment. `None` on ranks other than 0.
 fn run_processes(opts: &BenchOptions) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
     let wants_mpi = opts.algorithms.is_empty() || opts.algorithms.contains(&BenchAlgo::Mpi);
     let mpi_env = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
-    if wants_mpi && mpi_env {
+    if mpi_env {
         #[cfg(feature = "mpi")]
-        return run_with_mpi(opts);
+        return run_with_mpi(opts, wants_mpi);
     }
+    let _ = wants_mpi;
     let mut comm = Communicator::init_from_env()?;
     let info = process_info(opts.op, &comm, false);
     Ok(run_ranks(&mut comm, None, opts)?.map(|rows| (info, rows)))
 }
 
 #[cfg(feature = "mpi")]
-fn run_with_mpi(opts: &BenchOptions) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
+fn run_with_mpi(
+    opts: &BenchOptions,
+    measure_mpi: bool,
+) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
     use halo::bench::{Engine, mpi::MpiEngine};
     let universe = mpi::initialize().ok_or_else(|| halo::Error::SystemError {
         message: "MPI could not be initialised (MPI_Init failed or ran before)".into(),
@@ -340,7 +346,12 @@ fn run_with_mpi(opts: &BenchOptions) -> halo::Result<Option<(RunInfo, Vec<BenchR
     let mut comm = Communicator::init_mpi(&world)?;
     let info = process_info(opts.op, &comm, true);
     let mut engine = MpiEngine::new(&world);
-    let rows = run_ranks(&mut comm, Some(&mut engine as &mut dyn Engine), opts)?;
+    let engine = if measure_mpi {
+        Some(&mut engine as &mut dyn Engine)
+    } else {
+        None
+    };
+    let rows = run_ranks(&mut comm, engine, opts)?;
     drop(comm);
     Ok(rows.map(|rows| (info, rows)))
 }
