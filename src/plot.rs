@@ -74,24 +74,6 @@ pub fn line_plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> 
     })
 }
 
-/// [`line_plot`] as SVG whatever the file name.
-///
-/// # Errors
-/// As [`line_plot`].
-pub fn line_plot_svg(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Result<()> {
-    if path.extension().is_some_and(|e| e == "svg") {
-        line_plot(path, title, y_label, series)
-    } else {
-        let mut p = path.as_os_str().to_owned();
-        p.push(".svg");
-        let tmp = std::path::PathBuf::from(p);
-        line_plot(&tmp, title, y_label, series)?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::SystemError {
-            message: format!("cannot write the plot {}: {e}", path.display()),
-        })
-    }
-}
-
 type Bounds = (f64, f64, f64, f64);
 
 /// Where plots look for their TrueType font (Debian's fonts-dejavu-core first).

@@ -3,14 +3,21 @@
 //! and the MPI baseline (cargo feature `mpi`, Open MPI's mpirun). Every run checks the
 //! table's shape and that validation saw no wrong byte.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 const HALO: &str = env!("CARGO_BIN_EXE_halo");
 
-fn halo(args: &[&str]) -> Output {
+/// Runs `halo` with the words of `line` (the word `HALO` stands for this build's
+/// binary, for `halo launch -- HALO bench ...`), then `extra` (paths), outside any
+/// launcher's environment.
+fn halo(line: &str, extra: &[&Path]) -> Output {
+    let words = line
+        .split_whitespace()
+        .map(|w| if w == "HALO" { HALO } else { w });
     Command::new(HALO)
-        .args(args)
+        .args(words)
+        .args(extra)
         .env_remove("HALO_DEBUG")
         .env_remove("RANK")
         .env_remove("OMPI_COMM_WORLD_RANK")
@@ -33,20 +40,38 @@ fn ok(out: &Output) -> String {
     stdout
 }
 
-/// Data lines of OSU tables (after `[0] ` prefixes): (size, value, errors).
-fn osu_rows(text: &str) -> Vec<(usize, f64, u64)> {
+/// Fails with status 2 and a message containing `want`.
+#[track_caller]
+fn refused(out: &Output, want: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(want), "wanted {want:?} in: {err}");
+}
+
+/// Data lines of the OSU tables (after `[0] ` prefixes, before the comparison tables),
+/// as (size, value, last column).
+fn osu_rows(text: &str) -> Vec<(usize, f64, String)> {
     text.lines()
         .map(|l| l.trim_start_matches("[0] "))
+        .take_while(|l| !l.starts_with("# Comparison"))
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(|l| {
             let c: Vec<&str> = l.split_whitespace().collect();
             Some((
                 c[0].parse().ok()?,
                 c[1].parse().ok()?,
-                c.last()?.parse().ok()?,
+                c.last()?.to_string(),
             ))
         })
         .collect()
+}
+
+/// The rows of a `-c` run, asserting there are `count` and that none saw a wrong byte.
+#[track_caller]
+fn validated_rows(text: &str, count: usize) {
+    let rows = osu_rows(text);
+    assert_eq!(rows.len(), count, "{text}");
+    assert!(rows.iter().all(|r| r.1 > 0.0 && r.2 == "0"), "{text}");
 }
 
 fn titles(text: &str) -> Vec<String> {
@@ -68,49 +93,26 @@ fn scratch(name: &str) -> PathBuf {
 
 #[test]
 fn threads_every_benchmark() {
-    let out = ok(&halo(&[
-        "bench",
-        "alltoall",
-        "--topology",
-        "nodes:2x2",
-        "-m",
-        "1:64",
-        "-i",
-        "3",
-        "-x",
-        "1",
-        "-c",
-        "--algo",
-        "flat,halo,auto",
-    ]));
+    let out = ok(&halo(
+        "bench alltoall --topology nodes:2x2 -m 1:64 -i 3 -x 1 -c --algo flat,halo,auto",
+        &[],
+    ));
     let t = titles(&out);
     assert_eq!(t.len(), 3, "{out}");
     assert!(t[1].contains("(algorithm: halo, 4 ranks, topology nodes:2x2, threads, emulated x20)"));
-    let rows = osu_rows(&out);
-    assert_eq!(rows.len(), 3 * 7, "{out}");
-    assert!(rows.iter().all(|r| r.1 > 0.0 && r.2 == 0), "{out}");
-    for op in ["alltoallv", "latency", "bw"] {
-        let out = ok(&halo(&[
-            "bench",
-            op,
-            "--topology",
-            "nodes:2x2",
-            "-m",
-            "0:256",
-            "-i",
-            "3",
-            "-x",
-            "1",
-            "-c",
-            "--window",
-            "4",
-            "--experts",
-            "8",
-            "--tokens",
-            "32",
-        ]));
-        assert!(!osu_rows(&out).is_empty(), "{op}: {out}");
-        assert!(osu_rows(&out).iter().all(|r| r.2 == 0), "{op}: {out}");
+    validated_rows(&out, 3 * 7);
+    // Every algorithm for alltoallv; one HALO path for latency and bw, whatever --algo
+    // says. 0:256 is 10 sizes, 1:256 9 (bw's 0 B would give 0 MB/s).
+    for (op, sizes, rows) in [
+        ("alltoallv", "0:256", 6 * 10),
+        ("latency", "0:256", 10),
+        ("bw", "1:256", 9),
+    ] {
+        let line = format!(
+            "bench {op} --topology nodes:2x2 -m {sizes} -i 3 -x 1 -c --window 4 --experts 8 \
+             --tokens 32"
+        );
+        validated_rows(&ok(&halo(&line, &[])), rows);
     }
 }
 
@@ -118,25 +120,11 @@ fn threads_every_benchmark() {
 fn threads_formats_and_compare_with_plots() {
     let dir = scratch("compare");
     let json = dir.join("rows.json");
-    let out = ok(&halo(&[
-        "bench",
-        "--topology",
-        "nodes:2x2",
-        "-m",
-        "1:8",
-        "-i",
-        "2",
-        "-x",
-        "0",
-        "--algo",
-        "flat,halo",
-        "--nccl-tests",
-        "--compare",
-        "--plot-dir",
-        dir.to_str().unwrap(),
-        "--json-out",
-        json.to_str().unwrap(),
-    ]));
+    let out = ok(&halo(
+        "bench --topology nodes:2x2 -m 1:8 -i 2 -x 0 --algo flat,halo --nccl-tests --compare \
+         --plot-dir",
+        &[&dir, Path::new("--json-out"), &json],
+    ));
     assert!(
         out.contains("#       size        count     type       time    algbw    busbw  #wrong"),
         "{out}"
@@ -144,106 +132,56 @@ fn threads_formats_and_compare_with_plots() {
     assert!(out.contains("# Speed-up over the flat fan-out"), "{out}");
     for f in ["latency.svg", "latency.png", "busbw.svg", "busbw.png"] {
         let p = dir.join(format!("halo-bench-alltoall-{f}"));
-        assert!(
-            std::fs::metadata(&p)
-                .map(|m| m.len() > 1000)
-                .unwrap_or(false),
-            "{p:?}"
-        );
+        let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 1000, "{p:?}: {len} bytes");
     }
     let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(j["rows"].as_array().unwrap().len(), 2 * 4);
     assert_eq!(j["ranks"], 4);
-    let csv = ok(&halo(&[
-        "bench",
-        "--topology",
-        "nodes:2x2",
-        "-m",
-        "4",
-        "-i",
-        "1",
-        "-x",
-        "0",
-        "--algo",
-        "bruck",
-        "--format",
-        "csv",
-    ]));
+    let csv = ok(&halo(
+        "bench --topology nodes:2x2 -m 4 -i 1 -x 0 --algo bruck --format csv",
+        &[],
+    ));
     assert_eq!(csv.lines().count(), 1 + 3, "{csv}");
 }
 
 #[test]
 fn bad_arguments_fail_with_status_2() {
-    for (args, want) in [
-        (&["bench", "allreduce"][..], "unknown benchmark 'allreduce'"),
-        (&["bench", "-m", "64:8"][..], "MIN is larger than MAX"),
-        (&["bench", "--algo", "fastest"][..], "fastest"),
+    for (line, want) in [
+        ("bench allreduce", "unknown benchmark 'allreduce'"),
+        ("bench -m 64:8", "MIN is larger than MAX"),
+        ("bench --algo fastest", "fastest"),
+        ("bench --algo mpi -m 1", "halo launch --mpi"),
+        ("bench alltoallv --topk 0", "--topk 0"),
+        ("bench bw --window 0", "--window"),
         (
-            &["bench", "--algo", "mpi", "-m", "1"][..],
-            "halo launch --mpi",
+            "bench alltoallv --algo memcpy -m 8",
+            "reference of alltoall only",
         ),
-        (&["bench", "alltoallv", "--topk", "0"][..], "--topk 0"),
-        (&["bench", "bw", "--window", "0"][..], "--window"),
     ] {
-        let out = halo(args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: {err}");
+        refused(&halo(line, &[]), want);
     }
 }
 
 #[test]
 fn processes_over_shared_memory() {
-    let out = ok(&halo(&[
-        "launch",
-        "-n",
-        "4",
-        "--timeout",
-        "120",
-        "--",
-        HALO,
-        "bench",
-        "alltoallv",
-        "-m",
-        "0:512",
-        "-i",
-        "3",
-        "-x",
-        "1",
-        "-c",
-        "--algo",
-        "flat,halo,auto",
-        "--experts",
-        "16",
-    ]));
+    let out = ok(&halo(
+        "launch -n 4 --timeout 120 -- HALO bench alltoallv -m 0:512 -i 3 -x 1 -c \
+         --algo flat,halo,auto --experts 16",
+        &[],
+    ));
     let t = titles(&out);
     assert_eq!(t.len(), 3, "{out}");
     assert!(
         t[0].contains("4 ranks") && t[0].contains("processes"),
         "{out}"
     );
-    let rows = osu_rows(&out);
-    assert_eq!(rows.len(), 3 * 11, "{out}");
-    assert!(rows.iter().all(|r| r.2 == 0), "{out}");
-    let out = ok(&halo(&[
-        "launch",
-        "-n",
-        "2",
-        "--timeout",
-        "60",
-        "--",
-        HALO,
-        "bench",
-        "latency",
-        "-m",
-        "0:64",
-        "-i",
-        "20",
-        "-x",
-        "2",
-        "-c",
-    ]));
-    assert_eq!(osu_rows(&out).len(), 8, "{out}");
+    validated_rows(&out, 3 * 11);
+    let out = ok(&halo(
+        "launch -n 2 --timeout 60 -- HALO bench latency -m 0:64 -i 20 -x 2 -c",
+        &[],
+    ));
+    validated_rows(&out, 8);
 }
 
 #[test]
@@ -252,33 +190,12 @@ fn two_emulated_hosts() {
         eprintln!("skipped: emulated hosts unavailable: {why}");
         return;
     }
-    let out = ok(&halo(&[
-        "launch",
-        "-n",
-        "4",
-        "--hosts",
-        "2",
-        "--host-rate",
-        "1gbit",
-        "--timeout",
-        "120",
-        "--",
-        HALO,
-        "bench",
-        "alltoall",
-        "-m",
-        "1:1024",
-        "-i",
-        "3",
-        "-x",
-        "1",
-        "-c",
-        "--algo",
-        "flat,halo",
-    ]));
-    let rows = osu_rows(&out);
-    assert_eq!(rows.len(), 2 * 11, "{out}");
-    assert!(rows.iter().all(|r| r.2 == 0), "{out}");
+    let out = ok(&halo(
+        "launch -n 4 --hosts 2 --host-rate 1gbit --timeout 120 -- HALO bench alltoall \
+         -m 1:1024 -i 3 -x 1 -c --algo flat,halo",
+        &[],
+    ));
+    validated_rows(&out, 2 * 11);
 }
 
 /// MPI's `mpirun` on PATH, or why the MPI test skips.
@@ -299,230 +216,40 @@ fn mpi_baseline_in_the_same_run() {
         return;
     }
     let dir = scratch("mpi");
-    let mut args = vec!["launch", "--mpi", "-n", "4", "--timeout", "180"];
-    let emulated = halo::launch::emulation_unavailable().is_none();
-    if emulated {
-        args.extend(["--hosts", "2"]);
-    }
-    args.extend([
-        "--",
-        HALO,
-        "bench",
-        "alltoall",
-        "-m",
-        "0:256",
-        "-i",
-        "3",
-        "-x",
-        "1",
-        "-c",
-        "--algo",
-        "flat,halo,mpi",
-        "--compare",
-        "--plot-dir",
-        dir.to_str().unwrap(),
-    ]);
-    let out = ok(&halo(&args));
+    let hosts = if halo::launch::emulation_unavailable().is_none() {
+        "--hosts 2"
+    } else {
+        ""
+    };
+    // Size 0: empty buffers, whose pointer Open MPI would take for MPI_IN_PLACE.
+    let line = format!(
+        "launch --mpi -n 4 --timeout 180 {hosts} -- HALO bench alltoall -m 0:256 -i 3 -x 1 -c \
+         --algo flat,halo,mpi --compare --plot-dir"
+    );
+    let out = ok(&halo(&line, &[&dir]));
     let t = titles(&out);
     assert_eq!(t.len(), 3, "{out}");
     assert!(
         t[2].contains("algorithm: mpi") && t[2].contains("MPI-launched"),
         "{out}"
     );
-    assert!(osu_rows(&out).iter().all(|r| r.2 == 0), "{out}");
+    // Size 0 has no time to speak of: check its error column only.
+    let rows = osu_rows(&out);
+    assert_eq!(rows.len(), 3 * 10, "{out}");
+    assert!(rows.iter().all(|r| r.2 == "0"), "{out}");
     assert!(out.contains("# Speed-up over MPI"), "{out}");
     for op in ["alltoallv", "bw"] {
-        let out = ok(&halo(&[
-            "launch",
-            "--mpi",
-            "-n",
-            "2",
-            "--timeout",
-            "120",
-            "--",
-            HALO,
-            "bench",
-            op,
-            "-m",
-            "0:128", // size 0: empty buffers, whose pointer Open MPI would take for MPI_IN_PLACE
-            "-i",
-            "3",
-            "-x",
-            "1",
-            "-c",
-            "--algo",
-            "auto,mpi",
-            "--window",
-            "4",
-            "--experts",
-            "4",
-            "--tokens",
-            "16",
-        ]));
-        let t = titles(&out);
-        assert_eq!(t.len(), 2, "{op}: {out}");
-        assert!(osu_rows(&out).iter().all(|r| r.2 == 0), "{op}: {out}");
+        let line = format!(
+            "launch --mpi -n 2 --timeout 120 -- HALO bench {op} -m 0:128 -i 3 -x 1 -c \
+             --algo auto,mpi --window 4 --experts 4 --tokens 16"
+        );
+        let out = ok(&halo(&line, &[]));
+        assert_eq!(titles(&out).len(), 2, "{op}: {out}");
+        // Sizes 0..128: 9 per implementation; at 0 B bw has no bandwidth to check.
+        let rows = osu_rows(&out);
+        assert_eq!(rows.len(), 2 * 9, "{op}: {out}");
+        assert!(rows.iter().all(|r| r.2 == "0"), "{op}: {out}");
     }
-}
-
-#[test]
-fn memcpy_reference_and_its_ratio() {
-    let out = ok(&halo(&[
-        "bench",
-        "--topology",
-        "nodes:2x2",
-        "-m",
-        "1024:1024",
-        "-i",
-        "2",
-        "-x",
-        "0",
-        "--algo",
-        "flat,memcpy",
-        "--compare",
-        "--plot-dir",
-        scratch("memcpy").to_str().unwrap(),
-    ]));
-    assert!(out.contains("(algorithm: memcpy, 4 ranks"), "{out}");
-    let ratio = out
-        .lines()
-        .skip_while(|l| !l.starts_with("# Bus bandwidth / memcpy bandwidth"))
-        .nth(2)
-        .unwrap_or_else(|| panic!("{out}"));
-    let cols: Vec<&str> = ratio.split_whitespace().collect();
-    assert_eq!(cols[0], "1024", "{out}");
-    assert!(cols[1].ends_with('x'), "{out}");
-    let out = halo(&["bench", "alltoallv", "--algo", "memcpy", "-m", "8"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("reference of alltoall only"));
-}
-
-#[test]
-fn simulate_against_a_measurement() {
-    let dir = scratch("validate");
-    let json = dir.join("rows.json");
-    ok(&halo(&[
-        "bench",
-        "--topology",
-        "nodes:2x2",
-        "-m",
-        "1:1024",
-        "-i",
-        "2",
-        "-x",
-        "0",
-        "--algo",
-        "flat,halo",
-        "--threads",
-        "--json-out",
-        json.to_str().unwrap(),
-    ]));
-    let out = ok(&halo(&[
-        "simulate",
-        "--topology",
-        "nodes:2x2",
-        "--measured",
-        json.to_str().unwrap(),
-    ]));
-    let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
-    assert_eq!(rows.len(), 11, "{out}");
-    for r in &rows {
-        // size, flat measured, simulated, error, halo measured, simulated, error, ratios
-        assert!(r.contains('%') && r.contains(" | "), "{r}");
-    }
-    assert!(out.contains("# flat: error from"), "{out}");
-    assert!(out.contains("# halo: error from"), "{out}");
-    let wrong = halo(&[
-        "simulate",
-        "--topology",
-        "flat:8",
-        "--measured",
-        json.to_str().unwrap(),
-    ]);
-    assert_eq!(wrong.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&wrong.stderr).contains("has 4 ranks but topology"),
-        "{}",
-        String::from_utf8_lossy(&wrong.stderr)
-    );
-    std::fs::write(
-        &json,
-        "{\"benchmark\": \"latency\", \"ranks\": 4, \"rows\": []}",
-    )
-    .unwrap();
-    let lat = halo(&[
-        "simulate",
-        "--topology",
-        "nodes:2x2",
-        "--measured",
-        json.to_str().unwrap(),
-    ]);
-    assert_eq!(lat.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&lat.stderr)
-            .contains("only alltoall and alltoallv runs are compared")
-    );
-    // alltoallv: the router travels in the file and the counts are rebuilt.
-    ok(&halo(&[
-        "bench",
-        "alltoallv",
-        "--topology",
-        "nodes:2x2",
-        "-m",
-        "64:256",
-        "-i",
-        "2",
-        "-x",
-        "0",
-        "--algo",
-        "flat,halo",
-        "--experts",
-        "8",
-        "--skew",
-        "1.5",
-        "--json-out",
-        json.to_str().unwrap(),
-    ]));
-    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    assert_eq!(j["moe"]["experts"], 8);
-    assert_eq!(j["moe"]["skew"], 1.5);
-    let out = ok(&halo(&[
-        "simulate",
-        "--topology",
-        "nodes:2x2",
-        "--measured",
-        json.to_str().unwrap(),
-    ]));
-    assert_eq!(
-        out.lines().filter(|l| !l.starts_with('#')).count(),
-        3,
-        "{out}"
-    );
-    assert!(out.contains("# halo: error from"), "{out}");
-}
-
-#[test]
-fn sync_timing_is_named_in_the_title() {
-    let out = ok(&halo(&[
-        "bench",
-        "--topology",
-        "nodes:2x2",
-        "-m",
-        "8:8",
-        "-i",
-        "2",
-        "-x",
-        "0",
-        "--algo",
-        "flat",
-        "--sync",
-        "-c",
-    ]));
-    assert!(
-        titles(&out)[0].contains("threads, emulated x20, timed to a barrier after each call)"),
-        "{out}"
-    );
-    assert_eq!(osu_rows(&out).len(), 1, "{out}");
 }
 
 #[test]
@@ -532,9 +259,8 @@ fn plain_mpirun_bootstraps_through_mpi() {
         return;
     }
     let out = Command::new("mpirun")
-        .args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
+        .args(["-n", "2", "--oversubscribe", "--bind-to", "none", HALO])
         .args([
-            HALO,
             "bench",
             "-m",
             "1:8",
@@ -559,5 +285,85 @@ fn plain_mpirun_bootstraps_through_mpi() {
         t[0].contains("2 ranks") && t[0].contains("MPI-launched"),
         "{text}"
     );
-    assert!(osu_rows(&text).iter().all(|r| r.2 == 0), "{text}");
+    validated_rows(&text, 2 * 4);
+}
+
+#[test]
+fn memcpy_reference_and_its_ratio() {
+    let dir = scratch("memcpy");
+    let out = ok(&halo(
+        "bench --topology nodes:2x2 -m 1024:1024 -i 2 -x 0 --algo flat,memcpy --compare \
+         --plot-dir",
+        &[&dir],
+    ));
+    assert!(out.contains("(algorithm: memcpy, 4 ranks"), "{out}");
+    let ratio = out
+        .lines()
+        .skip_while(|l| !l.starts_with("# Bus bandwidth / memcpy bandwidth"))
+        .nth(2)
+        .unwrap_or_else(|| panic!("{out}"));
+    let cols: Vec<&str> = ratio.split_whitespace().collect();
+    assert_eq!(cols[0], "1024", "{out}");
+    let r: f64 = cols[1].trim_end_matches('x').parse().unwrap();
+    assert!(r > 0.0, "{out}");
+}
+
+#[test]
+fn sync_timing_is_named_in_the_title() {
+    let out = ok(&halo(
+        "bench --topology nodes:2x2 -m 8:8 -i 2 -x 0 --algo flat --sync -c",
+        &[],
+    ));
+    assert!(
+        titles(&out)[0].contains("threads, emulated x20, timed to a barrier after each call)"),
+        "{out}"
+    );
+    validated_rows(&out, 1);
+}
+
+#[test]
+fn simulate_against_a_measurement() {
+    let dir = scratch("validate");
+    let json = dir.join("rows.json");
+    let measured = |topology: &str| {
+        halo(
+            &format!("simulate --topology {topology} --measured"),
+            &[&json],
+        )
+    };
+    ok(&halo(
+        "bench --topology nodes:2x2 -m 1:1024 -i 2 -x 0 --algo flat,halo --threads --json-out",
+        &[&json],
+    ));
+    let out = ok(&measured("nodes:2x2"));
+    let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 11, "{out}");
+    for r in &rows {
+        // size, flat measured, simulated, error, halo measured, simulated, error, ratios
+        assert!(r.contains('%') && r.contains(" | "), "{r}");
+    }
+    assert!(out.contains("# flat: error from"), "{out}");
+    assert!(out.contains("# halo: error from"), "{out}");
+    refused(&measured("flat:8"), "has 4 ranks but topology");
+    std::fs::write(&json, r#"{"benchmark": "latency", "ranks": 4, "rows": []}"#).unwrap();
+    refused(
+        &measured("nodes:2x2"),
+        "only alltoall and alltoallv runs are compared",
+    );
+    // alltoallv: the router travels in the file and the counts are rebuilt.
+    ok(&halo(
+        "bench alltoallv --topology nodes:2x2 -m 64:256 -i 2 -x 0 --algo flat,halo \
+         --experts 8 --skew 1.5 --json-out",
+        &[&json],
+    ));
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(j["moe"]["experts"], 8);
+    assert_eq!(j["moe"]["skew"], 1.5);
+    let out = ok(&measured("nodes:2x2"));
+    assert_eq!(
+        out.lines().filter(|l| !l.starts_with('#')).count(),
+        3,
+        "{out}"
+    );
+    assert!(out.contains("# halo: error from"), "{out}");
 }

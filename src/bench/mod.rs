@@ -686,16 +686,58 @@ fn measure_p2p(
     })
 }
 
-/// What one rank measures: one [`Sample`] per (implementation, size), in order.
+/// One size of a sweep: the size asked for, the row's label (bytes per destination; the
+/// mean for `alltoallv`) and, for the all-to-alls, the bytes per (source, destination).
+#[derive(Debug)]
+struct Point {
+    size: usize,
+    label: usize,
+    counts: Vec<Vec<usize>>,
+}
+
+/// The sweep's sizes with their traffic, computed once for every implementation.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when a size overflows a buffer.
+fn sweep(opts: &BenchOptions, n: usize) -> Result<Vec<Point>> {
+    opts.sizes()
+        .into_iter()
+        .map(|size| {
+            let bytes = match (opts.op, opts.moe.hidden) {
+                (Op::AllToAllV, Some(h)) => size
+                    .checked_mul(opts.moe.topk)
+                    .and_then(|t| t.checked_mul(2 * h)),
+                (Op::AllToAll | Op::AllToAllV, _) => size.checked_mul(n),
+                _ => Some(size),
+            };
+            if bytes.is_none_or(|b| b > isize::MAX as usize / 2) {
+                return Err(Error::invalid_argument(format!(
+                    "size {size} with {n} ranks overflows a buffer"
+                )));
+            }
+            let (label, counts) = match opts.op {
+                Op::AllToAll => (size, vec![vec![size; n]; n]),
+                Op::AllToAllV => opts.moe.bytes(n, size)?,
+                Op::Latency | Op::Bandwidth => (size, Vec::new()),
+            };
+            Ok(Point {
+                size,
+                label,
+                counts,
+            })
+        })
+        .collect()
+}
+
+/// What one rank measures: one [`Sample`] per (implementation, point), in order.
 fn measure_rank(
     comm: &mut Communicator,
     mut mpi: Option<&mut dyn Engine>,
     opts: &BenchOptions,
     algorithms: &[BenchAlgo],
-    sizes: &[usize],
+    points: &[Point],
 ) -> Result<Vec<Sample>> {
-    let n = comm.size();
-    let mut out = Vec::with_capacity(algorithms.len() * sizes.len());
+    let mut out = Vec::with_capacity(algorithms.len() * points.len());
     for &alg in algorithms {
         let mut memcpy;
         let engine: &mut dyn Engine = match alg {
@@ -712,29 +754,20 @@ fn measure_rank(
                 None => return Err(Error::invalid_argument("--algo mpi without MPI")),
             },
         };
-        for &size in sizes {
+        for point in points {
+            let size = point.size;
             let (iterations, warmup) = opts.iterations_for(size);
             let sample = match opts.op {
-                Op::AllToAll => {
-                    let counts = vec![vec![size; n]; n];
+                Op::AllToAll | Op::AllToAllV => measure_collective(
+                    engine,
+                    &point.counts,
+                    iterations,
+                    warmup,
                     // The copy is not an all-to-all: nothing to validate.
-                    let validate = opts.validate && alg != BenchAlgo::Memcpy;
-                    measure_collective(
-                        engine, &counts, iterations, warmup, validate, true, opts.sync,
-                    )?
-                }
-                Op::AllToAllV => {
-                    let (_, counts) = opts.moe.bytes(n, size)?;
-                    measure_collective(
-                        engine,
-                        &counts,
-                        iterations,
-                        warmup,
-                        opts.validate,
-                        false,
-                        opts.sync,
-                    )?
-                }
+                    opts.validate && alg != BenchAlgo::Memcpy,
+                    opts.op == Op::AllToAll,
+                    opts.sync,
+                )?,
                 Op::Latency | Op::Bandwidth => measure_p2p(
                     engine,
                     opts.op,
@@ -782,24 +815,10 @@ pub fn run_ranks(
         return Err(Error::invalid_argument("--window must be at least 1"));
     }
     let algorithms = opts.resolve(comm.topology(), mpi.is_some())?;
-    let sizes = opts.sizes();
-    for &s in &sizes {
-        let bytes = match (opts.op, opts.moe.hidden) {
-            (Op::AllToAllV, Some(h)) => s
-                .checked_mul(opts.moe.topk)
-                .and_then(|t| t.checked_mul(2 * h)),
-            (Op::AllToAll | Op::AllToAllV, _) => s.checked_mul(n),
-            _ => Some(s),
-        };
-        if bytes.is_none_or(|b| b > isize::MAX as usize / 2) {
-            return Err(Error::invalid_argument(format!(
-                "size {s} with {n} ranks overflows a buffer"
-            )));
-        }
-    }
+    let points = sweep(opts, n)?;
     comm.set_timeout(opts.timeout);
     let saved = comm.algorithm();
-    let samples = measure_rank(comm, mpi, opts, &algorithms, &sizes);
+    let samples = measure_rank(comm, mpi, opts, &algorithms, &points);
     comm.set_algorithm(saved);
     let samples = samples?;
     // Gather every rank's samples: [seconds, wrong] as two f64 per sample.
@@ -818,14 +837,11 @@ pub fn run_ranks(
     let mut rows = Vec::with_capacity(samples.len());
     let mut k = 0;
     for &alg in &algorithms {
-        for &size in &sizes {
+        for point in &points {
+            let (size, label) = (point.size, point.label);
             let times: Vec<f64> = per_rank.iter().map(|r| r[2 * k]).collect();
             let wrong: u64 = per_rank.iter().map(|r| r[2 * k + 1] as u64).sum();
             let (iterations, _) = opts.iterations_for(size);
-            let label = match (opts.op, opts.moe.hidden) {
-                (Op::AllToAllV, Some(_)) => opts.moe.bytes(n, size)?.0,
-                _ => size,
-            };
             let row = if opts.op.is_collective() {
                 let avg = times.iter().sum::<f64>() / times.len() as f64;
                 let algbw = if avg > 0.0 {

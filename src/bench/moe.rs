@@ -226,26 +226,26 @@ impl MoeShape {
     }
 }
 
-/// Imbalance of a byte matrix: the largest row or column total over the mean total
-/// (1.0 is perfectly balanced). The busiest sender or receiver sets the pace.
-pub fn imbalance(m: &[Vec<usize>]) -> f64 {
-    let n = m.len();
-    if n == 0 {
-        return 1.0;
-    }
-    let rows: Vec<usize> = m.iter().map(|r| r.iter().sum()).collect();
-    let cols: Vec<usize> = (0..n).map(|d| m.iter().map(|r| r[d]).sum()).collect();
-    let mean = rows.iter().sum::<usize>() as f64 / n as f64;
-    if mean == 0.0 {
-        return 1.0;
-    }
-    let max = rows.iter().chain(cols.iter()).copied().max().unwrap_or(0);
-    max as f64 / mean
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Imbalance of a byte matrix: the largest row or column total over the mean total
+    /// (1.0 is perfectly balanced). The busiest sender or receiver sets the pace.
+    fn imbalance(m: &[Vec<usize>]) -> f64 {
+        let n = m.len();
+        if n == 0 {
+            return 1.0;
+        }
+        let rows: Vec<usize> = m.iter().map(|r| r.iter().sum()).collect();
+        let cols: Vec<usize> = (0..n).map(|d| m.iter().map(|r| r[d]).sum()).collect();
+        let mean = rows.iter().sum::<usize>() as f64 / n as f64;
+        if mean == 0.0 {
+            return 1.0;
+        }
+        let max = rows.iter().chain(cols.iter()).copied().max().unwrap_or(0);
+        max as f64 / mean
+    }
 
     #[test]
     fn rows_sum_to_tokens_times_topk_and_are_deterministic() {

@@ -183,22 +183,15 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
 
 pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
     let op: Op = args.op.parse().map_err(Failure::input)?;
-    if op == Op::AllToAllV {
-        let shape = MoeShape {
-            experts: args.experts,
-            topk: args.topk,
-            skew: args.skew,
-            tokens: args.tokens,
-            hidden: args.hidden,
-            ..MoeShape::default()
-        };
-        shape.validate().map_err(Failure::input)?;
-    }
-    if args.window == 0 {
-        return Err(Failure::input("--window must be at least 1"));
-    }
     let in_process = args.threads || !launched();
     let opts = options(args, op, in_process)?;
+    // What run_ranks would refuse, refused before a job bootstraps for nothing.
+    if op == Op::AllToAllV {
+        opts.moe.validate().map_err(Failure::input)?;
+    }
+    if opts.window == 0 {
+        return Err(Failure::input("--window must be at least 1"));
+    }
     let fail = |e: halo::Error| match e {
         halo::Error::InvalidArgument { .. } => Failure::input(format!("bench: {e}")),
         e => Failure::other(format!("bench: {e}")),

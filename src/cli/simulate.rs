@@ -6,7 +6,7 @@ use halo::collectives::{
     AlgoOptions, Algorithm, BlockSizes, MatrixSizes, MoeSizes, SimOptions, Traffic,
     simulate_all_to_all,
 };
-use halo::plot::{Series, fmt_bytes, line_plot_svg, parse_bytes};
+use halo::plot::{Series, fmt_bytes, line_plot, parse_bytes};
 use halo::topology::{Level, Topology, fmt_seconds};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -52,7 +52,8 @@ pub(crate) struct SimulateArgs {
     /// Seconds per message on every NIC it crosses (LogGP's g).
     #[arg(long)]
     nic_gap: Option<f64>,
-    /// Write an SVG plot of time against size, one line per algorithm.
+    /// Write a plot of time against size, one line per algorithm: SVG, or PNG when the
+    /// file name ends in `.png`.
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Validate against a measurement: a `halo bench alltoall --json-out FILE` run
@@ -244,8 +245,7 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
     }
     if let Some(path) = &args.plot {
         let title = format!("Simulated {} on {} ({} ranks)", args.op, topo.name(), n);
-        line_plot_svg(path, &title, "time (us)", &series)
-            .map_err(|e| Failure::other(e.to_string()))?;
+        line_plot(path, &title, "time (us)", &series).map_err(|e| Failure::other(e.to_string()))?;
         eprintln!("plot written to {}", path.display());
     }
     Ok(())

@@ -20,33 +20,14 @@
 //! would, then runs it on 4 ranks with the launcher behind `halo launch` (and once more
 //! linked statically).
 
+mod common;
+
+use common::{lib_dir, root};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-/// The repository root.
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-/// Where cargo put `libhalo.so` and `libhalo.a` for this test: the test binary's own
-/// directory (`target/<profile>/deps`), where the library this test depends on is
-/// rebuilt whenever its sources change.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().to_path_buf();
-    assert!(
-        dir.join("libhalo.so").is_file(),
-        "libhalo.so is not in {} (cargo builds it for this test as the halo-ffi cdylib)",
-        dir.display()
-    );
-    dir
-}
 
 /// A fresh scratch directory for one test.
 fn scratch(test: &str) -> PathBuf {

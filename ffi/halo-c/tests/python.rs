@@ -18,29 +18,12 @@
 //! `HALO_REQUIRE_PYTHON_TESTS=1` (set by `scripts/test.sh`, after `scripts/deps.sh test`
 //! installed numpy): then it fails.
 
+mod common;
+
+use common::{lib_dir, root};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The repository root.
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-/// `target/<profile>/deps`, where cargo put `libhalo.so` for this test.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().to_path_buf();
-    assert!(
-        dir.join("libhalo.so").is_file(),
-        "libhalo.so is not in {} (cargo builds it for this test as the halo-ffi cdylib)",
-        dir.display()
-    );
-    dir
-}
 
 /// The `halo` launcher of this build: `target/<profile>/halo`, built when missing
 /// (`cargo test --workspace` has built it already).
