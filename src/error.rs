@@ -145,7 +145,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid_argument(message: impl Into<String>) -> Self {
+    /// An [`Error::InvalidArgument`] not tied to a peer (what a caller got wrong).
+    pub fn invalid_argument(message: impl Into<String>) -> Self {
         Error::InvalidArgument {
             peer: None,
             message: message.into(),
@@ -159,7 +160,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn internal(message: impl Into<String>) -> Self {
+    /// An [`Error::InternalError`]: a bug of HALO's, not the caller's.
+    pub fn internal(message: impl Into<String>) -> Self {
         Error::InternalError {
             message: message.into(),
         }

@@ -1,8 +1,12 @@
 //! HALO: a topology-aware hierarchical all-to-all for Mixture-of-Experts training.
 //!
-//! This crate is the facade over [`halo_topology`] (the machine model) and the
-//! collectives; for now it holds the logging set-up shared by the library and the
-//! `halo` command-line tool.
+//! This crate is the library a training program links: the communicator over
+//! [`halo_topology`] (the machine model) and [`halo_collectives`] (schedules, verifier,
+//! simulator, engine), its transports, bootstrap and algorithm selection. It pulls in
+//! nothing that only the `halo` command-line tool needs (that is the `halo-cli` crate:
+//! launcher, benchmarks, plots); logs go through `tracing`, and whoever owns the process
+//! (the tool, `libhalo`, your program) installs a subscriber (`halo-logging` reads
+//! `HALO_DEBUG` the way NCCL reads `NCCL_DEBUG`).
 //!
 //! # Collectives
 //!
@@ -20,7 +24,7 @@
 //!
 //! Without a cluster, [`local::run`] runs `N` ranks as threads of this process over the
 //! in-process transport, optionally with link emulation ([`Emulation`]) so that one
-//! machine shows a cluster's shape; [`mod@bench`] is the OSU-style benchmark on top of it.
+//! machine shows a cluster's shape.
 //!
 //! ```
 //! use halo::local::{self, Emulation};
@@ -40,16 +44,9 @@
 
 pub use halo_topology as topology;
 
-pub mod logging;
-
-pub mod bench;
 pub mod bootstrap;
-pub mod calibrate;
-pub mod check;
 mod comm;
 mod error;
-pub mod launch;
-pub mod plot;
 pub mod select;
 mod transport;
 

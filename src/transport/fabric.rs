@@ -58,7 +58,7 @@
 //!   are older than itself. Doorbell files of dead processes are removed likewise.
 //!
 //! When the provider is `cxi`, HPE's recommended settings for collective libraries are
-//! applied unless the user set them (REFERENCE.md §2): `FI_MR_CACHE_MONITOR=userfaultfd`,
+//! applied unless the user set them (docs/REFERENCE.md §2): `FI_MR_CACHE_MONITOR=userfaultfd`,
 //! `FI_CXI_DEFAULT_CQ_SIZE=131072`, `FI_CXI_DEFAULT_TX_SIZE=2048`,
 //! `FI_CXI_RDZV_PROTO=alt_read`, `FI_CXI_RX_MATCH_MODE=hybrid`.
 

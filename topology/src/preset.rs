@@ -3,7 +3,7 @@
 //! Any preset takes `,ranks=M` to keep only its first `M` ranks, which makes uneven
 //! trees (`nodes:4x4,ranks=14` leaves 2 ranks on the last node).
 //!
-//! Figures come from shared/REFERENCE.md §2; latencies the sources do not give are
+//! Figures come from docs/REFERENCE.md §2; latencies the sources do not give are
 //! inferred and marked below.
 
 use crate::error::{Result, TopologyError};
@@ -12,7 +12,7 @@ use crate::model::Topology;
 use crate::spec::{NicSpec, RankSpec, TopologySpec};
 use std::collections::BTreeMap;
 
-/// Frontier (OLCF): figures from REFERENCE.md §2.
+/// Frontier (OLCF): figures from docs/REFERENCE.md §2.
 pub mod frontier {
     use crate::level::LinkClass;
     /// GCDs (ranks) per node.

@@ -486,7 +486,7 @@ fn render_tree_and_summary() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Frontier facts (REFERENCE.md §2).
+// Frontier facts (docs/REFERENCE.md §2).
 
 #[test]
 fn frontier_16_facts() {

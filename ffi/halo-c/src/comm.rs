@@ -13,7 +13,7 @@ use std::sync::Once;
 /// something up).
 fn init_logging() {
     static LOGGING: Once = Once::new();
-    LOGGING.call_once(halo_rs::logging::init_from_env);
+    LOGGING.call_once(halo_logging::init_from_env);
 }
 
 /// Checks that an output pointer is not NULL.

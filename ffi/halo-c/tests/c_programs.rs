@@ -338,9 +338,9 @@ fn abort_from_a_watchdog_thread_stops_a_blocked_collective() {
 /// is not installed.
 fn valgrind() -> Option<Vec<String>> {
     if Command::new("valgrind").arg("--version").output().is_err() {
-        println!(
-            "SKIPPED: valgrind is not installed (bash scripts/deps.sh test installs it); \
-             the C programs ran without memcheck"
+        halo_cli::testing::skip(
+            "valgrind is not installed (bash scripts/deps.sh test installs it); \
+             the C programs ran without memcheck",
         );
         return None;
     }
@@ -452,7 +452,7 @@ fn a_new_user_installs_builds_with_pkg_config_and_runs_4_ranks() {
             .arg(&dynamic),
     );
     // `halo launch -n 4 -- ./alltoallv`, through the library behind the command.
-    let spec = halo_rs::launch::LaunchSpec::new(
+    let spec = halo_cli::launch::LaunchSpec::new(
         4,
         vec![
             "env".into(),
@@ -460,11 +460,11 @@ fn a_new_user_installs_builds_with_pkg_config_and_runs_4_ranks() {
             dynamic.display().to_string(),
         ],
     );
-    let report = halo_rs::launch::launch(&spec, &halo_rs::launch::Interrupt::new())
+    let report = halo_cli::launch::launch(&spec, &halo_cli::launch::Interrupt::new())
         .expect("halo launch starts the ranks");
     assert_eq!(
         report.outcome,
-        halo_rs::launch::Outcome::Success,
+        halo_cli::launch::Outcome::Success,
         "the README's all-to-all-v failed under halo launch"
     );
 

@@ -15,8 +15,8 @@
 //! - `test_install.py`: `pip install` of `python/` into a scratch directory.
 //!
 //! Without python3 or numpy the test is skipped with the reason printed, unless
-//! `HALO_REQUIRE_PYTHON_TESTS=1` (set by `scripts/test.sh`, after `scripts/deps.sh test`
-//! installed numpy): then it fails.
+//! `HALO_REQUIRE_ALL=1` or `HALO_REQUIRE_PYTHON_TESTS=1` (set by `scripts/test.sh`, after
+//! `scripts/deps.sh test` installed numpy): then it fails.
 
 mod common;
 
@@ -71,7 +71,7 @@ fn python_package_tests() {
             std::env::var("HALO_REQUIRE_PYTHON_TESTS").as_deref() != Ok("1"),
             "the Python tests are required (HALO_REQUIRE_PYTHON_TESTS=1) but {why}"
         );
-        println!("SKIPPED: {why}; the Python package was not tested");
+        halo_cli::testing::skip(&format!("{why}; the Python package was not tested"));
         return;
     }
     let root = root();

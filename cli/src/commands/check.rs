@@ -3,8 +3,8 @@
 use super::Failure;
 use clap::Args;
 use halo::Communicator;
-use halo::check::{CheckOptions, DieAt, run_check};
 use halo::collectives::Algorithm;
+use halo_cli::check::{CheckOptions, DieAt, run_check};
 
 /// Verifies all-to-all and all-to-all-v (counts with zeros, gapped layouts) with
 /// every algorithm, byte-exact, as one rank of a job started by `halo launch`,

@@ -186,8 +186,8 @@ fn processes_over_shared_memory() {
 
 #[test]
 fn two_emulated_hosts() {
-    if let Some(why) = halo::launch::emulation_unavailable() {
-        eprintln!("skipped: emulated hosts unavailable: {why}");
+    if let Some(why) = halo_cli::launch::emulation_unavailable() {
+        halo_cli::testing::skip(&format!("emulated hosts unavailable: {why}"));
         return;
     }
     let out = ok(&halo(
@@ -212,11 +212,11 @@ fn mpi_missing() -> Option<String> {
 #[test]
 fn mpi_baseline_in_the_same_run() {
     if let Some(why) = mpi_missing() {
-        eprintln!("skipped: {why}");
+        halo_cli::testing::skip(&why);
         return;
     }
     let dir = scratch("mpi");
-    let hosts = if halo::launch::emulation_unavailable().is_none() {
+    let hosts = if halo_cli::launch::emulation_unavailable().is_none() {
         "--hosts 2"
     } else {
         ""
@@ -255,7 +255,7 @@ fn mpi_baseline_in_the_same_run() {
 #[test]
 fn plain_mpirun_bootstraps_through_mpi() {
     if let Some(why) = mpi_missing() {
-        eprintln!("skipped: {why}");
+        halo_cli::testing::skip(&why);
         return;
     }
     let out = Command::new("mpirun")

@@ -3,7 +3,7 @@
 //! `MPI_Isend` windows, through the `mpi` crate, on the processes HALO runs on.
 
 use super::Engine;
-use crate::error::{Error, Result};
+use halo::{Error, Result};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::traits::{Communicator, CommunicatorCollectives, Destination, Source};
 

@@ -31,7 +31,7 @@
 //! are recovered exactly. A negative latency is written as 0 (the residuals are those
 //! of what is written).
 
-use crate::{Communicator, Error, ReduceOp, Result};
+use halo::{Communicator, Error, ReduceOp, Result};
 use halo_topology::{Level, LinkClass, Topology, TopologySpec};
 use std::time::Instant;
 
@@ -54,6 +54,8 @@ pub struct CalibrateOptions {
     /// Timed round trips per size up to 64 KiB; larger sizes run
     /// `iters * 64 KiB / size` of them, at least 2 (as OSU does).
     pub iters: usize,
+    /// Draw a progress bar over the levels on rank 0 (see [`crate::progress`]).
+    pub progress: bool,
 }
 
 impl Default for CalibrateOptions {
@@ -61,6 +63,7 @@ impl Default for CalibrateOptions {
         CalibrateOptions {
             sizes: size_ladder(1, 4 << 20),
             iters: 100,
+            progress: false,
         }
     }
 }
@@ -280,7 +283,10 @@ pub fn measure(comm: &mut Communicator, opts: &CalibrateOptions) -> Result<Vec<L
     let mut a = vec![0x5au8; largest];
     let mut b = vec![0u8; largest];
     let mut out = Vec::new();
-    for (level, peer) in pairs(comm.topology()) {
+    let pairs = pairs(comm.topology());
+    let bar = crate::progress::bar(pairs.len(), "calibrating levels", opts.progress && me == 0);
+    for (level, peer) in pairs {
+        bar.inc(1);
         for attempt in 0..=RETRIES {
             comm.barrier()?;
             let samples = if me == 0 || me == peer {
@@ -314,6 +320,7 @@ pub fn measure(comm: &mut Communicator, opts: &CalibrateOptions) -> Result<Vec<L
             tracing::info!(%level, attempt, "calibrate: times do not grow with size; measuring again");
         }
     }
+    bar.finish_and_clear();
     Ok(out)
 }
 

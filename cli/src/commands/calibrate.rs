@@ -3,9 +3,9 @@
 use super::Failure;
 use clap::Args;
 use halo::Communicator;
-use halo::calibrate::{CalibrateOptions, calibrated_spec, measure, size_ladder, to_json};
-use halo::plot::{fmt_bytes, parse_bytes};
 use halo::topology::{fmt_bandwidth, fmt_seconds};
+use halo_cli::calibrate::{CalibrateOptions, calibrated_spec, measure, size_ladder, to_json};
+use halo_cli::plot::{fmt_bytes, parse_bytes};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -58,6 +58,7 @@ pub(crate) fn run(args: &CalibrateArgs) -> Result<(), Failure> {
     let opts = CalibrateOptions {
         sizes: sizes(&args.sizes)?,
         iters: args.iters,
+        progress: !args.json && halo_cli::progress::on_terminal(),
     };
     if opts.sizes.len() < 2 {
         return Err(Failure::input(format!(

@@ -2,7 +2,7 @@
 
 use super::Failure;
 use clap::Args;
-use halo::launch::{self, Interrupt, LaunchError, LaunchSpec, Outcome, Placement};
+use halo_cli::launch::{self, Interrupt, LaunchError, LaunchSpec, Outcome, Placement};
 use std::path::PathBuf;
 use std::time::Duration;
 

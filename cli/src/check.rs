@@ -6,8 +6,8 @@
 //! the -v counts of every pair a pure function of (round, src, dst), so each rank can
 //! check what it received without any other communication.
 
-use crate::Communicator;
-use crate::error::{Error, Result};
+use halo::Communicator;
+use halo::{Error, Result};
 use halo_collectives::Algorithm;
 use std::time::{Duration, Instant};
 

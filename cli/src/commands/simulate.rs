@@ -6,8 +6,8 @@ use halo::collectives::{
     AlgoOptions, Algorithm, BlockSizes, MatrixSizes, MoeSizes, SimOptions, Traffic,
     simulate_all_to_all,
 };
-use halo::plot::{Series, fmt_bytes, line_plot, parse_bytes};
 use halo::topology::{Level, Topology, fmt_seconds};
+use halo_cli::plot::{Series, fmt_bytes, line_plot, parse_bytes};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -176,7 +176,13 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
             points: Vec::new(),
         })
         .collect();
-    for size in sizes(&args.sizes)? {
+    let sizes = sizes(&args.sizes)?;
+    let bar = halo_cli::progress::bar(
+        sizes.len() * algos.len(),
+        &format!("simulating {n} ranks"),
+        halo_cli::progress::on_terminal(),
+    );
+    for size in sizes {
         let bytes_per_token = args.hidden * 2;
         let tokens = (size * n).div_ceil(args.topk * bytes_per_token).max(1);
         let moe = MoeSizes::new(
@@ -206,7 +212,9 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
             } else {
                 Traffic::Uniform(size)
             };
-            match simulate_all_to_all(&topo, a, traffic, &opts) {
+            let simulated = simulate_all_to_all(&topo, a, traffic, &opts);
+            bar.inc(1);
+            match simulated {
                 Ok(r) => {
                     let algbw = if r.time > 0.0 {
                         per_rank / r.time / 1e9
@@ -241,8 +249,9 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
             }
         }
         line.push('\n');
-        super::emit(&line)?;
+        bar.suspend(|| super::emit(&line))?;
     }
+    bar.finish_and_clear();
     if let Some(path) = &args.plot {
         let title = format!("Simulated {} on {} ({} ranks)", args.op, topo.name(), n);
         line_plot(path, &title, "time (us)", &series).map_err(|e| Failure::other(e.to_string()))?;
@@ -267,7 +276,7 @@ struct Measured {
     mode: String,
     /// The router of an `alltoallv` run.
     #[serde(default)]
-    moe: Option<halo::bench::moe::MoeShape>,
+    moe: Option<halo_cli::bench::moe::MoeShape>,
     rows: Vec<MeasuredRow>,
 }
 

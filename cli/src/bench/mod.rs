@@ -1,7 +1,7 @@
 //! The OSU-style benchmark suite behind `halo bench`, as a library.
 //!
 //! Four benchmarks, measured as the OSU micro-benchmarks measure them
-//! (REFERENCE.md §3):
+//! (docs/REFERENCE.md §3):
 //!
 //! - [`Op::AllToAll`] (`osu_alltoall`): sizes are bytes per destination, powers of two;
 //!   per size `warmup` untimed then `iterations` timed calls, a barrier before each call
@@ -27,10 +27,10 @@ pub mod moe;
 pub mod mpi;
 pub mod report;
 
-use crate::comm::Communicator;
-use crate::error::{Error, Result};
-use crate::local::{self, Emulation};
-use crate::select;
+use halo::Communicator;
+use halo::local::{self, Emulation};
+use halo::select;
+use halo::{Error, Result};
 use halo_collectives::{AlgoOptions, Algorithm};
 use halo_topology::Topology;
 use moe::MoeShape;
@@ -205,6 +205,9 @@ pub struct BenchOptions {
     pub moe: MoeShape,
     /// Messages in flight per iteration of `bw` (OSU's window, 64).
     pub window: usize,
+    /// Draw a progress bar on rank 0 (the tool sets it on a terminal with text output;
+    /// see [`crate::progress`]).
+    pub progress: bool,
 }
 
 impl Default for BenchOptions {
@@ -222,6 +225,7 @@ impl Default for BenchOptions {
             sync: false,
             moe: MoeShape::default(),
             window: 64,
+            progress: false,
         }
     }
 }
@@ -738,6 +742,11 @@ fn measure_rank(
     points: &[Point],
 ) -> Result<Vec<Sample>> {
     let mut out = Vec::with_capacity(algorithms.len() * points.len());
+    let bar = crate::progress::bar(
+        algorithms.len() * points.len(),
+        &format!("{} on {} ranks", opts.op, comm.size()),
+        opts.progress && comm.rank() == 0,
+    );
     for &alg in algorithms {
         let mut memcpy;
         let engine: &mut dyn Engine = match alg {
@@ -780,8 +789,10 @@ fn measure_rank(
             };
             tracing::debug!(algorithm = %alg, size, seconds = sample.seconds, "measured");
             out.push(sample);
+            bar.inc(1);
         }
     }
+    bar.finish_and_clear();
     Ok(out)
 }
 

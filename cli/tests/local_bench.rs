@@ -1,10 +1,10 @@
 //! The OSU-style benchmark library behind `halo bench`, with the ranks as threads.
 
 use halo::Algorithm;
-use halo::bench::moe::MoeShape;
-use halo::bench::{self, BenchAlgo, BenchOptions, Op};
 use halo::local::Emulation;
 use halo::topology::Topology;
+use halo_cli::bench::moe::MoeShape;
+use halo_cli::bench::{self, BenchAlgo, BenchOptions, Op};
 
 fn small(op: Op) -> BenchOptions {
     BenchOptions {

@@ -3,11 +3,11 @@
 use super::Failure;
 use clap::{Args, ValueEnum};
 use halo::Communicator;
-use halo::bench::moe::MoeShape;
-use halo::bench::report::{self, RunInfo};
-use halo::bench::{BenchAlgo, BenchOptions, BenchRow, Op, run_local_bench, run_ranks};
 use halo::local::Emulation;
 use halo::topology::Topology;
+use halo_cli::bench::moe::MoeShape;
+use halo_cli::bench::report::{self, RunInfo};
+use halo_cli::bench::{BenchAlgo, BenchOptions, BenchRow, Op, run_local_bench, run_ranks};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -122,7 +122,7 @@ pub(crate) struct BenchArgs {
 
 fn parse_sizes(s: &str) -> Result<(usize, usize), Failure> {
     let parse = |x: &str| {
-        halo::plot::parse_bytes(x)
+        halo_cli::plot::parse_bytes(x)
             .map_err(|_| Failure::input(format!("-m {s}: '{x}' is not a size in bytes")))
     };
     let (lo, hi) = match s.split_once(':') {
@@ -178,6 +178,7 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
             ..MoeShape::default()
         },
         window: args.window,
+        progress: args.format == Format::Osu && halo_cli::progress::on_terminal(),
     })
 }
 
@@ -331,7 +332,7 @@ fn run_with_mpi(
     opts: &BenchOptions,
     measure_mpi: bool,
 ) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
-    use halo::bench::{Engine, mpi::MpiEngine};
+    use halo_cli::bench::{Engine, mpi::MpiEngine};
     let universe = mpi::initialize().ok_or_else(|| halo::Error::SystemError {
         message: "MPI could not be initialised (MPI_Init failed or ran before)".into(),
     })?;

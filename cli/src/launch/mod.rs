@@ -381,7 +381,7 @@ pub fn launch(spec: &LaunchSpec, interrupt: &Interrupt) -> Result<LaunchReport, 
     } else {
         None
     };
-    let secret = crate::bootstrap::random_secret().map_err(|e| {
+    let secret = halo::bootstrap::random_secret().map_err(|e| {
         LaunchError::io(
             "cannot make the job secret",
             std::io::Error::other(e.to_string()),

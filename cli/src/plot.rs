@@ -1,7 +1,7 @@
 //! Line plots of latency or bandwidth against message size, one line per series,
 //! written as SVG or PNG with `plotters` (used by `halo simulate` and the benchmarks).
 
-use crate::error::{Error, Result};
+use halo::{Error, Result};
 use plotters::prelude::*;
 use std::path::Path;
 

@@ -18,7 +18,7 @@
 //! [`MoeShape::bytes`] turns the routed token counts into bytes per (source,
 //! destination) for one row of a benchmark sweep.
 
-use crate::error::{Error, Result};
+use halo::{Error, Result};
 
 /// The router's parameters (`halo bench alltoallv --experts --topk --skew --tokens --hidden`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -2,8 +2,8 @@
 //! (over shared memory; on emulated hosts when root) whose topology file loads and
 //! drives `halo simulate`.
 
-use halo::calibrate::{fit_alpha_beta, iterations, size_ladder};
 use halo::topology::{Level, Topology};
+use halo_cli::calibrate::{fit_alpha_beta, iterations, size_ladder};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -232,8 +232,8 @@ fn launched_over_shared_memory_writes_a_loadable_topology() {
 /// go up to 4 MiB, where the shaped part dominates and decides the slope.
 #[test]
 fn emulated_hosts_fit_the_shaped_rate() {
-    if let Some(why) = halo::launch::emulation_unavailable() {
-        eprintln!("skipped: emulated hosts unavailable: {why}");
+    if let Some(why) = halo_cli::launch::emulation_unavailable() {
+        halo_cli::testing::skip(&format!("emulated hosts unavailable: {why}"));
         return;
     }
     let _serial = serial();

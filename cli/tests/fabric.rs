@@ -8,8 +8,8 @@
 //! The emulated-host tests and the tests that give ranks their own host names skip
 //! with a printed reason when not root or when namespaces cannot be created.
 
-use halo::check::{CheckOptions, pair_bytes};
 use halo::{Communicator, Error, InitConfig, UniqueId};
+use halo_cli::check::{CheckOptions, pair_bytes};
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
@@ -261,8 +261,8 @@ fn every_progress_strategy_is_byte_exact() {
 
 macro_rules! need_namespaces {
     () => {
-        if let Some(why) = halo::launch::emulation_unavailable() {
-            eprintln!("skipped: namespaces unavailable: {why}");
+        if let Some(why) = halo_cli::launch::emulation_unavailable() {
+            halo_cli::testing::skip(&format!("namespaces unavailable: {why}"));
             return;
         }
     };

@@ -413,7 +413,7 @@ fn hosts_without_root_is_a_clear_error() {
         {
             Ok(o) => o,
             Err(e) => {
-                eprintln!("skipped: cannot run setpriv to drop root: {e}");
+                halo_cli::testing::skip(&format!("cannot run setpriv to drop root: {e}"));
                 return;
             }
         }
@@ -448,8 +448,8 @@ fn is_root() -> bool {
 
 macro_rules! need_emulation {
     () => {
-        if let Some(why) = halo::launch::emulation_unavailable() {
-            eprintln!("skipped: emulated hosts unavailable: {why}");
+        if let Some(why) = halo_cli::launch::emulation_unavailable() {
+            halo_cli::testing::skip(&format!("emulated hosts unavailable: {why}"));
             return;
         }
     };
@@ -765,7 +765,7 @@ fn own_namespaces() -> Vec<String> {
 #[test]
 fn cluster_layout_teardown_and_interrupted_setup() {
     need_emulation!();
-    use halo::launch::{EmulatedCluster, LaunchError};
+    use halo_cli::launch::{EmulatedCluster, LaunchError};
     assert!(own_namespaces().is_empty());
     let before = root_links();
     let never = || None;
@@ -959,9 +959,9 @@ fn mpi_program(dir: &Path) -> Option<PathBuf> {
         Ok(o) if o.status.success() => Some(exe),
         Ok(o) => panic!("mpicc failed: {}", String::from_utf8_lossy(&o.stderr)),
         Err(e) => {
-            eprintln!(
-                "skipped: no mpicc ({e}); scripts/deps.sh installs openmpi-bin libopenmpi-dev"
-            );
+            halo_cli::testing::skip(&format!(
+                "no mpicc ({e}); scripts/deps.sh installs openmpi-bin libopenmpi-dev"
+            ));
             None
         }
     }

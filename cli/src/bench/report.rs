@@ -2,8 +2,8 @@
 //! comparison tables of `--compare` and their plots.
 
 use super::{BenchAlgo, BenchRow, Op};
-use crate::error::{Error, Result};
 use crate::plot::{self, Series};
+use halo::{Error, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 

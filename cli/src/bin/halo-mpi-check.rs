@@ -9,12 +9,12 @@
 //! verified byte-exact with every algorithm.
 
 use halo::Communicator;
-use halo::check::{CheckOptions, run_check};
+use halo_cli::check::{CheckOptions, run_check};
 use mpi::traits::Communicator as _;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    halo::logging::init_from_env();
+    halo_logging::init_from_env();
     let Some(universe) = mpi::initialize() else {
         eprintln!("error: MPI could not be initialised");
         return ExitCode::from(1);
