@@ -12,7 +12,7 @@ out=${1:-docs/bench}
 shift || true
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(emu4x2 emu4x2-sync emu4x2-v emu4x2-v-sync emu2-p2p host4 host8 threads8)
-cargo build --release --features mpi --bin halo >&2
+cargo build --release -p halo-cli --features mpi --bin halo >&2
 halo=$PWD/target/release/halo
 
 run() { # NAME LAUNCH_ARGS... -- BENCH_ARGS...

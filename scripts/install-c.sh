@@ -32,10 +32,8 @@ esac
 if [ -z "$from" ]; then
   bash "$root/scripts/deps.sh"
   cd "$root"
-  # Two builds: selected together, the library `halo` of halo-ffi and that of the
-  # Rust crate `halo` would both be copied to target/release/libhalo.rlib.
-  cargo build --release -p halo-ffi
-  cargo build --release -p halo --bin halo
+  # libhalo.so / libhalo.a, and the `halo` launcher (package halo-cli).
+  cargo build --release -p halo-ffi -p halo-cli
   from="${CARGO_TARGET_DIR:-$root/target}/release"
 fi
 

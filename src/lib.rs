@@ -45,6 +45,8 @@
 pub use halo_topology as topology;
 
 pub mod bootstrap;
+#[doc(hidden)]
+pub mod c_abi;
 mod comm;
 mod error;
 pub mod select;
@@ -52,7 +54,7 @@ mod transport;
 
 pub use bootstrap::UniqueId;
 pub use comm::{
-    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, ReduceOp, Reducible, SPLIT_NOCOLOR,
+    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, Partition, ReduceOp, Reducible,
 };
 pub use error::{Error, Result};
 pub use half::{bf16, f16};

@@ -8,7 +8,7 @@ mod local_common;
 
 use halo::local::{self, Emulation};
 use halo::topology::Topology;
-use halo::{Algorithm, Communicator};
+use halo::{Algorithm, Communicator, Partition};
 use local_common::{Rng, buildable};
 use std::fmt::Debug;
 use std::time::Duration;
@@ -165,11 +165,9 @@ fn check_v<E: Elem>(topo: &Topology, alg: Algorithm, pattern: Pattern, seed: u64
         let mut recv = vec![E::SENTINEL; recv_len];
         comm.all_to_all_v(
             &send,
-            &send_counts,
-            &send_displs,
+            &Partition::new(&send_counts, &send_displs),
             &mut recv,
-            &recv_counts,
-            &recv_displs,
+            &Partition::new(&recv_counts, &recv_displs),
         )?;
         assert_eq!(comm.last_algorithm(), Some(alg));
         Ok((recv, recv_counts, recv_displs))
@@ -318,11 +316,9 @@ fn successive_collectives_do_not_mix() {
             let mut recv = vec![0u16; recv_counts.iter().sum()];
             comm.all_to_all_v(
                 &send,
-                &send_counts,
-                &send_displs,
+                &Partition::new(&send_counts, &send_displs),
                 &mut recv,
-                &recv_counts,
-                &recv_displs,
+                &Partition::new(&recv_counts, &recv_displs),
             )?;
             for q in 0..n {
                 for i in 0..recv_counts[q] {

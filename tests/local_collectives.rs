@@ -9,7 +9,7 @@
 //!   reference (integer-valued data, so every order of summation is exact), and bitwise
 //!   equal on every rank for random floats;
 //! - split: by parity and by halves with reversed keys, all-to-all on the children,
-//!   children and parent used alternately, `SPLIT_NOCOLOR`, nested splits, concurrent
+//!   children and parent used alternately, no color (`None`), nested splits, concurrent
 //!   use refused, communicator ids released on drop.
 
 mod local_common;
@@ -17,8 +17,7 @@ mod local_common;
 use halo::local::{self, Emulation};
 use halo::topology::Topology;
 use halo::{
-    AllGatherAlgorithm, AllReduceAlgorithm, Communicator, Error, ReduceOp, Reducible,
-    SPLIT_NOCOLOR, bf16, f16,
+    AllGatherAlgorithm, AllReduceAlgorithm, Communicator, Error, ReduceOp, Reducible, bf16, f16,
 };
 use local_common::{Rng, buildable};
 use std::fmt::Debug;
@@ -522,13 +521,15 @@ fn split_by_parity_and_by_half_with_reversed_keys() {
     run_ok(&Topology::preset("nodes:2x4").unwrap(), |comm| {
         let me = comm.rank();
         // Parity, reversed: color 0 = {6, 4, 2, 0}, color 1 = {7, 5, 3, 1}.
-        let mut parity = comm.split((me % 2) as i32, -(me as i32))?.expect("a color");
+        let mut parity = comm
+            .split(Some((me % 2) as u32), -(me as i32))?
+            .expect("a color");
         assert_eq!(parity.size(), 4);
         assert_eq!(parity.rank(), 3 - me / 2);
         assert_eq!(parity.topology().size(), 4);
         // Halves, reversed: color 0 = {3, 2, 1, 0}, color 1 = {7, 6, 5, 4}.
         let mut half = comm
-            .split((me / 4) as i32, 100 - me as i32)?
+            .split(Some((me / 4) as u32), 100 - me as i32)?
             .expect("a color");
         assert_eq!(half.size(), 4);
         assert_eq!(half.rank(), 3 - me % 4);
@@ -551,7 +552,9 @@ fn split_by_parity_and_by_half_with_reversed_keys() {
 fn child_and_parent_used_alternately() {
     run_ok(&Topology::preset("nodes:2x4").unwrap(), |comm| {
         let (me, n) = (comm.rank(), comm.size());
-        let mut child = comm.split((me % 2) as i32, me as i32)?.expect("a color");
+        let mut child = comm
+            .split(Some((me % 2) as u32), me as i32)?
+            .expect("a color");
         let cme = child.rank();
         for round in 0..3u32 {
             // Parent all-reduce, child all-reduce, parent and child point-to-point,
@@ -585,7 +588,7 @@ fn child_and_parent_used_alternately() {
 fn nocolor_gives_none() {
     run_ok(&flat(5), |comm| {
         let me = comm.rank();
-        let color = if me == 2 { SPLIT_NOCOLOR } else { 7 };
+        let color = if me == 2 { None } else { Some(7) };
         let child = comm.split(color, 0)?;
         match child {
             None => assert_eq!(me, 2),
@@ -608,11 +611,11 @@ fn nocolor_gives_none() {
 fn nested_split() {
     run_ok(&Topology::preset("nodes:2x4").unwrap(), |comm| {
         let me = comm.rank();
-        let mut half = comm.split((me / 4) as i32, 0)?.expect("a color");
+        let mut half = comm.split(Some((me / 4) as u32), 0)?.expect("a color");
         // Inside each half, by parity with reversed keys: {2, 0} and {3, 1} of the half.
         let hme = half.rank();
         let mut quarter = half
-            .split((hme % 2) as i32, -(hme as i32))?
+            .split(Some((hme % 2) as u32), -(hme as i32))?
             .expect("a color");
         assert_eq!(quarter.size(), 2);
         assert_eq!(quarter.rank(), 1 - hme / 2);
@@ -633,7 +636,7 @@ fn nested_split() {
         drop(half);
         check_all_to_all(&mut quarter, 5)?;
         // A child split with everybody in one color and no reordering is a copy.
-        let mut copy = comm.split(0, 0)?.expect("a color");
+        let mut copy = comm.split(Some(0), 0)?.expect("a color");
         assert_eq!((copy.rank(), copy.size()), (me, 8));
         check_all_to_all(&mut copy, 6)?;
         Ok(())
@@ -645,7 +648,7 @@ fn concurrent_use_of_a_split_tree_is_refused() {
     let out = local::run(&flat(2), Emulation::off(), |comm| {
         comm.set_timeout(Duration::from_secs(10));
         let me = comm.rank();
-        let mut child = comm.split(0, 0)?.expect("a color");
+        let mut child = comm.split(Some(0), 0)?.expect("a color");
         if me == 0 {
             std::thread::scope(|s| {
                 // The child blocks in a receive (holding the endpoint) on another thread...
@@ -685,7 +688,7 @@ fn communicator_ids_are_released_and_bounded() {
         let me = comm.rank();
         // Many short-lived children: ids come back when they are dropped.
         for i in 0..50 {
-            let mut c = comm.split(0, i)?.expect("a color");
+            let mut c = comm.split(Some(0), i)?.expect("a color");
             let mut s = [0u32];
             c.all_reduce(&[1u32], &mut s, ReduceOp::Sum)?;
             assert_eq!(s[0], 3);
@@ -693,7 +696,7 @@ fn communicator_ids_are_released_and_bounded() {
         // At most 32 at once per rank, the world's included.
         let mut live = Vec::new();
         let err = loop {
-            match comm.split(0, me as i32) {
+            match comm.split(Some(0), me as i32) {
                 Ok(c) => live.push(c.expect("a color")),
                 Err(e) => break e,
             }
@@ -706,7 +709,7 @@ fn communicator_ids_are_released_and_bounded() {
             check_all_to_all(c, 7)?;
         }
         live.truncate(10);
-        let mut again = comm.split(1, 0)?.expect("a color");
+        let mut again = comm.split(Some(1), 0)?.expect("a color");
         check_all_to_all(&mut again, 8)?;
         Ok(())
     });
@@ -717,14 +720,14 @@ fn split_topology_follows_the_members() {
     run_ok(&Topology::preset("nodes:2x4").unwrap(), |comm| {
         let me = comm.rank();
         // One rank per node: ranks 0 and 4.
-        let c = comm.split(if me % 4 == 0 { 0 } else { SPLIT_NOCOLOR }, 0)?;
+        let c = comm.split(if me % 4 == 0 { Some(0) } else { None }, 0)?;
         if let Some(c) = c {
             let t = c.topology();
             assert_eq!(t.size(), 2);
             assert_eq!(t.meet(0, 1), halo::topology::Level::System);
         }
         // A node's ranks only.
-        let c = comm.split((me / 4) as i32, 0)?.expect("a color");
+        let c = comm.split(Some((me / 4) as u32), 0)?.expect("a color");
         assert_eq!(c.topology().meet(0, 3), halo::topology::Level::Node);
         Ok(())
     });

@@ -5,7 +5,7 @@ mod local_common;
 
 use halo::local::{self, Emulation};
 use halo::topology::Topology;
-use halo::{Algorithm, Error};
+use halo::{Algorithm, Error, Partition};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -48,18 +48,19 @@ fn count_mismatch_is_invalid_usage_on_every_rank() {
             let mut recv = vec![0u32; n];
             let r = comm.all_to_all_v(
                 &send,
-                &send_counts,
-                &packed(&send_counts),
+                &Partition::new(&send_counts, &packed(&send_counts)),
                 &mut recv,
-                &recv_counts,
-                &packed(&recv_counts),
+                &Partition::new(&recv_counts, &packed(&recv_counts)),
             );
             // The communicator stays usable: the next collective matches on every rank.
             let ok_counts = vec![1usize; n];
             let ok_displs = packed(&ok_counts);
             let send = vec![me as u32; n];
             comm.all_to_all_v(
-                &send, &ok_counts, &ok_displs, &mut recv, &ok_counts, &ok_displs,
+                &send,
+                &Partition::new(&ok_counts, &ok_displs),
+                &mut recv,
+                &Partition::new(&ok_counts, &ok_displs),
             )?;
             assert_eq!(recv, (0..n as u32).collect::<Vec<_>>());
             Ok(r)
@@ -106,13 +107,20 @@ fn overlapping_buffers_are_invalid_argument() {
         // SAFETY: both ranges lie inside `mem` (8 * n bytes each from offsets 0, 4 and 0);
         // the call rejects the overlap before making references to the memory.
         unsafe {
-            errs.push(comm.all_to_all_raw(base, base.add(4), 8, 1).unwrap_err());
-            errs.push(comm.all_to_all_raw(base, base, 2, 4).unwrap_err());
+            errs.push(halo::c_abi::all_to_all(comm, base, base.add(4), 8, 1).unwrap_err());
+            errs.push(halo::c_abi::all_to_all(comm, base, base, 2, 4).unwrap_err());
             let counts = vec![2usize; n];
             let displs = packed(&counts);
             errs.push(
-                comm.all_to_all_v_raw(base, &counts, &displs, base.add(3), &counts, &displs, 4)
-                    .unwrap_err(),
+                halo::c_abi::all_to_all_v(
+                    comm,
+                    base,
+                    &Partition::new(&counts, &displs),
+                    base.add(3),
+                    &Partition::new(&counts, &displs),
+                    4,
+                )
+                .unwrap_err(),
             );
         }
         Ok(errs)
@@ -148,11 +156,9 @@ fn displacement_overflow_names_the_peer() {
         let mut recv = vec![0u64; n];
         Ok(comm.all_to_all_v(
             &send,
-            &counts,
-            &send_displs,
+            &Partition::new(&counts, &send_displs),
             &mut recv,
-            &counts,
-            &packed(&counts),
+            &Partition::new(&counts, &packed(&counts)),
         ))
     });
     assert!(start.elapsed() < Duration::from_secs(5));
@@ -191,20 +197,35 @@ fn bad_lengths_are_invalid_argument() {
         let send = vec![0u16; n];
         // Too few counts.
         errs.push(
-            comm.all_to_all_v(&send, &c[..2], &d, &mut recv, &c, &d)
-                .unwrap_err(),
+            comm.all_to_all_v(
+                &send,
+                &Partition::new(&c[..2], &d),
+                &mut recv,
+                &Partition::new(&c, &d),
+            )
+            .unwrap_err(),
         );
         // A block past the end of the receive buffer.
         let mut short = vec![0u16; 2];
         errs.push(
-            comm.all_to_all_v(&send, &c, &d, &mut short, &c, &d)
-                .unwrap_err(),
+            comm.all_to_all_v(
+                &send,
+                &Partition::new(&c, &d),
+                &mut short,
+                &Partition::new(&c, &d),
+            )
+            .unwrap_err(),
         );
         // Overlapping receive blocks.
         let same = vec![0usize; n];
         errs.push(
-            comm.all_to_all_v(&send, &c, &d, &mut recv, &c, &same)
-                .unwrap_err(),
+            comm.all_to_all_v(
+                &send,
+                &Partition::new(&c, &d),
+                &mut recv,
+                &Partition::new(&c, &same),
+            )
+            .unwrap_err(),
         );
         Ok(errs)
     });

@@ -7,7 +7,7 @@ use halo::collectives::{SimOptions, Traffic, simulate_all_to_all};
 use halo::local::{self, Emulation};
 use halo::select::{self, Method, SIMULATE_MAX_RANKS};
 use halo::topology::{Level, Topology};
-use halo::{AlgoOptions, Algorithm};
+use halo::{AlgoOptions, Algorithm, Partition};
 use std::sync::Arc;
 
 /// Every candidate simulated on its own, as `select` should have done it: the algorithms
@@ -129,11 +129,9 @@ fn every_rank_makes_the_same_choice() {
                 let mut vrecv = vec![0u8; n * counts[me]];
                 comm.all_to_all_v(
                     &vsend,
-                    &counts,
-                    &displs,
+                    &Partition::new(&counts, &displs),
                     &mut vrecv,
-                    &recv_counts,
-                    &recv_displs,
+                    &Partition::new(&recv_counts, &recv_displs),
                 )?;
                 Ok((uniform, comm.last_algorithm()))
             });

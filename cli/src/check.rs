@@ -6,7 +6,7 @@
 //! the -v counts of every pair a pure function of (round, src, dst), so each rank can
 //! check what it received without any other communication.
 
-use halo::Communicator;
+use halo::{Communicator, Partition};
 use halo::{Error, Result};
 use halo_collectives::Algorithm;
 use std::time::{Duration, Instant};
@@ -218,7 +218,12 @@ pub fn run_check(comm: &mut Communicator, opts: &CheckOptions) -> Result<CheckRe
                     }
                 }
                 let mut recv = vec![0xdead_beef_u32; recv_len];
-                comm.all_to_all_v(&send, &sc, &sd, &mut recv, &rc, &rd)?;
+                comm.all_to_all_v(
+                    &send,
+                    &Partition::new(&sc, &sd),
+                    &mut recv,
+                    &Partition::new(&rc, &rd),
+                )?;
                 let mut expect_untouched = vec![true; recv_len];
                 for s in 0..n {
                     for i in 0..rc[s] {

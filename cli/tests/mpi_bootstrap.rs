@@ -1,6 +1,6 @@
 //! Bootstrap through MPI: `mpirun -n 4 halo-mpi-check` joins the job with
 //! `MPI_Allgatherv` and verifies every algorithm byte-exact over libfabric.
-//! Built and run with `cargo test --features mpi --test mpi_bootstrap`.
+//! Built and run with `cargo test -p halo-cli --features mpi --test mpi_bootstrap`.
 #![cfg(feature = "mpi")]
 
 use std::process::Command;

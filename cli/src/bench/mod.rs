@@ -14,9 +14,9 @@
 //! - [`Op::Bandwidth`] (`osu_bw`): rank 0 sends a window of messages to the last rank,
 //!   which answers with a 4-byte acknowledgement; MB/s = 10^6 bytes per second.
 //!
-//! Every measurement runs through one [`Engine`]: HALO's [`Communicator`] (with the
+//! Every measurement runs through one [`Implementation`]: HALO's [`Communicator`] (with the
 //! algorithm of each [`BenchAlgo`]) or, with the cargo feature `mpi`, MPI itself
-//! ([`mpi::MpiEngine`]) on the same processes, so that each comparison is a ratio
+//! ([`mpi::MpiImplementation`]) on the same processes, so that each comparison is a ratio
 //! from one run. [`run_ranks`] is what every rank calls, whether the ranks are
 //! threads of this process ([`run_local_bench`]) or processes started by `halo
 //! launch`, mpirun or srun; rank 0 gets the rows. [`report`] formats them (OSU text,
@@ -27,9 +27,9 @@ pub mod moe;
 pub mod mpi;
 pub mod report;
 
-use halo::Communicator;
 use halo::local::{self, Emulation};
 use halo::select;
+use halo::{Communicator, Partition};
 use halo::{Error, Result};
 use halo_collectives::{AlgoOptions, Algorithm};
 use halo_topology::Topology;
@@ -353,7 +353,7 @@ impl BenchRow {
 }
 
 /// The calls a benchmark makes, over bytes: HALO's communicator or MPI.
-pub trait Engine {
+pub trait Implementation {
     /// This rank.
     fn rank(&self) -> usize;
     /// Ranks in the job.
@@ -372,15 +372,12 @@ pub trait Engine {
     ///
     /// # Errors
     /// The implementation's error.
-    #[allow(clippy::too_many_arguments)]
     fn all_to_all_v(
         &mut self,
         send: &[u8],
-        send_counts: &[usize],
-        send_displs: &[usize],
+        send_part: &Partition<'_>,
         recv: &mut [u8],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
+        recv_part: &Partition<'_>,
     ) -> Result<()>;
     /// A blocking send to `peer`.
     ///
@@ -405,7 +402,7 @@ pub trait Engine {
     }
 }
 
-impl Engine for Communicator {
+impl Implementation for Communicator {
     fn rank(&self) -> usize {
         Communicator::rank(self)
     }
@@ -421,21 +418,11 @@ impl Engine for Communicator {
     fn all_to_all_v(
         &mut self,
         send: &[u8],
-        send_counts: &[usize],
-        send_displs: &[usize],
+        send_part: &Partition<'_>,
         recv: &mut [u8],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
+        recv_part: &Partition<'_>,
     ) -> Result<()> {
-        Communicator::all_to_all_v(
-            self,
-            send,
-            send_counts,
-            send_displs,
-            recv,
-            recv_counts,
-            recv_displs,
-        )
+        Communicator::all_to_all_v(self, send, send_part, recv, recv_part)
     }
     fn send(&mut self, buf: &[u8], peer: usize) -> Result<()> {
         Communicator::send(self, buf, peer)
@@ -446,9 +433,9 @@ impl Engine for Communicator {
 }
 
 /// [`BenchAlgo::Memcpy`]: a local copy between the communicator's barriers.
-struct MemcpyEngine<'a>(&'a mut Communicator);
+struct MemcpyReference<'a>(&'a mut Communicator);
 
-impl Engine for MemcpyEngine<'_> {
+impl Implementation for MemcpyReference<'_> {
     fn rank(&self) -> usize {
         self.0.rank()
     }
@@ -470,11 +457,9 @@ impl Engine for MemcpyEngine<'_> {
     fn all_to_all_v(
         &mut self,
         _: &[u8],
-        _: &[usize],
-        _: &[usize],
+        _: &Partition<'_>,
         _: &mut [u8],
-        _: &[usize],
-        _: &[usize],
+        _: &Partition<'_>,
     ) -> Result<()> {
         Err(Error::invalid_argument(
             "memcpy is the reference of alltoall only",
@@ -542,7 +527,7 @@ struct Sample {
 
 /// Times one all-to-all(-v) size on this rank: `counts[src][dst]` bytes.
 fn measure_collective(
-    e: &mut dyn Engine,
+    e: &mut dyn Implementation,
     counts: &[Vec<usize>],
     iterations: usize,
     warmup: usize,
@@ -573,11 +558,9 @@ fn measure_collective(
         } else {
             e.all_to_all_v(
                 &send,
-                &send_counts,
-                &send_displs,
+                &Partition::new(&send_counts, &send_displs),
                 &mut recv,
-                &recv_counts,
-                &recv_displs,
+                &Partition::new(&recv_counts, &recv_displs),
             )?;
         }
         if sync {
@@ -607,7 +590,7 @@ fn mean(total: Duration, iterations: usize) -> f64 {
 /// Times ping-pong (`latency`) or a window of sends (`bw`) between rank 0 and the last
 /// rank. Returns rank 0's mean seconds per message (one way).
 fn measure_p2p(
-    e: &mut dyn Engine,
+    e: &mut dyn Implementation,
     op: Op,
     size: usize,
     iterations: usize,
@@ -736,7 +719,7 @@ fn sweep(opts: &BenchOptions, n: usize) -> Result<Vec<Point>> {
 /// What one rank measures: one [`Sample`] per (implementation, point), in order.
 fn measure_rank(
     comm: &mut Communicator,
-    mut mpi: Option<&mut dyn Engine>,
+    mut mpi: Option<&mut dyn Implementation>,
     opts: &BenchOptions,
     algorithms: &[BenchAlgo],
     points: &[Point],
@@ -749,9 +732,9 @@ fn measure_rank(
     );
     for &alg in algorithms {
         let mut memcpy;
-        let engine: &mut dyn Engine = match alg {
+        let engine: &mut dyn Implementation = match alg {
             BenchAlgo::Memcpy => {
-                memcpy = MemcpyEngine(&mut *comm);
+                memcpy = MemcpyReference(&mut *comm);
                 &mut memcpy
             }
             BenchAlgo::Halo(a) => {
@@ -809,7 +792,7 @@ fn measure_rank(
 /// failures are not errors: the rows count the wrong bytes.
 pub fn run_ranks(
     comm: &mut Communicator,
-    mpi: Option<&mut dyn Engine>,
+    mpi: Option<&mut dyn Implementation>,
     opts: &BenchOptions,
 ) -> Result<Option<Vec<BenchRow>>> {
     let n = comm.size();

@@ -2,7 +2,7 @@
 //! benchmark loops over `MPI_Alltoall`, `MPI_Alltoallv`, `MPI_Send`/`MPI_Recv` and
 //! `MPI_Isend` windows, through the `mpi` crate, on the processes HALO runs on.
 
-use super::Engine;
+use super::Implementation;
 use halo::{Error, Result};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::traits::{Communicator, CommunicatorCollectives, Destination, Source};
@@ -11,14 +11,14 @@ use mpi::traits::{Communicator, CommunicatorCollectives, Destination, Source};
 /// error handler aborts the job on an error, so its calls return `Ok`; the launcher's
 /// `--timeout` bounds a hang.
 #[derive(Debug)]
-pub struct MpiEngine<'a, C: Communicator> {
+pub struct MpiImplementation<'a, C: Communicator> {
     world: &'a C,
 }
 
-impl<'a, C: Communicator> MpiEngine<'a, C> {
+impl<'a, C: Communicator> MpiImplementation<'a, C> {
     /// An engine over `world`.
     pub fn new(world: &'a C) -> Self {
-        MpiEngine { world }
+        MpiImplementation { world }
     }
 }
 
@@ -36,7 +36,7 @@ fn peer_i32(p: usize) -> Result<i32> {
     i32::try_from(p).map_err(|_| Error::invalid_argument(format!("rank {p} does not fit MPI")))
 }
 
-impl<C: Communicator> Engine for MpiEngine<'_, C> {
+impl<C: Communicator> Implementation for MpiImplementation<'_, C> {
     fn rank(&self) -> usize {
         self.world.rank() as usize
     }
@@ -67,12 +67,12 @@ impl<C: Communicator> Engine for MpiEngine<'_, C> {
     fn all_to_all_v(
         &mut self,
         send: &[u8],
-        send_counts: &[usize],
-        send_displs: &[usize],
+        send_part: &halo::Partition<'_>,
         recv: &mut [u8],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
+        recv_part: &halo::Partition<'_>,
     ) -> Result<()> {
+        let (send_counts, send_displs) = (send_part.counts(), send_part.displs());
+        let (recv_counts, recv_displs) = (recv_part.counts(), recv_part.displs());
         let sc = counts_i32(send_counts, "count")?;
         let sd = counts_i32(send_displs, "displacement")?;
         let rc = counts_i32(recv_counts, "count")?;

@@ -332,16 +332,16 @@ fn run_with_mpi(
     opts: &BenchOptions,
     measure_mpi: bool,
 ) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
-    use halo_cli::bench::{Engine, mpi::MpiEngine};
+    use halo_cli::bench::{Implementation, mpi::MpiImplementation};
     let universe = mpi::initialize().ok_or_else(|| halo::Error::SystemError {
         message: "MPI could not be initialised (MPI_Init failed or ran before)".into(),
     })?;
     let world = universe.world();
     let mut comm = Communicator::init_mpi(&world)?;
     let info = process_info(opts.op, &comm, true);
-    let mut engine = MpiEngine::new(&world);
+    let mut engine = MpiImplementation::new(&world);
     let engine = if measure_mpi {
-        Some(&mut engine as &mut dyn Engine)
+        Some(&mut engine as &mut dyn Implementation)
     } else {
         None
     };

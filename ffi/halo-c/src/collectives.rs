@@ -13,7 +13,7 @@ use crate::handle::haloComm_t;
 use crate::types::{
     check_stream, haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, haloStream_t,
 };
-use halo_rs::{Communicator, ReduceOp, Reducible, bf16, f16};
+use halo_rs::{Communicator, Partition, ReduceOp, Reducible, bf16, f16};
 use std::ffi::{c_int, c_void};
 
 /// `count` elements of `elem` bytes for each of `ranks` ranks, in bytes; an overflow
@@ -95,7 +95,7 @@ pub unsafe extern "C" fn haloAllToAll(
         // be non-NULL when non-empty) and not accessed by anyone else; the
         // communicator checks overlap before making references to them.
         unsafe {
-            guard.all_to_all_raw(sendbuff.cast(), recvbuff.cast(), count, elem)?;
+            halo_rs::c_abi::all_to_all(&mut guard, sendbuff.cast(), recvbuff.cast(), count, elem)?;
         }
         Ok(())
     })
@@ -176,7 +176,15 @@ pub unsafe extern "C" fn haloAllToAllv(
         // reach and nobody else accesses them; the communicator checks extents, NULL and
         // overlap before making references to them.
         unsafe {
-            guard.all_to_all_v_raw(sendbuff.cast(), sc, sd, recvbuff.cast(), rc, rd, elem)?;
+            let (sp, rp) = (Partition::new(sc, sd), Partition::new(rc, rd));
+            halo_rs::c_abi::all_to_all_v(
+                &mut guard,
+                sendbuff.cast(),
+                &sp,
+                recvbuff.cast(),
+                &rp,
+                elem,
+            )?;
         }
         Ok(())
     })

@@ -377,6 +377,8 @@ pub unsafe extern "C" fn haloCommSplit(
                 )));
             }
         }
+        // A negative color (HALO_SPLIT_NOCOLOR) joins no communicator.
+        let color = u32::try_from(color).ok();
         let child = c.lock()?.split(color, key)?;
         let handle = match child {
             None => std::ptr::null_mut(),

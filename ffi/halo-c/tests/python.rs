@@ -33,7 +33,7 @@ fn halo_bin(lib_dir: &Path) -> PathBuf {
     if !bin.is_file() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "halo", "--bin", "halo"])
+        cmd.args(["build", "-p", "halo-cli", "--bin", "halo"])
             .current_dir(root());
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");

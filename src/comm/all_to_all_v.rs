@@ -20,7 +20,8 @@
 //!    algorithm is chosen for the mean block size over all pairs (the status blocks
 //!    carry every rank's total, so all ranks choose alike).
 
-use super::{Communicator, Kind, class, exec_options, overlaps, raw_slice, raw_slice_mut, sized};
+use super::all_to_all::{raw_slice, raw_slice_mut};
+use super::{Communicator, Kind, Partition, class, exec_options, overlaps, sized};
 use crate::error::{Error, Result};
 use halo_collectives::{Algorithm, Buffers, BuildCtx, KnownSizes, Layout, META_BLOCK, build};
 use std::collections::HashMap;
@@ -52,11 +53,35 @@ struct Args<'a> {
 }
 
 impl Communicator {
-    /// All-to-all-v: `send_counts[q]` elements from `send[send_displs[q]..]` go to rank
-    /// `q`; `recv_counts[q]` elements from rank `q` land at `recv[recv_displs[q]..]`.
-    /// Counts and displacements are in elements; any of them may be zero.
+    /// All-to-all-v: rank `q`'s block of `send` (as `send_part` cuts it) goes to rank
+    /// `q`; the block from rank `q` lands where `recv_part` puts rank `q`'s block of
+    /// `recv`. Counts and displacements are in elements; any count may be zero.
     ///
-    /// The counts are exchanged first (see the module documentation of `comm::v`), so a
+    /// ```
+    /// use halo::Partition;
+    /// use halo::local::{self, Emulation};
+    /// use halo::topology::Topology;
+    ///
+    /// let topo = Topology::preset("flat:3").unwrap();
+    /// let out = local::run(&topo, Emulation::off(), |comm| {
+    ///     let (me, n) = (comm.rank(), comm.size());
+    ///     // Rank `me` sends q + 1 copies of its rank to rank q.
+    ///     let send_counts: Vec<usize> = (0..n).map(|q| q + 1).collect();
+    ///     let send: Vec<u32> = vec![me as u32; send_counts.iter().sum()];
+    ///     let recv_counts = vec![me + 1; n];
+    ///     let mut recv = vec![0u32; (me + 1) * n];
+    ///     comm.all_to_all_v(
+    ///         &send,
+    ///         &Partition::packed(&send_counts),
+    ///         &mut recv,
+    ///         &Partition::packed(&recv_counts),
+    ///     )?;
+    ///     Ok(recv)
+    /// });
+    /// assert_eq!(out[1].as_ref().unwrap(), &[0, 0, 1, 1, 2, 2]);
+    /// ```
+    ///
+    /// The counts are exchanged first (see the module documentation of `comm::all_to_all_v`), so a
     /// pair of ranks that disagree is an error on every rank, not a hang.
     ///
     /// # Errors
@@ -66,23 +91,20 @@ impl Communicator {
     /// [`Error::InvalidUsage`] when a pair disagrees on a count (on both ranks, naming
     /// the peer and both counts) or another rank reported a problem;
     /// [`Error::Timeout`], [`Error::Aborted`], [`Error::RemoteError`] as they happen.
-    #[allow(clippy::too_many_arguments)]
     pub fn all_to_all_v<E: bytemuck::Pod>(
         &mut self,
         send: &[E],
-        send_counts: &[usize],
-        send_displs: &[usize],
+        send_part: &Partition<'_>,
         recv: &mut [E],
-        recv_counts: &[usize],
-        recv_displs: &[usize],
+        recv_part: &Partition<'_>,
     ) -> Result<()> {
         let args = Args {
             send_len: send.len(),
             recv_len: recv.len(),
-            send_counts,
-            send_displs,
-            recv_counts,
-            recv_displs,
+            send_counts: send_part.counts(),
+            send_displs: send_part.displs(),
+            recv_counts: recv_part.counts(),
+            recv_displs: recv_part.displs(),
             elem: std::mem::size_of::<E>(),
         };
         let send: &[u8] = bytemuck::cast_slice(send);
@@ -106,17 +128,16 @@ impl Communicator {
     /// # Errors
     /// As [`Communicator::all_to_all_v`]; also [`Error::InvalidArgument`] for a null
     /// pointer with a non-zero extent.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn all_to_all_v_raw(
+    pub(crate) unsafe fn all_to_all_v_raw(
         &mut self,
         send: *const u8,
-        send_counts: &[usize],
-        send_displs: &[usize],
+        send_part: &Partition<'_>,
         recv: *mut u8,
-        recv_counts: &[usize],
-        recv_displs: &[usize],
+        recv_part: &Partition<'_>,
         elem_size: usize,
     ) -> Result<()> {
+        let (send_counts, send_displs) = (send_part.counts(), send_part.displs());
+        let (recv_counts, recv_displs) = (recv_part.counts(), recv_part.displs());
         let n = self.size();
         let extent = |counts: &[usize], displs: &[usize], what: &str| -> Result<usize> {
             if counts.len() != n || displs.len() != n {

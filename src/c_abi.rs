@@ -1,0 +1,53 @@
+//! Raw-pointer entry points for the C ABI (`ffi/halo-c`), hidden from the Rust API.
+//!
+//! A Rust program uses the slice-based calls of [`Communicator`]; these take what C
+//! passes (pointers, element counts, element sizes) and check everything they can
+//! before making a reference to the memory. They are public only because `libhalo` is
+//! another crate.
+
+use crate::{Communicator, Result};
+
+/// `haloAllToAll`: `count` elements of `elem_size` bytes per peer.
+///
+/// # Safety
+/// `send` must be valid for reads and `recv` for writes of `count * elem_size * size()`
+/// bytes (either may be null when that is zero), and no other thread may write `send`
+/// or access `recv` during the call.
+///
+/// # Errors
+/// As [`Communicator::all_to_all`]; also [`crate::Error::InvalidArgument`] for a null
+/// pointer with a non-zero length, and when the byte count overflows.
+pub unsafe fn all_to_all(
+    comm: &mut Communicator,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    elem_size: usize,
+) -> Result<()> {
+    // SAFETY: the caller upholds `all_to_all_raw`'s contract, which is this function's.
+    unsafe { comm.all_to_all_raw(send, recv, count, elem_size) }
+}
+
+/// `haloAllToAllv`: counts and displacements in elements of `elem_size` bytes; the
+/// buffers' extents are what they reach. Invalid counts still take part in the count
+/// exchange, so the other ranks fail too instead of waiting.
+///
+/// # Safety
+/// `send` must be valid for reads and `recv` for writes of the bytes the counts and
+/// displacements reach (either may be null when that is zero), and no other thread may
+/// write `send` or access `recv` during the call.
+///
+/// # Errors
+/// As [`Communicator::all_to_all_v`]; also [`crate::Error::InvalidArgument`] for a null
+/// pointer with a non-zero extent.
+pub unsafe fn all_to_all_v(
+    comm: &mut Communicator,
+    send: *const u8,
+    send_part: &crate::Partition<'_>,
+    recv: *mut u8,
+    recv_part: &crate::Partition<'_>,
+    elem_size: usize,
+) -> Result<()> {
+    // SAFETY: the caller upholds `all_to_all_v_raw`'s contract, which is this function's.
+    unsafe { comm.all_to_all_v_raw(send, send_part, recv, recv_part, elem_size) }
+}

@@ -1,0 +1,307 @@
+//! All-reduce: [`Communicator::all_reduce`] as a plan of exchange rounds
+//! (`halo_collectives::reduce`) with a local reduction between rounds, and the
+//! element types and operations it reduces.
+
+use super::{Communicator, exec_options, overlaps};
+use crate::error::{Error, Result};
+use halo_collectives::{
+    AllReduceAlgorithm, Buf, Buffers, Landing, Region, all_reduce_plan, exchange,
+};
+use std::time::Instant;
+
+/// A reduction operation for [`Communicator::all_reduce`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReduceOp {
+    /// Sum (integers wrap around, as in two's complement; `bf16`/`f16` are added in
+    /// `f32` and rounded to nearest-even).
+    Sum,
+    /// Maximum (a NaN operand gives NaN).
+    Max,
+    /// Minimum (a NaN operand gives NaN).
+    Min,
+}
+
+mod sealed {
+    /// Keeps [`super::Reducible`] to the element types HALO implements it for.
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+}
+
+/// Element types [`Communicator::all_reduce`] can reduce: `f32`, `f64`, `i32`, `i64`,
+/// `u32`, `u64`, [`half::bf16`] and [`half::f16`], with every [`ReduceOp`].
+pub trait Reducible: bytemuck::Pod + sealed::Sealed {
+    /// Combines `other` into `acc` element by element: `acc[i] = other[i] ⊕ acc[i]` when
+    /// `other_first`, else `acc[i] ⊕ other[i]`. The operand order is fixed by the
+    /// algorithm, so every rank computes the same bits.
+    fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self], other_first: bool);
+}
+
+fn combine<T: Copy>(acc: &mut [T], other: &[T], other_first: bool, f: impl Fn(T, T) -> T) {
+    if other_first {
+        for (a, &b) in acc.iter_mut().zip(other) {
+            *a = f(b, *a);
+        }
+    } else {
+        for (a, &b) in acc.iter_mut().zip(other) {
+            *a = f(*a, b);
+        }
+    }
+}
+
+macro_rules! int_reducible {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Reducible for $t {
+            fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self], other_first: bool) {
+                match op {
+                    ReduceOp::Sum => combine(acc, other, other_first, <$t>::wrapping_add),
+                    ReduceOp::Max => combine(acc, other, other_first, <$t>::max),
+                    ReduceOp::Min => combine(acc, other, other_first, <$t>::min),
+                }
+            }
+        }
+    )*};
+}
+int_reducible!(i32, i64, u32, u64);
+
+/// Max (`>`) or min (`<`) of two floats: `a` when it wins or is NaN, else `b`, so a NaN
+/// on either side gives NaN.
+macro_rules! pick {
+    ($t:ty, $cmp:tt) => {
+        |a: $t, b: $t| if a $cmp b || a.is_nan() { a } else { b }
+    };
+}
+
+macro_rules! float_reducible {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Reducible for $t {
+            fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self], other_first: bool) {
+                match op {
+                    ReduceOp::Sum => combine(acc, other, other_first, |a, b| a + b),
+                    ReduceOp::Max => combine(acc, other, other_first, pick!($t, >)),
+                    ReduceOp::Min => combine(acc, other, other_first, pick!($t, <)),
+                }
+            }
+        }
+    )*};
+}
+float_reducible!(f32, f64);
+
+macro_rules! half_reducible {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Reducible for $t {
+            fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self], other_first: bool) {
+                let via = |f: fn(f32, f32) -> f32| {
+                    move |a: $t, b: $t| <$t>::from_f32(f(a.to_f32(), b.to_f32()))
+                };
+                match op {
+                    ReduceOp::Sum => combine(acc, other, other_first, via(|a, b| a + b)),
+                    ReduceOp::Max => combine(acc, other, other_first, via(pick!(f32, >))),
+                    ReduceOp::Min => combine(acc, other, other_first, via(pick!(f32, <))),
+                }
+            }
+        }
+    )*};
+}
+half_reducible!(half::bf16, half::f16);
+
+impl Communicator {
+    /// Forces an all-reduce algorithm (`None`: automatic, the default). Every rank must
+    /// make the same choice.
+    pub fn set_all_reduce_algorithm(&mut self, algorithm: Option<AllReduceAlgorithm>) {
+        self.core.ext.reduce_forced = algorithm;
+    }
+
+    /// The forced all-reduce algorithm, if any.
+    pub fn all_reduce_algorithm(&self) -> Option<AllReduceAlgorithm> {
+        self.core.ext.reduce_forced
+    }
+    /// All-reduce (`ncclAllReduce`): `recv[i]` becomes `send[i]` of every rank combined
+    /// with `op`, on every rank. Every rank must pass the same length.
+    ///
+    /// Recursive doubling for small vectors, Rabenseifner (reduce-scatter by recursive
+    /// halving, then all-gather) for large ones; sizes that are not a power of two fold
+    /// their extra ranks in first (see [`halo_collectives::all_reduce_plan`]). Every
+    /// rank gets the same bits: each reduction combines two partial results in a fixed
+    /// order (the one covering lower ranks first), so partners in a recursive-doubling
+    /// exchange compute the same expression, and in Rabenseifner every element is
+    /// reduced on one rank and copied to the others. Floating-point results may differ
+    /// in the last bits from a sequential sum in rank order, as with any parallel
+    /// reduction.
+    ///
+    /// The whole call honours the communicator's timeout.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the lengths differ or the buffers overlap;
+    /// [`Error::InvalidUsage`] when ranks pass different lengths (where the transport
+    /// sees it; otherwise [`Error::Timeout`]); [`Error::Timeout`], [`Error::Aborted`],
+    /// [`Error::RemoteError`] as they happen.
+    pub fn all_reduce<E: Reducible>(
+        &mut self,
+        send: &[E],
+        recv: &mut [E],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let tag_base = self.core.next_tag_base();
+        self.core.check_aborted()?;
+        if send.len() != recv.len() {
+            return Err(Error::invalid_argument(format!(
+                "all_reduce: send has {} elements but recv has {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let (sb, rb) = (std::mem::size_of_val(send), std::mem::size_of_val(recv));
+        if overlaps(send.as_ptr().cast(), sb, recv.as_ptr().cast(), rb) {
+            return Err(Error::invalid_argument(
+                "all_reduce: send and receive buffers overlap (use all_reduce_in_place)",
+            ));
+        }
+        recv.copy_from_slice(send);
+        self.reduce_rounds(tag_base, recv, op)
+    }
+
+    /// [`Communicator::all_reduce`] in place (`MPI_IN_PLACE`): `buf` is this rank's
+    /// input and becomes the result.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_reduce`].
+    pub fn all_reduce_in_place<E: Reducible>(&mut self, buf: &mut [E], op: ReduceOp) -> Result<()> {
+        let tag_base = self.core.next_tag_base();
+        self.core.check_aborted()?;
+        self.reduce_rounds(tag_base, buf, op)
+    }
+
+    fn reduce_rounds<E: Reducible>(
+        &mut self,
+        tag_base: u64,
+        acc: &mut [E],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let core = &mut self.core;
+        let (n, me, len) = (core.size, core.rank, acc.len());
+        let es = std::mem::size_of::<E>();
+        let algorithm = core
+            .ext
+            .reduce_forced
+            .unwrap_or_else(|| AllReduceAlgorithm::auto(n, len, len * es));
+        let plan = all_reduce_plan(algorithm, me, n, len)?;
+        let bytes = |r: &std::ops::Range<usize>| r.start * es..r.end * es;
+        for round in &plan {
+            let opts = exec_options(core.timeout.saturating_sub(start.elapsed()), &core.abort);
+            let send = round.send.as_ref().map(|t| (t.peer, bytes(&t.range)));
+            let region =
+                |buf: Buf, at: usize, r: &std::ops::Range<usize>| Region::new(buf, at, r.len());
+            let acc_bytes: &mut [u8] = bytemuck::cast_slice_mut(acc);
+            match (&round.recv, round.landing) {
+                (Some(v), Landing::Reduce { peer_first }) => {
+                    let r = bytes(&v.range);
+                    let words = r.len().div_ceil(8);
+                    if core.ext.tmp.len() < words {
+                        core.ext.tmp.resize(words, 0);
+                    }
+                    let tmp =
+                        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut core.ext.tmp)[..r.len()];
+                    let schedule = exchange(
+                        me,
+                        n,
+                        "all-reduce",
+                        round.tag,
+                        send.map(|(p, s)| (p, region(Buf::Send, s.start, &s))),
+                        Some((v.peer, region(Buf::Recv, 0, &r))),
+                    );
+                    core.backend.run(
+                        &schedule,
+                        tag_base,
+                        Buffers {
+                            send: acc_bytes,
+                            recv: tmp,
+                            scratch: &mut [],
+                        },
+                        &opts,
+                    )?;
+                    let other: &[E] = bytemuck::cast_slice(
+                        &bytemuck::cast_slice::<u64, u8>(&core.ext.tmp)[..r.len()],
+                    );
+                    E::reduce(op, &mut acc[v.range.clone()], other, peer_first);
+                }
+                (Some(v), Landing::Replace) => {
+                    let r = bytes(&v.range);
+                    // The received range and the sent range are disjoint parts of the
+                    // accumulator: split it so both can be lent to the transport.
+                    let (send_buf, recv_buf, s_region, r_region): (&[u8], &mut [u8], _, _) =
+                        match &send {
+                            None => (&[], acc_bytes, None, region(Buf::Recv, r.start, &r)),
+                            Some((p, s)) if s.end <= r.start => {
+                                let (lo, hi) = acc_bytes.split_at_mut(r.start);
+                                (
+                                    &*lo,
+                                    hi,
+                                    Some((*p, region(Buf::Send, s.start, s))),
+                                    region(Buf::Recv, 0, &r),
+                                )
+                            }
+                            Some((p, s)) if r.end <= s.start => {
+                                let (lo, hi) = acc_bytes.split_at_mut(s.start);
+                                (
+                                    &*hi,
+                                    lo,
+                                    Some((*p, region(Buf::Send, 0, s))),
+                                    region(Buf::Recv, r.start, &r),
+                                )
+                            }
+                            Some(_) => {
+                                return Err(Error::internal(format!(
+                                    "all-reduce round {} receives into the range it sends",
+                                    round.tag
+                                )));
+                            }
+                        };
+                    let schedule = exchange(
+                        me,
+                        n,
+                        "all-reduce",
+                        round.tag,
+                        s_region,
+                        Some((v.peer, r_region)),
+                    );
+                    core.backend.run(
+                        &schedule,
+                        tag_base,
+                        Buffers {
+                            send: send_buf,
+                            recv: recv_buf,
+                            scratch: &mut [],
+                        },
+                        &opts,
+                    )?;
+                }
+                (None, _) => {
+                    let schedule = exchange(
+                        me,
+                        n,
+                        "all-reduce",
+                        round.tag,
+                        send.map(|(p, s)| (p, region(Buf::Send, s.start, &s))),
+                        None,
+                    );
+                    core.backend.run(
+                        &schedule,
+                        tag_base,
+                        Buffers {
+                            send: acc_bytes,
+                            recv: &mut [],
+                            scratch: &mut [],
+                        },
+                        &opts,
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

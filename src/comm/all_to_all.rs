@@ -1,0 +1,168 @@
+//! All-to-all: [`Communicator::all_to_all`] (uniform blocks) and
+//! [`Communicator::barrier`] (a one-byte all-to-all).
+
+use super::{Communicator, barrier_algorithm, overlaps, sized};
+use crate::error::{Error, Result};
+
+impl Communicator {
+    /// All-to-all: block `q` of `send` (`send.len() / size()` elements) goes to rank
+    /// `q`, and the block from rank `q` lands at block `q` of `recv`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the lengths differ or are not a multiple of
+    /// `size()`, or the buffers overlap (checked before any communication, on this rank);
+    /// [`Error::InvalidUsage`] when ranks disagree on the block size;
+    /// [`Error::Timeout`], [`Error::Aborted`], [`Error::RemoteError`] as they happen.
+    pub fn all_to_all<E: bytemuck::Pod>(&mut self, send: &[E], recv: &mut [E]) -> Result<()> {
+        let tag_base = self.core.next_tag_base();
+        self.core.check_aborted()?;
+        let n = self.size();
+        if send.len() != recv.len() {
+            return Err(Error::invalid_argument(format!(
+                "all_to_all: send has {} elements but recv has {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        if send.len().checked_rem(n) != Some(0) {
+            return Err(Error::invalid_argument(format!(
+                "all_to_all: {} elements is not a multiple of the {n} ranks",
+                send.len()
+            )));
+        }
+        let block = send.len() / n * std::mem::size_of::<E>();
+        let send: &[u8] = bytemuck::cast_slice(send);
+        let recv: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        self.uniform_bytes(tag_base, send, recv, block)
+    }
+
+    fn uniform_bytes(
+        &mut self,
+        tag_base: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        block: usize,
+    ) -> Result<()> {
+        if overlaps(send.as_ptr(), send.len(), recv.as_ptr(), recv.len()) {
+            return Err(Error::invalid_argument(
+                "all_to_all: send and receive buffers overlap (HALO is out-of-place only)",
+            ));
+        }
+        let forced = self.core.forced;
+        self.core
+            .uniform(forced, tag_base, send, recv, block, &mut self.pool.scratch)?;
+        Ok(())
+    }
+
+    /// All-to-all over raw memory, for the C ABI: `count` elements of `elem_size` bytes
+    /// per peer.
+    ///
+    /// The ranges are checked for overlap before any reference to them is made.
+    ///
+    /// # Safety
+    /// `send` must be valid for reads and `recv` for writes of `count * elem_size *
+    /// size()` bytes (either may be null when that is zero), and no other thread may
+    /// write `send` or access `recv` during the call.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_to_all`]; also [`Error::InvalidArgument`] for a null
+    /// pointer with a non-zero length, and when the byte count overflows.
+    pub(crate) unsafe fn all_to_all_raw(
+        &mut self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        elem_size: usize,
+    ) -> Result<()> {
+        let tag_base = self.core.next_tag_base();
+        self.core.check_aborted()?;
+        let n = self.size();
+        let block = count.checked_mul(elem_size).ok_or_else(|| {
+            Error::invalid_argument(format!("all_to_all: {count} x {elem_size} bytes overflows"))
+        })?;
+        let total = block
+            .checked_mul(n)
+            .filter(|&t| t <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!("all_to_all: {block} bytes x {n} ranks overflows"))
+            })?;
+        if overlaps(send, total, recv, total) {
+            return Err(Error::invalid_argument(
+                "all_to_all: send and receive buffers overlap (HALO is out-of-place only)",
+            ));
+        }
+        // SAFETY: the caller guarantees `send` is valid for reads of `total` bytes and not
+        // written during the call; null or zero length gives an empty slice instead.
+        let send = unsafe { raw_slice(send, total, "send")? };
+        // SAFETY: the caller guarantees `recv` is valid for writes of `total` bytes and
+        // not accessed by anyone else; it does not overlap `send` (checked above).
+        let recv = unsafe { raw_slice_mut(recv, total, "recv")? };
+        self.uniform_bytes(tag_base, send, recv, block)
+    }
+
+    /// Waits until every rank has called `barrier`: a one-byte all-to-all with Bruck's
+    /// algorithm (`ceil(log2 n)` rounds of one message; `HALO_BARRIER_ALGO` picks another
+    /// all-to-all algorithm). Bruck's rounds beat the flat fan-out's `n - 1` messages
+    /// when ranks share cores: 8 processes on 2 cores, 35-49 us against 62-70 us on one
+    /// host and 274-315 us against 413-475 us on 4 emulated hosts (docs/BENCHMARKS.md).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], [`Error::Aborted`], [`Error::RemoteError`] as they happen.
+    pub fn barrier(&mut self) -> Result<()> {
+        let tag_base = self.core.next_tag_base();
+        self.core.check_aborted()?;
+        let n = self.size();
+        let send = sized(&mut self.pool.barrier_send, n);
+        let recv = sized(&mut self.pool.barrier_recv, n);
+        let last = self.core.last;
+        self.core.uniform(
+            Some(barrier_algorithm()),
+            tag_base,
+            send,
+            recv,
+            1,
+            &mut self.pool.scratch,
+        )?;
+        self.core.last = last;
+        Ok(())
+    }
+}
+
+/// A slice over raw memory; null is allowed only for zero bytes.
+///
+/// # Safety
+/// `ptr` valid for reads of `len` bytes for the returned lifetime, and not written.
+pub(super) unsafe fn raw_slice<'a>(ptr: *const u8, len: usize, what: &str) -> Result<&'a [u8]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Error::invalid_argument(format!(
+            "{what} buffer is NULL with {len} bytes"
+        )));
+    }
+    // SAFETY: non-null, `u8` needs no alignment, and the caller guarantees validity.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// A mutable slice over raw memory; null is allowed only for zero bytes.
+///
+/// # Safety
+/// `ptr` valid for writes of `len` bytes for the returned lifetime, and not accessed
+/// by anyone else.
+pub(super) unsafe fn raw_slice_mut<'a>(
+    ptr: *mut u8,
+    len: usize,
+    what: &str,
+) -> Result<&'a mut [u8]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if ptr.is_null() {
+        return Err(Error::invalid_argument(format!(
+            "{what} buffer is NULL with {len} bytes"
+        )));
+    }
+    // SAFETY: non-null, `u8` needs no alignment, and the caller guarantees exclusivity.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}

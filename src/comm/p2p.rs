@@ -1,0 +1,205 @@
+//! Point-to-point: [`Communicator::send`], [`Communicator::recv`],
+//! [`Communicator::send_recv`], and the tag layout every call of a communicator uses.
+//!
+//! # Tags
+//!
+//! A message tag is 64 bits. The low [`TAG_BITS`] (48) belong to the schedule; the 16
+//! above them are the communicator's:
+//!
+//! ```text
+//!  63       59  58   57        48 47                                0
+//! +-----------+----+------------+-----------------------------------+
+//! | comm id   |p2p | sequence   | schedule tag / p2p message number |
+//! +-----------+----+------------+-----------------------------------+
+//! ```
+//!
+//! - **comm id** (5 bits): 0 for a communicator made at init; a sub-communicator gets
+//!   the lowest id that no member rank has in use (see [`Communicator::split`]), so two
+//!   communicators that share a pair of ranks never share an id, and parent and
+//!   children never match each other's messages.
+//! - **sequence** (10 bits): collectives are called by every rank in the same order, so
+//!   each call takes the next number of a per-communicator counter that all ranks
+//!   advance together (one per call for all-gather, all-reduce and split — an
+//!   all-reduce's rounds are told apart by the schedule tag — three for all-to-all-v).
+//!   It wraps at 1024, far more than ranks of one communicator can drift apart.
+//! - **p2p**: point-to-point calls are made by two ranks only, so they cannot take a
+//!   sequence number. They set this bit (sequence 0) and number their messages per
+//!   ordered pair: the k-th `send` from a to b carries k in the low 48 bits and
+//!   matches the k-th `recv` at b from a, whatever the transport's ordering. A count
+//!   advances only when its call succeeds, so a failed call, retried on both sides,
+//!   matches again.
+
+use super::{Communicator, Core, SEQ_BITS, exec_options, overlaps};
+use crate::error::{Error, Result};
+use crate::transport::MAX_COMMS;
+use halo_collectives::{Buf, Buffers, Region, ScheduleBuilder, TAG_BITS};
+
+/// The point-to-point bit of a tag.
+const P2P_FLAG: u64 = 1 << (TAG_BITS + SEQ_BITS);
+/// Where the communicator id starts.
+pub(super) const COMM_SHIFT: u32 = TAG_BITS + SEQ_BITS + 1;
+const _: () = assert!(1u64 << (64 - COMM_SHIFT) == MAX_COMMS as u64);
+/// Point-to-point message numbers wrap at 2^48.
+const P2P_COUNT_MASK: u64 = (1 << TAG_BITS) - 1;
+
+impl Core {
+    fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
+        if peer >= self.size {
+            return Err(Error::invalid_argument_peer(
+                peer,
+                format!("{what}: rank {peer} out of range for {} ranks", self.size),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Communicator {
+    /// Sends `buf` to rank `peer` (NCCL's `ncclSend`, MPI's `MPI_Send`), blocking until
+    /// the transport is done with `buf`.
+    ///
+    /// Messages between a pair of ranks match in order: the k-th `send` from a to b
+    /// meets the k-th [`Communicator::recv`] at b from a, which must have the same
+    /// length (zero included: an empty message is sent and must be received). Only the
+    /// two ranks take part.
+    ///
+    /// The in-process transport is rendezvous: a send completes when the receiver has
+    /// taken the bytes, so two ranks that both `send` to each other first wait for each
+    /// other until the timeout (as MPI_Send may). Use [`Communicator::send_recv`] for
+    /// exchanges and rings. A send to this rank itself is buffered and completes at once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `peer` is out of range; [`Error::InvalidUsage`]
+    /// when the receiver expects another length; [`Error::Timeout`] naming `peer` when
+    /// it does not receive within the communicator's timeout; [`Error::Aborted`],
+    /// [`Error::RemoteError`] as they happen.
+    pub fn send<E: bytemuck::Pod>(&mut self, buf: &[E], peer: usize) -> Result<()> {
+        self.p2p(Some((bytemuck::cast_slice(buf), peer)), None)
+    }
+
+    /// Receives exactly `buf.len()` elements from rank `peer` (NCCL's `ncclRecv`),
+    /// blocking until they are in `buf`. See [`Communicator::send`] for the matching
+    /// rules; a receive from this rank itself takes the oldest message this rank sent
+    /// itself, and fails at once when there is none.
+    ///
+    /// # Errors
+    /// As [`Communicator::send`]; [`Error::Timeout`] names `peer` when nothing arrives.
+    pub fn recv<E: bytemuck::Pod>(&mut self, buf: &mut [E], peer: usize) -> Result<()> {
+        self.p2p(None, Some((bytemuck::cast_slice_mut(buf), peer)))
+    }
+
+    /// Sends `send` to `dst` and receives `recv` from `src` at the same time
+    /// (`MPI_Sendrecv`): both are posted at once, so rings and pairwise exchanges do not
+    /// deadlock. Each half follows the matching rules of [`Communicator::send`] and
+    /// [`Communicator::recv`].
+    ///
+    /// # Errors
+    /// As [`Communicator::send`] and [`Communicator::recv`]; [`Error::InvalidArgument`]
+    /// when the buffers overlap.
+    pub fn send_recv<E: bytemuck::Pod>(
+        &mut self,
+        send: &[E],
+        dst: usize,
+        recv: &mut [E],
+        src: usize,
+    ) -> Result<()> {
+        let send: &[u8] = bytemuck::cast_slice(send);
+        let recv: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        if overlaps(send.as_ptr(), send.len(), recv.as_ptr(), recv.len()) {
+            return Err(Error::invalid_argument(
+                "send_recv: send and receive buffers overlap",
+            ));
+        }
+        self.p2p(Some((send, dst)), Some((recv, src)))
+    }
+
+    fn p2p(
+        &mut self,
+        send: Option<(&[u8], usize)>,
+        recv: Option<(&mut [u8], usize)>,
+    ) -> Result<()> {
+        let core = &mut self.core;
+        core.check_aborted()?;
+        let (n, me) = (core.size, core.rank);
+        if let Some((_, peer)) = send {
+            core.check_peer(peer, "send")?;
+        }
+        if let Some((_, peer)) = &recv {
+            core.check_peer(*peer, "recv")?;
+        }
+        let ext = &mut core.ext;
+        if ext.sent.len() != n {
+            ext.sent.resize(n, 0);
+            ext.received.resize(n, 0);
+        }
+        // Messages to itself go through a queue: the transports reach only other ranks.
+        let send = match send {
+            Some((bytes, peer)) if peer == me => {
+                ext.to_self.push_back(bytes.to_vec());
+                None
+            }
+            other => other,
+        };
+        let recv = match recv {
+            Some((buf, peer)) if peer == me => {
+                let Some(msg) = ext.to_self.pop_front() else {
+                    return Err(Error::InvalidUsage {
+                        peer: Some(me),
+                        message: format!(
+                            "recv: rank {me} receives from itself but sent itself nothing"
+                        ),
+                    });
+                };
+                if msg.len() != buf.len() {
+                    let got = msg.len();
+                    ext.to_self.push_front(msg);
+                    return Err(Error::InvalidUsage {
+                        peer: Some(me),
+                        message: format!(
+                            "recv: rank {me} sent itself {got} bytes but receives {} bytes",
+                            buf.len()
+                        ),
+                    });
+                }
+                buf.copy_from_slice(&msg);
+                None
+            }
+            other => other,
+        };
+        let name = match (&send, &recv) {
+            (None, None) => return Ok(()),
+            (Some(_), None) => "send",
+            (None, Some(_)) => "recv",
+            (Some(_), Some(_)) => "send_recv",
+        };
+        let mut b = ScheduleBuilder::new(me, n, name);
+        if let Some((buf, peer)) = &recv {
+            let tag = ext.received[*peer] & P2P_COUNT_MASK;
+            b.recv(*peer, tag, Region::new(Buf::Recv, 0, buf.len()), &[]);
+        }
+        if let Some((bytes, peer)) = &send {
+            let tag = ext.sent[*peer] & P2P_COUNT_MASK;
+            b.send(*peer, tag, Region::new(Buf::Send, 0, bytes.len()), &[]);
+        }
+        let schedule = b.finish();
+        let (dst, src) = (send.as_ref().map(|s| s.1), recv.as_ref().map(|r| r.1));
+        let bufs = Buffers {
+            send: send.map_or(&[][..], |s| s.0),
+            recv: match recv {
+                Some((buf, _)) => buf,
+                None => &mut [],
+            },
+            scratch: &mut [],
+        };
+        let opts = exec_options(core.timeout, &core.abort);
+        core.backend
+            .run(&schedule, core.comm_tag | P2P_FLAG, bufs, &opts)?;
+        if let Some(d) = dst {
+            core.ext.sent[d] = core.ext.sent[d].wrapping_add(1);
+        }
+        if let Some(s) = src {
+            core.ext.received[s] = core.ext.received[s].wrapping_add(1);
+        }
+        Ok(())
+    }
+}
