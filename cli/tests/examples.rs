@@ -1,0 +1,88 @@
+//! The Rust programs in `examples/` (package `halo`), built and run as a user would:
+//! the thread examples directly, the MoE dispatch as 4 processes under `halo launch`.
+//! Each example checks its own bytes and exits non-zero on a wrong one; here the exit
+//! status and the closing line of each are checked.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const HALO: &str = env!("CARGO_BIN_EXE_halo");
+
+/// `target/<profile>/examples/NAME`, building the `halo` package's examples when missing
+/// (`cargo test --workspace --all-targets` has built them already).
+fn example(name: &str) -> PathBuf {
+    let profile_dir = Path::new(HALO).parent().expect("target/<profile>");
+    let exe = profile_dir.join("examples").join(name);
+    if !exe.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "halo", "--examples"])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(status.success(), "{cmd:?} failed");
+    }
+    assert!(exe.is_file(), "no example at {}", exe.display());
+    exe
+}
+
+/// Runs `cmd` with a time limit; returns stdout, failing on a non-zero status.
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .env("HALO_TIMEOUT_MS", "30000")
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn all_to_all_on_threads() {
+    let out = run_ok(&mut Command::new(example("all_to_all_threads")));
+    assert!(
+        out.contains("all_to_all: 8 ranks, 1024 u64 per peer, byte-exact"),
+        "{out}"
+    );
+}
+
+#[test]
+fn split_into_sub_communicators() {
+    let out = run_ok(&mut Command::new(example("split")));
+    assert!(
+        out.contains("split: 2 node communicators of 4 and 4 index communicators of 2, sums exact"),
+        "{out}"
+    );
+}
+
+#[test]
+fn abort_from_a_watchdog_thread() {
+    let out = run_ok(&mut Command::new(example("abort_watchdog")));
+    assert_eq!(out.matches(": aborted after ").count(), 3, "{out}");
+    assert!(out.contains("abort: 3 ranks aborted"), "{out}");
+}
+
+#[test]
+fn moe_dispatch_as_processes_under_halo_launch() {
+    let exe = example("moe_dispatch");
+    let out = run_ok(
+        Command::new(HALO)
+            .args(["launch", "-n", "4", "--timeout", "120", "--"])
+            .arg(&exe),
+    );
+    for r in 0..4 {
+        assert!(
+            out.contains(&format!(
+                "rank {r}/4: 64 tokens dispatched to 8 experts and combined, byte-exact"
+            )),
+            "rank {r} missing:\n{out}"
+        );
+    }
+}
