@@ -1,6 +1,6 @@
 """What the tests share: where things are, and running a job under `halo launch`.
 
-Environment (ffi/halo-c/tests/python.rs sets all of it; by hand, the defaults find a
+Environment (ffi/halo-ffi/tests/python.rs sets all of it; by hand, the defaults find a
 `cargo build` of the repository):
 - HALO_LIBRARY: libhalo to test (default: the package's own search);
 - HALO_BIN: the `halo` launcher (default: target/debug/halo, target/release/halo,

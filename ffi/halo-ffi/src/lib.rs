@@ -5,7 +5,7 @@
 //! `haloCommInitRank`, collectives that take a count in elements, a data type, the
 //! communicator and a stream, and results that keep NCCL's numbering
 //! ([`haloResult`]). The header is generated from this crate by cbindgen
-//! (`ffi/halo-c/cbindgen.toml`); the doc comments here are the header's documentation.
+//! (`ffi/halo-ffi/cbindgen.toml`); the doc comments here are the header's documentation.
 //!
 //! How the boundary is kept safe:
 //!

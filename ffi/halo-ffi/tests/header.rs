@@ -69,7 +69,7 @@ fn committed_header_is_up_to_date() {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == generated,
-        "include/halo.h is not what cbindgen generates from ffi/halo-c (first difference at \
+        "include/halo.h is not what cbindgen generates from ffi/halo-ffi (first difference at \
          {}).\nRegenerate it with:\n    HALO_REGEN_HEADER=1 cargo test -p halo-ffi --test header\n\
          and commit the result.",
         first_difference(&committed, &generated)
