@@ -1,0 +1,130 @@
+//! What a benchmark measures: the [`Implementation`] trait over bytes, and its
+//! implementations by HALO's [`Communicator`] and the `memcpy` reference (MPI's is in
+//! `mpi.rs`).
+
+use halo::{Communicator, Error, Partition, Result};
+
+/// The calls a benchmark makes, over bytes: HALO's communicator or MPI.
+pub trait Implementation {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Ranks in the job.
+    fn size(&self) -> usize;
+    /// A barrier (outside the timer).
+    ///
+    /// # Errors
+    /// The implementation's error.
+    fn barrier(&mut self) -> Result<()>;
+    /// A uniform all-to-all, `send.len() / size()` bytes per destination.
+    ///
+    /// # Errors
+    /// The implementation's error.
+    fn all_to_all(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()>;
+    /// An all-to-all-v in bytes.
+    ///
+    /// # Errors
+    /// The implementation's error.
+    fn all_to_all_v(
+        &mut self,
+        send: &[u8],
+        send_part: &Partition<'_>,
+        recv: &mut [u8],
+        recv_part: &Partition<'_>,
+    ) -> Result<()>;
+    /// A blocking send to `peer`.
+    ///
+    /// # Errors
+    /// The implementation's error.
+    fn send(&mut self, buf: &[u8], peer: usize) -> Result<()>;
+    /// A blocking receive of exactly `buf.len()` bytes from `peer`.
+    ///
+    /// # Errors
+    /// The implementation's error.
+    fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<()>;
+    /// `window` sends of `buf` to `peer`, complete on return (OSU's `bw` window);
+    /// one blocking send after the other unless the engine can keep several in flight.
+    ///
+    /// # Errors
+    /// The implementation's error.
+    fn send_window(&mut self, buf: &[u8], peer: usize, window: usize) -> Result<()> {
+        for _ in 0..window {
+            self.send(buf, peer)?;
+        }
+        Ok(())
+    }
+}
+
+impl Implementation for Communicator {
+    fn rank(&self) -> usize {
+        Communicator::rank(self)
+    }
+    fn size(&self) -> usize {
+        Communicator::size(self)
+    }
+    fn barrier(&mut self) -> Result<()> {
+        Communicator::barrier(self)
+    }
+    fn all_to_all(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        Communicator::all_to_all(self, send, recv)
+    }
+    fn all_to_all_v(
+        &mut self,
+        send: &[u8],
+        send_part: &Partition<'_>,
+        recv: &mut [u8],
+        recv_part: &Partition<'_>,
+    ) -> Result<()> {
+        Communicator::all_to_all_v(self, send, send_part, recv, recv_part)
+    }
+    fn send(&mut self, buf: &[u8], peer: usize) -> Result<()> {
+        Communicator::send(self, buf, peer)
+    }
+    fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<()> {
+        Communicator::recv(self, buf, peer)
+    }
+}
+
+/// [`BenchAlgo::Memcpy`]: a local copy between the communicator's barriers.
+pub(super) struct MemcpyReference<'a>(pub(super) &'a mut Communicator);
+
+impl Implementation for MemcpyReference<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn barrier(&mut self) -> Result<()> {
+        self.0.barrier()
+    }
+    /// The copy, then a barrier: a rank's time must end when the last rank's copy has,
+    /// as an all-to-all's does. Without it, ranks that share a core would each time
+    /// only their own copy (a rank scheduled late also leaves the first barrier late),
+    /// and on 8 threads over 2 cores the reference would look 3-4x faster than the
+    /// machine can move the bytes of all ranks.
+    fn all_to_all(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        recv.copy_from_slice(send);
+        self.0.barrier()
+    }
+    fn all_to_all_v(
+        &mut self,
+        _: &[u8],
+        _: &Partition<'_>,
+        _: &mut [u8],
+        _: &Partition<'_>,
+    ) -> Result<()> {
+        Err(Error::invalid_argument(
+            "memcpy is the reference of alltoall only",
+        ))
+    }
+    fn send(&mut self, _: &[u8], _: usize) -> Result<()> {
+        Err(Error::invalid_argument(
+            "memcpy is the reference of alltoall only",
+        ))
+    }
+    fn recv(&mut self, _: &mut [u8], _: usize) -> Result<()> {
+        Err(Error::invalid_argument(
+            "memcpy is the reference of alltoall only",
+        ))
+    }
+}

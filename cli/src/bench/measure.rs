@@ -1,0 +1,331 @@
+//! Timing one rank's side of a sweep: the traffic of every size, the collective and
+//! point-to-point measurements, and the byte patterns that validate them (`-c`).
+
+use super::implementation::{Implementation, MemcpyReference};
+use super::{BenchAlgo, BenchOptions, Op};
+use halo::{Communicator, Error, Partition, Result};
+use std::time::{Duration, Instant};
+
+/// The byte at offset `i` of the block `src` sends `dst` in iteration `iter`.
+fn pattern(src: usize, dst: usize, i: usize, iter: usize) -> u8 {
+    (src.wrapping_mul(31) ^ dst.wrapping_mul(7) ^ i ^ iter.wrapping_mul(13)) as u8
+}
+
+fn fill_blocks(buf: &mut [u8], me: usize, counts: &[usize], displs: &[usize], iter: usize) {
+    for (dst, (&c, &d)) in counts.iter().zip(displs).enumerate() {
+        for (i, b) in buf[d..d + c].iter_mut().enumerate() {
+            *b = pattern(me, dst, i, iter);
+        }
+    }
+}
+
+/// Wrong bytes in what this rank received from each source.
+fn check_blocks(buf: &[u8], me: usize, counts: &[usize], displs: &[usize], iter: usize) -> u64 {
+    let mut wrong = 0;
+    for (src, (&c, &d)) in counts.iter().zip(displs).enumerate() {
+        for (i, &b) in buf[d..d + c].iter().enumerate() {
+            if b != pattern(src, me, i, iter) {
+                wrong += 1;
+            }
+        }
+    }
+    wrong
+}
+
+fn prefix_sums(counts: &[usize]) -> Result<Vec<usize>> {
+    let mut at = 0usize;
+    counts
+        .iter()
+        .map(|&c| {
+            let d = at;
+            at = at
+                .checked_add(c)
+                .ok_or_else(|| Error::invalid_argument("buffer sizes overflow"))?;
+            Ok(d)
+        })
+        .collect()
+}
+
+/// One rank's result for one (implementation, size).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Sample {
+    /// Mean seconds per timed iteration (the meaning depends on the benchmark).
+    pub(super) seconds: f64,
+    pub(super) wrong: u64,
+}
+
+/// Times one all-to-all(-v) size on this rank: `counts[src][dst]` bytes.
+fn measure_collective(
+    e: &mut dyn Implementation,
+    counts: &[Vec<usize>],
+    iterations: usize,
+    warmup: usize,
+    validate: bool,
+    uniform: bool,
+    sync: bool,
+) -> Result<Sample> {
+    let (me, n) = (e.rank(), e.size());
+    let send_counts = counts[me].clone();
+    let recv_counts: Vec<usize> = counts.iter().map(|row| row[me]).collect();
+    let send_displs = prefix_sums(&send_counts)?;
+    let recv_displs = prefix_sums(&recv_counts)?;
+    let mut send = vec![0u8; send_counts.iter().sum()];
+    let mut recv = vec![0u8; recv_counts.iter().sum()];
+    fill_blocks(&mut send, me, &send_counts, &send_displs, 0);
+    let mut timed = Duration::ZERO;
+    let mut wrong = 0;
+    debug_assert_eq!(counts.len(), n);
+    for i in 0..warmup + iterations {
+        if validate {
+            fill_blocks(&mut send, me, &send_counts, &send_displs, i);
+            recv.fill(0xa5);
+        }
+        e.barrier()?;
+        let t = Instant::now();
+        if uniform {
+            e.all_to_all(&send, &mut recv)?;
+        } else {
+            e.all_to_all_v(
+                &send,
+                &Partition::new(&send_counts, &send_displs),
+                &mut recv,
+                &Partition::new(&recv_counts, &recv_displs),
+            )?;
+        }
+        if sync {
+            e.barrier()?;
+        }
+        if i >= warmup {
+            timed += t.elapsed();
+        }
+        if validate {
+            wrong += check_blocks(&recv, me, &recv_counts, &recv_displs, i);
+        }
+    }
+    Ok(Sample {
+        seconds: mean(timed, iterations),
+        wrong,
+    })
+}
+
+fn mean(total: Duration, iterations: usize) -> f64 {
+    if iterations == 0 {
+        0.0
+    } else {
+        total.as_secs_f64() / iterations as f64
+    }
+}
+
+/// Times ping-pong (`latency`) or a window of sends (`bw`) between rank 0 and the last
+/// rank. Returns rank 0's mean seconds per message (one way).
+fn measure_p2p(
+    e: &mut dyn Implementation,
+    op: Op,
+    size: usize,
+    iterations: usize,
+    warmup: usize,
+    validate: bool,
+    window: usize,
+) -> Result<Sample> {
+    let (me, n) = (e.rank(), e.size());
+    let peer = n - 1;
+    let mut buf = vec![0u8; size];
+    let mut ack = [0u8; 4];
+    let mut wrong = 0;
+    let mut start = Instant::now();
+    let fill = |buf: &mut [u8], src: usize, iter: usize| {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = pattern(src, 0, i, iter);
+        }
+    };
+    let check = |buf: &[u8], src: usize, iter: usize| -> u64 {
+        buf.iter()
+            .enumerate()
+            .filter(|&(i, &b)| b != pattern(src, 0, i, iter))
+            .count() as u64
+    };
+    e.barrier()?;
+    for i in 0..warmup + iterations {
+        if i == warmup {
+            start = Instant::now();
+        }
+        match (op, me) {
+            (Op::Latency, 0) => {
+                if validate {
+                    fill(&mut buf, 0, i);
+                }
+                e.send(&buf, peer)?;
+                e.recv(&mut buf, peer)?;
+                if validate {
+                    wrong += check(&buf, peer, i);
+                }
+            }
+            (Op::Latency, r) if r == peer => {
+                e.recv(&mut buf, 0)?;
+                if validate {
+                    wrong += check(&buf, 0, i);
+                    fill(&mut buf, peer, i);
+                }
+                e.send(&buf, 0)?;
+            }
+            (_, 0) => {
+                if validate {
+                    fill(&mut buf, 0, i);
+                }
+                e.send_window(&buf, peer, window)?;
+                e.recv(&mut ack, peer)?;
+            }
+            (_, r) if r == peer => {
+                for _ in 0..window {
+                    if validate {
+                        buf.fill(0xa5);
+                    }
+                    e.recv(&mut buf, 0)?;
+                    if validate {
+                        wrong += check(&buf, 0, i);
+                    }
+                }
+                e.send(&ack, 0)?;
+            }
+            _ => {}
+        }
+    }
+    let total = start.elapsed();
+    e.barrier()?;
+    let per_message = match op {
+        Op::Latency => 2 * iterations,
+        _ => window * iterations,
+    };
+    Ok(Sample {
+        seconds: mean(total, per_message),
+        wrong,
+    })
+}
+
+/// One size of a sweep: the size asked for, the row's label (bytes per destination; the
+/// mean for `alltoallv`) and, for the all-to-alls, the bytes per (source, destination).
+#[derive(Debug)]
+pub(super) struct Point {
+    pub(super) size: usize,
+    pub(super) label: usize,
+    counts: Vec<Vec<usize>>,
+}
+
+/// The sweep's sizes with their traffic, computed once for every implementation.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when a size overflows a buffer.
+pub(super) fn sweep(opts: &BenchOptions, n: usize) -> Result<Vec<Point>> {
+    opts.sizes()
+        .into_iter()
+        .map(|size| {
+            let bytes = match (opts.op, opts.moe.hidden) {
+                (Op::AllToAllV, Some(h)) => size
+                    .checked_mul(opts.moe.topk)
+                    .and_then(|t| t.checked_mul(2 * h)),
+                (Op::AllToAll | Op::AllToAllV, _) => size.checked_mul(n),
+                _ => Some(size),
+            };
+            if bytes.is_none_or(|b| b > isize::MAX as usize / 2) {
+                return Err(Error::invalid_argument(format!(
+                    "size {size} with {n} ranks overflows a buffer"
+                )));
+            }
+            let (label, counts) = match opts.op {
+                Op::AllToAll => (size, vec![vec![size; n]; n]),
+                Op::AllToAllV => opts.moe.bytes(n, size)?,
+                Op::Latency | Op::Bandwidth => (size, Vec::new()),
+            };
+            Ok(Point {
+                size,
+                label,
+                counts,
+            })
+        })
+        .collect()
+}
+
+/// What one rank measures: one [`Sample`] per (implementation, point), in order.
+pub(super) fn measure_rank(
+    comm: &mut Communicator,
+    mut mpi: Option<&mut dyn Implementation>,
+    opts: &BenchOptions,
+    algorithms: &[BenchAlgo],
+    points: &[Point],
+) -> Result<Vec<Sample>> {
+    let mut out = Vec::with_capacity(algorithms.len() * points.len());
+    let bar = crate::progress::bar(
+        algorithms.len() * points.len(),
+        &format!("{} on {} ranks", opts.op, comm.size()),
+        opts.progress && comm.rank() == 0,
+    );
+    for &alg in algorithms {
+        let mut memcpy;
+        let engine: &mut dyn Implementation = match alg {
+            BenchAlgo::Memcpy => {
+                memcpy = MemcpyReference(&mut *comm);
+                &mut memcpy
+            }
+            BenchAlgo::Halo(a) => {
+                comm.set_algorithm(a);
+                comm
+            }
+            BenchAlgo::Mpi => match mpi.as_deref_mut() {
+                Some(m) => m,
+                None => return Err(Error::invalid_argument("--algo mpi without MPI")),
+            },
+        };
+        for point in points {
+            let size = point.size;
+            let (iterations, warmup) = opts.iterations_for(size);
+            let sample = match opts.op {
+                Op::AllToAll | Op::AllToAllV => measure_collective(
+                    engine,
+                    &point.counts,
+                    iterations,
+                    warmup,
+                    // The copy is not an all-to-all: nothing to validate.
+                    opts.validate && alg != BenchAlgo::Memcpy,
+                    opts.op == Op::AllToAll,
+                    opts.sync,
+                )?,
+                Op::Latency | Op::Bandwidth => measure_p2p(
+                    engine,
+                    opts.op,
+                    size,
+                    iterations,
+                    warmup,
+                    opts.validate,
+                    opts.window,
+                )?,
+            };
+            tracing::debug!(algorithm = %alg, size, seconds = sample.seconds, "measured");
+            out.push(sample);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_counts_wrong_bytes() {
+        let counts = [3usize, 0, 2];
+        let displs = prefix_sums(&counts).unwrap();
+        let mut buf = vec![0u8; 5];
+        // What rank 1 receives: from 0 three bytes, from 2 two bytes.
+        for (src, (&c, &d)) in counts.iter().zip(&displs).enumerate() {
+            for i in 0..c {
+                buf[d + i] = pattern(src, 1, i, 4);
+            }
+        }
+        assert_eq!(check_blocks(&buf, 1, &counts, &displs, 4), 0);
+        assert_eq!(check_blocks(&buf, 1, &counts, &displs, 5), 5);
+        buf[4] ^= 1;
+        assert_eq!(check_blocks(&buf, 1, &counts, &displs, 4), 1);
+    }
+}

@@ -1,0 +1,242 @@
+//! What the `halo launch` tests share: running the launcher, signals, rank pids,
+//! labelled output, and the emulated hosts' checks (namespaces left, veth counters).
+#![allow(dead_code, unused_macros)] // each test file uses a part
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub(crate) const HALO: &str = env!("CARGO_BIN_EXE_halo");
+
+/// A finished launcher run.
+#[derive(Debug)]
+pub(crate) struct Run {
+    pub(crate) pid: u32,
+    pub(crate) status: ExitStatus,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) elapsed: Duration,
+}
+
+impl Run {
+    pub(crate) fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    #[track_caller]
+    pub(crate) fn assert_ok(&self) {
+        assert!(
+            self.status.success(),
+            "halo launch failed: {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+    }
+}
+
+pub(crate) fn scratch(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("launch")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Starts `halo launch ARGS` with stdout and stderr going to files in `dir`.
+pub(crate) fn start(dir: &Path, args: &[&str]) -> std::process::Child {
+    let out = std::fs::File::create(dir.join("stdout")).unwrap();
+    let err = std::fs::File::create(dir.join("stderr")).unwrap();
+    Command::new(HALO)
+        .arg("launch")
+        .args(args)
+        .env_remove("HALO_DEBUG")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start halo launch")
+}
+
+/// Waits for a launcher started by [`start`]; past `limit` it is interrupted
+/// (SIGINT, so that it still tears down), then killed, and the test fails.
+pub(crate) fn finish(
+    dir: &Path,
+    mut child: std::process::Child,
+    started: Instant,
+    limit: Duration,
+) -> Run {
+    let pid = child.id();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > limit {
+            signal(pid, "INT");
+            std::thread::sleep(Duration::from_secs(10));
+            let _ = child.kill();
+            let st = child.wait().unwrap();
+            panic!(
+                "halo launch (pid {pid}) ran past {limit:?} ({st:?})\nstdout:\n{}\nstderr:\n{}",
+                std::fs::read_to_string(dir.join("stdout")).unwrap_or_default(),
+                std::fs::read_to_string(dir.join("stderr")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Run {
+        pid,
+        status,
+        stdout: std::fs::read_to_string(dir.join("stdout")).unwrap(),
+        stderr: std::fs::read_to_string(dir.join("stderr")).unwrap(),
+        elapsed: started.elapsed(),
+    }
+}
+
+pub(crate) fn launch(dir: &Path, args: &[&str]) -> Run {
+    let started = Instant::now();
+    let child = start(dir, args);
+    finish(dir, child, started, Duration::from_secs(120))
+}
+
+/// Sends a signal to a process this test started, by pid.
+pub(crate) fn signal(pid: u32, sig: &str) {
+    use nix::sys::signal::Signal;
+    let sig = match sig {
+        "INT" => Signal::SIGINT,
+        "TERM" => Signal::SIGTERM,
+        other => panic!("no signal {other}"),
+    };
+    let pid = i32::try_from(pid).expect("pid fits i32");
+    assert!(pid > 1);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+}
+
+/// Whether a live (not zombie) process has this pid and runs `what`.
+pub(crate) fn running(pid: u32, what: &str) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let live = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .is_some_and(|s| s != "Z" && s != "X");
+    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    live && cmdline.contains(what)
+}
+
+/// Pids the ranks wrote to `dir/pids/RANK`.
+pub(crate) fn rank_pids(dir: &Path) -> Vec<u32> {
+    let mut v = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir.join("pids")) {
+        for e in rd.flatten() {
+            if let Ok(t) = std::fs::read_to_string(e.path())
+                && let Ok(p) = t.trim().parse()
+            {
+                v.push(p);
+            }
+        }
+    }
+    v
+}
+
+/// Lines of `[R] text` output, as (R, text).
+pub(crate) fn labelled(stdout: &str) -> Vec<(usize, String)> {
+    stdout
+        .lines()
+        .map(|l| {
+            let rest = l
+                .strip_prefix('[')
+                .unwrap_or_else(|| panic!("unlabelled line {l:?}"));
+            let (r, text) = rest
+                .split_once("] ")
+                .unwrap_or_else(|| panic!("bad line {l:?}"));
+            (r.parse().unwrap(), text.to_string())
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Local launches
+// ---------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------
+
+pub(crate) fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+macro_rules! need_emulation {
+    () => {
+        if let Some(why) = halo_cli::launch::emulation_unavailable() {
+            halo_cli::testing::skip(&format!("emulated hosts unavailable: {why}"));
+            return;
+        }
+    };
+}
+
+/// Namespaces of the launcher with this pid still listed by `ip netns list`.
+pub(crate) fn leftover_namespaces(pid: u32) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let prefix = format!("halo-{pid}-");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+#[track_caller]
+pub(crate) fn assert_torn_down(run: &Run) {
+    let left = leftover_namespaces(run.pid);
+    assert!(
+        left.is_empty(),
+        "namespaces left behind: {left:?}\n{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("teardown"), "{}", run.stderr);
+}
+
+pub(crate) fn stats(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+pub(crate) fn host_stat(v: &serde_json::Value, host: usize, key: &str) -> u64 {
+    v["hosts"][host][key].as_u64().unwrap()
+}
+
+pub(crate) fn ip(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+pub(crate) fn root_links() -> Vec<String> {
+    ip(&["-o", "link", "show"])
+        .lines()
+        .filter_map(|l| l.split(':').nth(1))
+        .map(|n| n.trim().split('@').next().unwrap().to_string())
+        .collect()
+}
+
+/// Namespaces of this test process (library-level tests below run in one test
+/// function, so nothing else of this process makes them meanwhile).
+pub(crate) fn own_namespaces() -> Vec<String> {
+    let me = format!("halo-{}-", std::process::id());
+    ip(&["netns", "list"])
+        .lines()
+        .filter(|l| l.starts_with(&me))
+        .map(str::to_string)
+        .collect()
+}
