@@ -4,7 +4,7 @@
 //! of [`Step`]s (`Send`, `Recv`, `Copy` over [`Region`]s of the send, receive and
 //! scratch buffers), each with the steps it depends on. The same schedules are
 //! [`verify`]-ed symbolically for all ranks, simulated against a topology, and
-//! [`execute`]-d by one engine over any [`Transport`].
+//! [`execute`]-d by one executor over any [`Transport`].
 //!
 //! ```
 //! use halo_collectives::{build, verify_all_to_all, AlgoOptions, Algorithm, BuildCtx, Layout, UniformSizes};
@@ -23,8 +23,8 @@
 //! ```
 
 mod algo;
-mod engine;
 mod error;
+mod execute;
 mod gather;
 mod layout;
 mod reduce;
@@ -33,8 +33,8 @@ mod simulate;
 mod verify;
 
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
-pub use engine::{Buffers, ExecOptions, Session, Transport, execute};
 pub use error::{CollectiveError, Result, VerifyError};
+pub use execute::{Buffers, ExecOptions, Session, Transport, execute};
 pub use gather::{ALL_GATHER_SMALL, AllGatherAlgorithm, build_all_gather};
 pub use layout::{BlockSizes, KnownSizes, Layout, META_BLOCK, MatrixSizes, UniformSizes};
 pub use reduce::{

@@ -1,6 +1,6 @@
 //! All-reduce as data: a plan of exchange rounds with local reductions between them.
 //!
-//! The schedule engine has no reduction step, so an all-reduce is a sequence of
+//! A schedule has no reduction step (it only moves bytes), so an all-reduce is a sequence of
 //! *rounds*. In a round a rank sends a range of its accumulator to one peer and/or
 //! receives a range from one peer (each round runs as a small [`exchange`] schedule);
 //! after the round the received elements are either reduced into the accumulator or

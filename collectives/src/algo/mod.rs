@@ -3,7 +3,7 @@
 //!
 //! Adding an algorithm: write `algo/NAME.rs` with `pub(crate) fn build(ctx) ->
 //! Result<Schedule>`, add a variant to [`Algorithm`], and list it in
-//! [`Algorithm::ALL`]; the verifier, the engine, the simulator and the benchmarks
+//! [`Algorithm::ALL`]; the verifier, the executor, the simulator and the benchmarks
 //! then take it as they take the others.
 
 mod bruck;

@@ -6,7 +6,7 @@
 //! max-min fair in units per second: without per-message gaps every demand is the
 //! message's bytes and this is ordinary max-min fairness in bytes per second. Each
 //! event costs O(flows x path x bottleneck levels): fine for a few thousand flows,
-//! far too slow for a million, which is why [`super::ps`] is the default.
+//! far too slow for a million, which is why [`super::processor_sharing`] is the default.
 
 use super::Sharer;
 

@@ -59,11 +59,11 @@
 //! assert!(flat.time > 0.0 && halo.time > 0.0);
 //! ```
 
-mod engine;
+mod events;
 mod maxmin;
 mod model;
+mod processor_sharing;
 mod program;
-mod ps;
 
 use crate::algo::{AlgoOptions, Algorithm, BuildCtx, build};
 use crate::error::{CollectiveError, Result};
@@ -333,12 +333,12 @@ fn run(topo: &Topology, mut prog: program::Program, options: &SimOptions) -> Res
     let remaining = std::mem::take(&mut prog.ndeps);
     let out = match options.sharing {
         Sharing::ProcessorSharing => {
-            let ps = ps::Ps::new(&model.cap, &model.gate, ops);
-            engine::run(&prog, remaining, &model, topo, ps, options.egress)?
+            let ps = processor_sharing::ProcessorSharing::new(&model.cap, &model.gate, ops);
+            events::run(&prog, remaining, &model, topo, ps, options.egress)?
         }
         Sharing::MaxMin => {
             let mm = maxmin::MaxMin::new(&model.cap);
-            engine::run(&prog, remaining, &model, topo, mm, options.egress)?
+            events::run(&prog, remaining, &model, topo, mm, options.egress)?
         }
     };
     let mut loads: Vec<ResourceLoad> = Vec::new();

@@ -13,8 +13,9 @@ use hwlocality::{
     topology::builder::{BuildFlags, TypeFilter},
 };
 
+use super::findings::{HwFindings, HwOsDevice, HwOsKind};
 use super::sysfs::format_cpulist;
-use super::{Core, HwFindings, HwOsDevice, HwOsKind, NumaNode, Package, PciDevice};
+use super::{Core, NumaNode, Package, PciDevice};
 
 /// Builds the topology of the whole machine (disallowed CPUs included) with every
 /// I/O object kept, and walks it.

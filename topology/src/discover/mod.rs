@@ -18,21 +18,31 @@
 //! unavailable, and why. One inference is made: on a machine with exactly one NUMA
 //! node, a PCI device whose NUMA node is unknown is reported on that node (it
 //! cannot be anywhere else); hwloc reports the same through its locality.
+//!
+//! [`discover_with`] takes the sources in turn, one (private) file each:
+//! `findings.rs` runs hwloc; `cpus.rs` gives CPUs, NUMA nodes and PCI devices (and
+//! the NUMA node of a PCI bus); `net.rs` network interfaces with their RDMA devices,
+//! and `cxi` devices; `gpus.rs` GPUs; `slurm.rs` the Slurm placement; the host name
+//! comes last. `sysfs.rs` and `hwloc.rs` read the two machine sources; `render.rs`
+//! prints [`LocalMachine::render_tree`].
 
+mod cpus;
+mod findings;
+mod gpus;
+mod net;
+mod render;
 mod slurm;
 mod sysfs;
 
 #[cfg(feature = "hwloc")]
 mod hwloc;
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    fmt::Write as _,
-    path::PathBuf,
-};
+use std::{collections::BTreeMap, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use self::cpus::{Locality, Platform};
+use self::findings::{HwFindings, run_hwloc};
 pub use self::slurm::expand_nodelist;
 use self::sysfs::{Sysfs, natural_cmp};
 
@@ -60,6 +70,18 @@ pub struct LocalMachine {
     /// Which sources were used (`hwloc 2.9.0 ...`, `sysfs /sys/class/net: ...`) and
     /// which were unavailable, with why (`hwloc: feature disabled`).
     pub sources: Vec<String>,
+}
+
+impl LocalMachine {
+    /// Total number of cores.
+    pub fn core_count(&self) -> usize {
+        self.packages.iter().map(Package::core_count).sum()
+    }
+
+    /// Total number of PUs.
+    pub fn pu_count(&self) -> usize {
+        self.packages.iter().map(Package::pu_count).sum()
+    }
 }
 
 /// A CPU package (socket).
@@ -446,274 +468,20 @@ pub fn discover_with(options: &DiscoverOptions) -> Result<LocalMachine, Discover
     let sys = Sysfs::new(&options.root);
     let mut sources = Vec::new();
     let hw = run_hwloc(options.use_hwloc, &mut sources);
-
-    // CPUs, NUMA nodes and PCI devices: hwloc, else sysfs.
-    let (packages, numa_nodes, mut pci_devices) = match &hw {
-        Some(h) => (
-            h.packages.clone(),
-            h.numa_nodes.clone(),
-            h.pci_devices.clone(),
-        ),
-        None => {
-            let packages = note(
-                &mut sources,
-                &sys,
-                "/sys/devices/system/cpu",
-                sys.packages()?,
-                |p| format!("{} packages", p.len()),
-            );
-            let numa = note(
-                &mut sources,
-                &sys,
-                "/sys/devices/system/node",
-                sys.numa_nodes(&packages)?,
-                |n| format!("{} NUMA nodes", n.len()),
-            );
-            let pci = note(
-                &mut sources,
-                &sys,
-                "/sys/bus/pci/devices",
-                sys.pci_devices()?,
-                |d| format!("{} devices", d.len()),
-            );
-            (packages, numa, pci)
-        }
-    };
-    let only_numa_node = match numa_nodes.as_slice() {
-        [only] => Some(only.os_index),
-        _ => None,
-    };
-    // sysfs knows the node of each PCI device; hwloc's locality can be coarser (a
-    // package spanning several nodes), so sysfs comes first.
-    for device in &mut pci_devices {
-        device.numa_node = sys
-            .pci_numa_node(&device.bus_id)
-            .or(device.numa_node)
-            .or(only_numa_node);
-    }
-    let pci_numa: BTreeMap<String, Option<u32>> = pci_devices
-        .iter()
-        .map(|d| (d.bus_id.clone(), d.numa_node))
-        .collect();
-    let numa_of_bus = |bus: Option<&str>| -> Option<u32> {
-        let bus = bus?;
-        pci_numa
-            .get(bus)
-            .copied()
-            .flatten()
-            .or_else(|| sys.pci_numa_node(bus))
-            .or(only_numa_node)
-    };
-
     let hw_osdevs = hw.as_ref().map(|h| h.os_devices.as_slice()).unwrap_or(&[]);
 
-    // Network interfaces.
-    let mut nics = match sys.net_devices()? {
-        Some(nics) => {
-            sources.push(format!(
-                "sysfs {}: {} interfaces besides lo",
-                show(&sys, "/sys/class/net"),
-                nics.len()
-            ));
-            nics
-        }
-        None => {
-            sources.push(format!("sysfs {}: absent", show(&sys, "/sys/class/net")));
-            Vec::new()
-        }
-    };
-    for nic in &mut nics {
-        if nic.pci_bus_id.is_none() {
-            nic.pci_bus_id = hw_osdevs
-                .iter()
-                .find(|d| d.kind == HwOsKind::Network && d.name == nic.name)
-                .and_then(|d| d.pci_bus_id.clone());
-        }
-        if nic.numa_node.is_none() {
-            nic.numa_node = numa_of_bus(nic.pci_bus_id.as_deref());
-        }
-    }
-    let mut rdma: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    if let Some(by_bus) = sys.rdma_devices()? {
-        sources.push(format!(
-            "sysfs {}: {} devices",
-            show(&sys, "/sys/class/infiniband"),
-            by_bus.values().map(Vec::len).sum::<usize>()
-        ));
-        for (bus, names) in by_bus {
-            rdma.entry(bus).or_default().extend(names);
-        }
-    }
-    for d in hw_osdevs.iter().filter(|d| d.kind == HwOsKind::OpenFabrics) {
-        if let Some(bus) = &d.pci_bus_id {
-            rdma.entry(bus.clone()).or_default().insert(d.name.clone());
-        }
-    }
-    for nic in &mut nics {
-        if let Some(names) = nic.pci_bus_id.as_ref().and_then(|b| rdma.get(b)) {
-            nic.rdma_devices = sorted_natural(names.iter().cloned());
-        }
-    }
-
-    // GPUs: PCI devices of a GPU class, plus DRM cards on PCI.
-    let mut gpus: BTreeMap<String, Gpu> = pci_devices
-        .iter()
-        .filter(|d| is_gpu_pci_device(d.class_id, d.vendor_id))
-        .map(|d| {
-            let gpu = Gpu {
-                pci_bus_id: d.bus_id.clone(),
-                vendor_id: d.vendor_id,
-                device_id: d.device_id,
-                vendor: GpuVendor::from_pci_vendor(d.vendor_id),
-                class_id: d.class_id,
-                name: d.name.clone(),
-                numa_node: d.numa_node,
-                os_device_names: Vec::new(),
-                xgmi: None,
-            };
-            (d.bus_id.clone(), gpu)
-        })
-        .collect();
-    let drm = match sys.drm_devices()? {
-        Some(drm) => {
-            sources.push(format!(
-                "sysfs {}: {} cards/render nodes on PCI",
-                show(&sys, "/sys/class/drm"),
-                drm.len()
-            ));
-            drm
-        }
-        None => {
-            sources.push(format!("sysfs {}: absent", show(&sys, "/sys/class/drm")));
-            Vec::new()
-        }
-    };
-    for card in &drm {
-        if !gpus.contains_key(&card.pci_bus_id) {
-            let (Some(class_id), Some(vendor_id), Some(device_id)) =
-                (card.class_id, card.vendor_id, card.device_id)
-            else {
-                continue;
-            };
-            if !is_gpu_pci_device(class_id, vendor_id) {
-                continue;
-            }
-            gpus.insert(
-                card.pci_bus_id.clone(),
-                Gpu {
-                    pci_bus_id: card.pci_bus_id.clone(),
-                    vendor_id,
-                    device_id,
-                    vendor: GpuVendor::from_pci_vendor(vendor_id),
-                    class_id,
-                    name: None,
-                    numa_node: card
-                        .numa_node
-                        .or_else(|| numa_of_bus(Some(&card.pci_bus_id))),
-                    os_device_names: Vec::new(),
-                    xgmi: None,
-                },
-            );
-        }
-        if let Some(gpu) = gpus.get_mut(&card.pci_bus_id) {
-            gpu.os_device_names.push(card.name.clone());
-            gpu.numa_node = gpu.numa_node.or(card.numa_node);
-            if let Some(hive_id) = card.xgmi_hive_id {
-                gpu.xgmi = Some(XgmiInfo {
-                    hive_id,
-                    device_id: card.xgmi_device_id,
-                    physical_id: card.xgmi_physical_id,
-                    peer_pci_bus_ids: Vec::new(),
-                });
-            }
-        }
-    }
-    for d in hw_osdevs
-        .iter()
-        .filter(|d| matches!(d.kind, HwOsKind::Gpu | HwOsKind::CoProcessor))
-    {
-        if let Some(gpu) = d.pci_bus_id.as_ref().and_then(|b| gpus.get_mut(b)) {
-            gpu.os_device_names.push(d.name.clone());
-        }
-    }
-    let hives: Vec<(String, u64)> = gpus
-        .values()
-        .filter_map(|g| Some((g.pci_bus_id.clone(), g.xgmi.as_ref()?.hive_id)))
-        .collect();
-    for gpu in gpus.values_mut() {
-        gpu.os_device_names = sorted_natural(std::mem::take(&mut gpu.os_device_names));
-        gpu.numa_node = gpu.numa_node.or(only_numa_node);
-        if let Some(xgmi) = &mut gpu.xgmi {
-            xgmi.peer_pci_bus_ids = hives
-                .iter()
-                .filter(|(bus, hive)| *hive == xgmi.hive_id && *bus != gpu.pci_bus_id)
-                .map(|(bus, _)| bus.clone())
-                .collect();
-        }
-    }
-    let gpus: Vec<Gpu> = gpus.into_values().collect();
-
-    // Slingshot cxi devices.
-    let mut cxi_devices = match sys.cxi_devices()? {
-        Some(cxi) => {
-            sources.push(format!(
-                "sysfs {}: {} devices",
-                show(&sys, "/sys/class/cxi"),
-                cxi.len()
-            ));
-            cxi
-        }
-        None => {
-            sources.push(format!("sysfs {}: absent", show(&sys, "/sys/class/cxi")));
-            Vec::new()
-        }
-    };
-    for cxi in &mut cxi_devices {
-        if cxi.numa_node.is_none() {
-            cxi.numa_node = numa_of_bus(cxi.pci_bus_id.as_deref());
-        }
-        if let Some(bus) = &cxi.pci_bus_id {
-            cxi.net_interfaces = nics
-                .iter()
-                .filter(|n| n.pci_bus_id.as_ref() == Some(bus))
-                .map(|n| n.name.clone())
-                .collect();
-        }
-    }
-
-    // Environment.
+    let Platform {
+        packages,
+        numa_nodes,
+        mut pci_devices,
+    } = cpus::cpus_numa_pci(&sys, hw.as_ref(), &mut sources)?;
+    let locality = Locality::new(&sys, &numa_nodes, &mut pci_devices);
+    let nics = net::network_interfaces(&sys, hw_osdevs, &locality, &mut sources)?;
+    let gpus = gpus::gpus(&sys, &pci_devices, hw_osdevs, &locality, &mut sources)?;
+    let cxi_devices = net::cxi_devices(&sys, &nics, &locality, &mut sources)?;
     let env = options.env.variables();
-    let slurm = SlurmPlacement::from_env(&env)?;
-    sources.push(match &slurm {
-        Some(s) => format!(
-            "env: Slurm{}",
-            s.job_id
-                .as_ref()
-                .map(|j| format!(" job {j}"))
-                .unwrap_or_default()
-        ),
-        None => "env: no SLURM_JOB_ID or SLURM_PROCID (not under Slurm)".to_owned(),
-    });
-
-    // Host name.
-    let hostname = if let Some(name) = sys.hostname() {
-        sources.push(format!(
-            "procfs {}",
-            show(&sys, "/proc/sys/kernel/hostname")
-        ));
-        name
-    } else if let Some(name) = hw.as_ref().and_then(|h| h.hostname.clone()) {
-        sources.push("hostname from hwloc".to_owned());
-        name
-    } else if let Some(name) = env.get("HOSTNAME").filter(|h| !h.is_empty()) {
-        sources.push("hostname from $HOSTNAME".to_owned());
-        name.clone()
-    } else {
-        return Err(DiscoverError::Hostname(format!(
-            "{} unreadable, no hwloc HostName, no $HOSTNAME",
-            show(&sys, "/proc/sys/kernel/hostname")
-        )));
-    };
+    let slurm = slurm::placement(&env, &mut sources)?;
+    let hostname = hostname(&sys, hw.as_ref(), &env, &mut sources)?;
 
     Ok(LocalMachine {
         hostname,
@@ -728,83 +496,28 @@ pub fn discover_with(options: &DiscoverOptions) -> Result<LocalMachine, Discover
     })
 }
 
-/// Kind of an hwloc OS device that discovery uses.
-#[cfg_attr(not(feature = "hwloc"), allow(dead_code))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum HwOsKind {
-    /// `card0`, `renderD128`, `rsmi0`, `nvml0`...
-    Gpu,
-    /// `cuda0`, `opencl0d0`...
-    CoProcessor,
-    /// Network interface (`eth0`).
-    Network,
-    /// RDMA device (`mlx5_0`).
-    OpenFabrics,
-}
-
-/// An hwloc OS device.
-#[cfg_attr(not(feature = "hwloc"), allow(dead_code))]
-#[derive(Debug, Clone)]
-struct HwOsDevice {
-    /// Name given by hwloc (`eth0`, `card1`).
-    name: String,
-    /// What it is.
-    kind: HwOsKind,
-    /// Bus id of the PCI device it hangs off, if any.
-    pci_bus_id: Option<String>,
-}
-
-/// What hwloc reported (never built without the `hwloc` feature).
-#[cfg_attr(not(feature = "hwloc"), allow(dead_code))]
-#[derive(Debug, Clone)]
-struct HwFindings {
-    /// `hwloc 2.9.0`, for `sources`.
-    version: String,
-    /// The `HostName` info of the root object.
-    hostname: Option<String>,
-    /// Packages with cores and PUs.
-    packages: Vec<Package>,
-    /// NUMA nodes.
-    numa_nodes: Vec<NumaNode>,
-    /// PCI devices and PCI-to-PCI bridges.
-    pci_devices: Vec<PciDevice>,
-    /// OS devices of the kinds in [`HwOsKind`].
-    os_devices: Vec<HwOsDevice>,
-}
-
-/// Runs hwloc when asked and available, noting the outcome in `sources`.
-#[cfg(feature = "hwloc")]
-fn run_hwloc(use_hwloc: bool, sources: &mut Vec<String>) -> Option<HwFindings> {
-    if !use_hwloc {
-        sources.push("hwloc: not used (use_hwloc = false)".to_owned());
-        return None;
-    }
-    match hwloc::discover() {
-        Ok(found) => {
-            sources.push(format!(
-                "{} (whole machine incl. disallowed CPUs, I/O filter KeepAll)",
-                found.version
-            ));
-            Some(found)
-        }
-        Err(e) => {
-            sources.push(format!(
-                "hwloc: failed ({e}); CPUs, NUMA and PCI from sysfs"
-            ));
-            None
-        }
-    }
-}
-
-/// Runs hwloc when asked and available, noting the outcome in `sources`.
-#[cfg(not(feature = "hwloc"))]
-fn run_hwloc(use_hwloc: bool, sources: &mut Vec<String>) -> Option<HwFindings> {
-    sources.push(if use_hwloc {
-        "hwloc: feature disabled".to_owned()
+/// The host name: procfs, else hwloc's `HostName`, else `$HOSTNAME`.
+fn hostname(
+    sys: &Sysfs<'_>,
+    hw: Option<&HwFindings>,
+    env: &BTreeMap<String, String>,
+    sources: &mut Vec<String>,
+) -> Result<String, DiscoverError> {
+    Ok(if let Some(name) = sys.hostname() {
+        sources.push(format!("procfs {}", show(sys, "/proc/sys/kernel/hostname")));
+        name
+    } else if let Some(name) = hw.and_then(|h| h.hostname.clone()) {
+        sources.push("hostname from hwloc".to_owned());
+        name
+    } else if let Some(name) = env.get("HOSTNAME").filter(|h| !h.is_empty()) {
+        sources.push("hostname from $HOSTNAME".to_owned());
+        name.clone()
     } else {
-        "hwloc: not used (use_hwloc = false; feature disabled)".to_owned()
-    });
-    None
+        return Err(DiscoverError::Hostname(format!(
+            "{} unreadable, no hwloc HostName, no $HOSTNAME",
+            show(sys, "/proc/sys/kernel/hostname")
+        )));
+    })
 }
 
 /// The path shown in `sources` for an absolute sysfs path.
@@ -838,267 +551,4 @@ fn sorted_natural(names: impl IntoIterator<Item = String>) -> Vec<String> {
     names.sort_by(|a, b| natural_cmp(a, b));
     names.dedup();
     names
-}
-
-/// `23.4 GiB`, `512.0 MiB`.
-fn format_bytes(bytes: u64) -> String {
-    const GIB: f64 = (1u64 << 30) as f64;
-    const MIB: f64 = (1u64 << 20) as f64;
-    #[allow(clippy::cast_precision_loss)]
-    let b = bytes as f64;
-    if b >= GIB {
-        format!("{:.1} GiB", b / GIB)
-    } else {
-        format!("{:.1} MiB", b / MIB)
-    }
-}
-
-/// `10 Gb/s`, `100 Mb/s`, `2.5 Gb/s` from bytes per second.
-fn format_link_speed(bytes_per_sec: u64) -> String {
-    let mbps = bytes_per_sec / 125_000;
-    if mbps >= 1000 {
-        if mbps.is_multiple_of(1000) {
-            format!("{} Gb/s", mbps / 1000)
-        } else {
-            #[allow(clippy::cast_precision_loss)]
-            let gbps = mbps as f64 / 1000.0;
-            format!("{gbps} Gb/s")
-        }
-    } else {
-        format!("{mbps} Mb/s")
-    }
-}
-
-/// `Some(x)` as `x`, `None` as `?`.
-fn or_unknown<T: std::fmt::Display>(value: Option<T>) -> String {
-    value.map_or_else(|| "?".to_owned(), |v| v.to_string())
-}
-
-impl LocalMachine {
-    /// Total number of cores.
-    pub fn core_count(&self) -> usize {
-        self.packages.iter().map(Package::core_count).sum()
-    }
-
-    /// Total number of PUs.
-    pub fn pu_count(&self) -> usize {
-        self.packages.iter().map(Package::pu_count).sum()
-    }
-
-    /// Readable tree for `halo topo`, e.g.
-    ///
-    /// ```text
-    /// Machine myhost
-    ///   Package 0: 2 cores, 2 PUs, AMD EPYC
-    ///     NUMA 0: 23.4 GiB, CPUs 0-1
-    ///   PCI 0000:00:03.0 [0200] 1af4:1041
-    ///   GPUs: none found
-    ///   NICs: eth0 (Ethernet, 10 Gb/s, up, PCI 0000:00:03.0, NUMA 0)
-    ///   Slingshot cxi: none found
-    ///   Slurm: not running under Slurm
-    ///   Sources: hwloc 2.9.0 ...; sysfs /sys/class/net: 1 interfaces besides lo; ...
-    /// ```
-    pub fn render_tree(&self) -> String {
-        let mut out = String::new();
-        // Writing to a String cannot fail.
-        let mut line = |indent: usize, text: String| {
-            let _ = writeln!(out, "{:indent$}{text}", "", indent = indent * 2);
-        };
-        line(0, format!("Machine {}", self.hostname));
-
-        let render_numa = |node: &NumaNode| {
-            let memory = node
-                .local_memory_bytes
-                .map_or_else(|| "memory unknown".to_owned(), format_bytes);
-            let cpus = if node.cpuset.is_empty() {
-                "no CPUs".to_owned()
-            } else {
-                format!("CPUs {}", node.cpuset)
-            };
-            format!("NUMA {}: {memory}, {cpus}", node.os_index)
-        };
-        if self.packages.is_empty() {
-            line(1, "Packages: none found".to_owned());
-        }
-        for package in &self.packages {
-            let model = package
-                .cpu_model
-                .as_ref()
-                .map(|m| format!(", {m}"))
-                .unwrap_or_default();
-            line(
-                1,
-                format!(
-                    "Package {}: {} cores, {} PUs{model}",
-                    or_unknown(package.os_index),
-                    package.core_count(),
-                    package.pu_count()
-                ),
-            );
-            for node in self
-                .numa_nodes
-                .iter()
-                .filter(|n| package.os_index.is_some() && n.package_os_index == package.os_index)
-            {
-                line(2, render_numa(node));
-            }
-        }
-        let placed: BTreeSet<u32> = self.packages.iter().filter_map(|p| p.os_index).collect();
-        for node in self
-            .numa_nodes
-            .iter()
-            .filter(|n| n.package_os_index.is_none_or(|p| !placed.contains(&p)))
-        {
-            line(1, render_numa(node));
-        }
-        if self.numa_nodes.is_empty() {
-            line(1, "NUMA: none found".to_owned());
-        }
-
-        for device in &self.pci_devices {
-            let name = device
-                .name
-                .as_ref()
-                .map(|n| format!(" {n}"))
-                .unwrap_or_default();
-            line(
-                1,
-                format!(
-                    "PCI {} [{:04x}] {:04x}:{:04x}{name}",
-                    device.bus_id, device.class_id, device.vendor_id, device.device_id
-                ),
-            );
-        }
-
-        if self.gpus.is_empty() {
-            line(1, "GPUs: none found".to_owned());
-        } else {
-            line(1, format!("GPUs: {}", self.gpus.len()));
-            for gpu in &self.gpus {
-                let mut text = format!(
-                    "GPU {} {} {:04x}:{:04x}",
-                    gpu.pci_bus_id,
-                    gpu.vendor.as_str(),
-                    gpu.vendor_id,
-                    gpu.device_id
-                );
-                if let Some(name) = &gpu.name {
-                    let _ = write!(text, " {name}");
-                }
-                let _ = write!(text, ", NUMA {}", or_unknown(gpu.numa_node));
-                if !gpu.os_device_names.is_empty() {
-                    let _ = write!(text, ", {}", gpu.os_device_names.join(" "));
-                }
-                if let Some(x) = &gpu.xgmi {
-                    let _ = write!(text, ", XGMI hive {:#x}", x.hive_id);
-                    if let Some(id) = x.physical_id {
-                        let _ = write!(text, " physical id {id}");
-                    }
-                    if !x.peer_pci_bus_ids.is_empty() {
-                        let _ = write!(text, " peers {}", x.peer_pci_bus_ids.join(" "));
-                    }
-                }
-                line(2, text);
-            }
-        }
-
-        if self.nics.is_empty() {
-            line(1, "NICs: none found".to_owned());
-        } else {
-            let nics: Vec<String> = self
-                .nics
-                .iter()
-                .map(|n| {
-                    let mut parts = vec![n.kind.as_str().to_owned()];
-                    if let Some(speed) = n.link_speed_bytes_per_sec {
-                        parts.push(format_link_speed(speed));
-                    }
-                    if let Some(state) = &n.operstate {
-                        parts.push(state.clone());
-                    }
-                    if let Some(bus) = &n.pci_bus_id {
-                        parts.push(format!("PCI {bus}"));
-                    }
-                    if let Some(numa) = n.numa_node {
-                        parts.push(format!("NUMA {numa}"));
-                    }
-                    if !n.rdma_devices.is_empty() {
-                        parts.push(n.rdma_devices.join(" "));
-                    }
-                    if n.is_virtual {
-                        parts.push("virtual".to_owned());
-                    }
-                    format!("{} ({})", n.name, parts.join(", "))
-                })
-                .collect();
-            line(1, format!("NICs: {}", nics.join(", ")));
-        }
-
-        if self.cxi_devices.is_empty() {
-            line(1, "Slingshot cxi: none found".to_owned());
-        } else {
-            line(1, format!("Slingshot cxi: {}", self.cxi_devices.len()));
-            for cxi in &self.cxi_devices {
-                let mut text = format!(
-                    "{} PCI {}, NUMA {}",
-                    cxi.name,
-                    or_unknown(cxi.pci_bus_id.as_ref()),
-                    or_unknown(cxi.numa_node)
-                );
-                if let Some(nid) = cxi.nid {
-                    let _ = write!(text, ", nid {nid:#x}");
-                }
-                if let Some(up) = cxi.link_up {
-                    text.push_str(if up { ", link up" } else { ", link down" });
-                }
-                if !cxi.net_interfaces.is_empty() {
-                    let _ = write!(text, ", {}", cxi.net_interfaces.join(" "));
-                }
-                line(2, text);
-            }
-        }
-
-        match &self.slurm {
-            None => line(1, "Slurm: not running under Slurm".to_owned()),
-            Some(s) => {
-                let mut parts = Vec::new();
-                if let Some(job) = &s.job_id {
-                    parts.push(format!("job {job}"));
-                }
-                if s.proc_id.is_some() || s.ntasks.is_some() {
-                    parts.push(format!(
-                        "rank {} of {}",
-                        or_unknown(s.proc_id),
-                        or_unknown(s.ntasks)
-                    ));
-                }
-                if let Some(local) = s.local_id {
-                    parts.push(format!("local rank {local}"));
-                }
-                if s.node_id.is_some() || !s.nodes.is_empty() {
-                    let list = s
-                        .job_nodelist
-                        .as_ref()
-                        .map(|l| format!(" ({l})"))
-                        .unwrap_or_default();
-                    parts.push(format!(
-                        "node {} of {}{list}",
-                        or_unknown(s.node_id),
-                        s.nodes.len()
-                    ));
-                }
-                if let Some(addr) = &s.topology_addr {
-                    let pattern = s
-                        .topology_addr_pattern
-                        .as_ref()
-                        .map(|p| format!(" ({p})"))
-                        .unwrap_or_default();
-                    parts.push(format!("topology {addr}{pattern}"));
-                }
-                line(1, format!("Slurm: {}", parts.join(", ")));
-            }
-        }
-        line(1, format!("Sources: {}", self.sources.join("; ")));
-        out
-    }
 }

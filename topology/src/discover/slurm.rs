@@ -8,6 +8,25 @@ use super::{DiscoverError, SlurmPlacement, SlurmTopologyLevel};
 /// `n[0-4294967295]` exhausting memory.
 const MAX_EXPANDED_HOSTS: usize = 1 << 20;
 
+/// The Slurm placement from `env` (`None` when not under Slurm), noted in `sources`.
+pub(super) fn placement(
+    env: &BTreeMap<String, String>,
+    sources: &mut Vec<String>,
+) -> Result<Option<SlurmPlacement>, DiscoverError> {
+    let slurm = SlurmPlacement::from_env(env)?;
+    sources.push(match &slurm {
+        Some(s) => format!(
+            "env: Slurm{}",
+            s.job_id
+                .as_ref()
+                .map(|j| format!(" job {j}"))
+                .unwrap_or_default()
+        ),
+        None => "env: no SLURM_JOB_ID or SLURM_PROCID (not under Slurm)".to_owned(),
+    });
+    Ok(slurm)
+}
+
 /// Reads the Slurm placement of this process out of an environment snapshot.
 ///
 /// Returns `Ok(None)` when neither `SLURM_JOB_ID` nor `SLURM_PROCID` is set.

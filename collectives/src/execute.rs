@@ -1,10 +1,10 @@
-//! The transport interface and the engine that runs a schedule over it.
+//! The transport interface and the executor that runs a schedule over it.
 //!
-//! A [`Transport`] moves tagged byte regions between ranks. For one collective the
-//! engine opens a [`Session`] over the caller's buffers (so a transport can register
-//! them once), posts every step whose dependencies are complete, drives progress,
-//! and unlocks dependants as steps complete — until all are done, the timeout
-//! passes, or the operation is aborted.
+//! A [`Transport`] moves tagged byte regions between ranks. For one collective
+//! [`execute`] opens a [`Session`] over the caller's buffers (so a transport can
+//! register them once), posts every step whose dependencies are complete, drives
+//! progress, and unlocks dependants as steps complete — until all are done, the
+//! timeout passes, or the operation is aborted.
 
 use crate::error::{CollectiveError, Result};
 use crate::schedule::{Region, Schedule, Step, StepId};
@@ -24,8 +24,9 @@ pub struct Buffers<'a> {
 
 /// A way to move bytes between the ranks of a communicator.
 ///
-/// Implementations: the in-process transport in `halo` (ranks as threads), the
-/// libfabric transport, RCCL/NCCL. An algorithm never knows which one it runs on.
+/// Implementations today: the in-process transport in `halo` (ranks as threads) and
+/// the libfabric transport (`halo`'s fabric transport); transports for device memory
+/// are planned. An algorithm never knows which one it runs on.
 pub trait Transport {
     /// One collective's use of a set of buffers.
     type Session<'a>: Session
@@ -45,7 +46,7 @@ pub trait Transport {
 
 /// Non-blocking operations over one collective's buffers.
 ///
-/// Every posted operation is identified by a token chosen by the caller (the engine
+/// Every posted operation is identified by a token chosen by the caller ([`execute`]
 /// uses the step id). Dropping a session must cancel what is still outstanding and
 /// must not return while the transport could still touch the buffers.
 pub trait Session {
@@ -78,14 +79,14 @@ pub trait Session {
     }
 }
 
-/// How the engine runs one collective.
+/// How [`execute`] runs one collective.
 #[derive(Debug, Clone, Copy)]
 pub struct ExecOptions<'a> {
     /// The whole operation must finish within this time.
     pub timeout: Duration,
     /// Set from another thread to make the operation return `Aborted` promptly.
     pub abort: Option<&'a AtomicBool>,
-    /// Polls without waiting before the engine starts to back off (default 4: with
+    /// Polls without waiting before [`execute`] starts to back off (default 4: with
     /// more ranks than cores, every poll spent spinning is taken from the peer being
     /// waited for; 4 processes on 2 cores ran a 4-byte all-to-all in about 13 us with
     /// 0-4 polls against 25-30 us with 64, and 2 processes on 2 cores saw no

@@ -1,6 +1,6 @@
-//! The event loop: post steps whose dependencies completed, start a message when both
-//! of its ends are posted, let the sharing model move the bytes, deliver after the
-//! latency, unlock dependants.
+//! The simulator's discrete-event loop: post steps whose dependencies completed,
+//! start a message when both of its ends are posted, let the sharing model move the
+//! bytes, deliver after the latency, unlock dependants.
 
 use super::model::Model;
 use super::program::{COPY, NONE, Program, RECV, SEND, decode};

@@ -178,7 +178,7 @@ impl IndexHeap {
 
 /// Independent processor sharing on every resource.
 #[derive(Debug)]
-pub(crate) struct Ps {
+pub(crate) struct ProcessorSharing {
     res: Vec<Res>,
     /// Per operation: resources it has not left yet.
     left: Vec<u8>,
@@ -192,9 +192,9 @@ pub(crate) struct Ps {
     free: Vec<u32>,
 }
 
-impl Ps {
+impl ProcessorSharing {
     pub(crate) fn new(cap: &[f64], gate: &[bool], ops: usize) -> Self {
-        Ps {
+        ProcessorSharing {
             res: cap
                 .iter()
                 .map(|&cap| Res {
@@ -222,7 +222,7 @@ impl Ps {
     }
 }
 
-impl Sharer for Ps {
+impl Sharer for ProcessorSharing {
     fn add(&mut self, t: f64, op: u32, path: &[(u32, f64)]) {
         debug_assert!(!path.is_empty() && path.len() < 256);
         self.left[op as usize] = path.len() as u8;
@@ -277,7 +277,7 @@ impl Sharer for Ps {
 
     fn pop(&mut self, t: f64, done: &mut Vec<u32>, released: &mut Vec<u32>) {
         let (r, _) = self.heap.top().expect("a pending departure");
-        let Ps {
+        let ProcessorSharing {
             res,
             left,
             gone,
