@@ -41,15 +41,16 @@ fn check_normaliser(normaliser: f32) -> Result<()> {
 ///
 /// `normaliser` is the number of target tokens of the GLOBAL batch: a batch split into parts
 /// (ranks, micro-batches), each evaluated with the same normaliser, has losses and gradients
-/// that sum to exactly the full batch's mean loss and its gradients. The per-token terms are
-/// summed in f64 in row order and the sum is rounded to f32 once.
+/// that sum to exactly the full batch's mean loss and its gradients. The per-token terms
+/// (f32) are summed in f64 in row order, and the loss is returned as f64: it is a reported
+/// scalar, and f64 keeps the sum of parts equal to the whole to ~1e-15.
 pub fn head_loss_forward(
     cfg: &MoeConfig,
     p: &HeadParams,
     x: &[f32],
     targets: &[u32],
     normaliser: f32,
-) -> Result<(f32, HeadSaved)> {
+) -> Result<(f64, HeadSaved)> {
     cfg.validate()?;
     p.check(cfg, "head parameters")?;
     check_normaliser(normaliser)?;
@@ -77,7 +78,7 @@ pub fn head_loss_forward(
         // CE = logsumexp - logit[target].
         total += f64::from(sum.ln() + mx - target_logit);
     }
-    let loss = (total / f64::from(normaliser)) as f32;
+    let loss = (total / f64::from(normaliser));
     Ok((
         loss,
         HeadSaved {

@@ -125,7 +125,7 @@ pub use embed::{embed_backward, embed_forward};
 pub use error::{MoeError, Result};
 pub use expert::{ExpertSaved, expert_backward, expert_forward};
 pub use head::{HeadSaved, head_loss_backward, head_loss_forward};
-pub use model::{forward_backward, forward_backward_into, forward_loss};
+pub use model::{forward_backward, forward_backward_into, forward_loss, forward_loss_routed};
 pub use params::{
     DenseParams, EmbedParams, ExpertParams, GroupId, HeadParams, LayerParams, MoeGrads,
     MoeParams, ParamGroup, RouterParams,

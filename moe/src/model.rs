@@ -78,7 +78,7 @@ pub fn forward_loss(
     tokens: &[u32],
     targets: &[u32],
     normaliser: f32,
-) -> Result<f32> {
+) -> Result<f64> {
     check_inputs(params, tokens, targets)?;
     let cfg = params.config();
     let mut x = embed_forward(cfg, &params.embed, tokens)?;
@@ -86,6 +86,27 @@ pub fn forward_loss(
         x = block_forward(params, l, &x)?.0;
     }
     Ok(head_loss_forward(cfg, &params.head, &x, targets, normaliser)?.0)
+}
+
+/// As [`forward_loss`], also returning every block's [`Routing`] (e.g. for expert-load
+/// statistics, or to check that a perturbation did not change any top-k choice).
+pub fn forward_loss_routed(
+    params: &MoeParams,
+    tokens: &[u32],
+    targets: &[u32],
+    normaliser: f32,
+) -> Result<(f64, Vec<Routing>)> {
+    check_inputs(params, tokens, targets)?;
+    let cfg = params.config();
+    let mut x = embed_forward(cfg, &params.embed, tokens)?;
+    let mut routings = Vec::with_capacity(cfg.layers);
+    for l in 0..cfg.layers {
+        let (out, tape) = block_forward(params, l, &x)?;
+        routings.push(tape.routing);
+        x = out;
+    }
+    let loss = head_loss_forward(cfg, &params.head, &x, targets, normaliser)?.0;
+    Ok((loss, routings))
 }
 
 /// Loss and gradients of the whole model on one rank: the single-rank reference.
@@ -105,7 +126,7 @@ pub fn forward_backward(
     tokens: &[u32],
     targets: &[u32],
     normaliser: f32,
-) -> Result<(f32, MoeGrads)> {
+) -> Result<(f64, MoeGrads)> {
     let mut grads = MoeParams::zeros(params.config())?;
     let loss = forward_backward_into(params, tokens, targets, normaliser, &mut grads)?;
     Ok((loss, grads))
@@ -115,14 +136,14 @@ pub fn forward_backward(
 /// configuration). Every gradient accumulates row by row in token order, so calling this on
 /// consecutive parts of a batch (whole sequences, in order, same `normaliser`) gives
 /// bit-for-bit the gradients of one call on the whole batch; the returned losses sum to the
-/// whole batch's loss up to f32 rounding.
+/// whole batch's loss up to rounding (they are f64).
 pub fn forward_backward_into(
     params: &MoeParams,
     tokens: &[u32],
     targets: &[u32],
     normaliser: f32,
     grads: &mut MoeGrads,
-) -> Result<f32> {
+) -> Result<f64> {
     check_inputs(params, tokens, targets)?;
     params.check_same_shape(grads)?;
     let cfg = params.config();
