@@ -11,7 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let preset = args.first().map_or("tiny", String::as_str);
     let steps: u64 = args.get(1).map_or(Ok(100), |s| s.parse())?;
     let batch: usize = args.get(2).map_or(Ok(4), |s| s.parse())?;
-    let lr: f32 = args.get(3).map_or(Ok(1e-2), |s| s.parse())?;
+    let lr: f32 = args.get(3).map_or(Ok(3e-3), |s| s.parse())?;
     let skew: f64 = args.get(4).map_or(Ok(0.0), |s| s.parse())?;
 
     let cfg = MoeConfig::preset(preset)?;

@@ -78,7 +78,7 @@ pub fn head_loss_forward(
         // CE = logsumexp - logit[target].
         total += f64::from(sum.ln() + mx - target_logit);
     }
-    let loss = (total / f64::from(normaliser));
+    let loss = total / f64::from(normaliser);
     Ok((
         loss,
         HeadSaved {
