@@ -45,9 +45,8 @@ impl Default for AdamConfig {
 impl AdamConfig {
     /// Checks every field; the error names the first field that is wrong.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field: &'static str, reason: String| {
-            Err(MoeError::InvalidConfig { field, reason })
-        };
+        let bad =
+            |field: &'static str, reason: String| Err(MoeError::InvalidConfig { field, reason });
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad("lr", format!("is {}; must be > 0", self.lr));
         }

@@ -99,9 +99,11 @@ pub fn combine_backward(
     })
 }
 
-/// Gradient of the MoE input `u`: `d_u[t] = d_router[t] + d_expert_in[t,0] + d_expert_in[t,1]
-/// + ...`, added in that order. `d_router` is `rows x hidden` ([`crate::router_backward`]);
-/// `d_expert_in` is `rows x top_k x hidden`, slot-indexed (each expert's `d_x` put back with
+/// Gradient of the MoE input `u`, added in this order:
+/// `d_u[t] = d_router[t] + d_expert_in[t, 0] + ... + d_expert_in[t, k-1]`.
+///
+/// `d_router` is `rows x hidden` ([`crate::router_backward`]); `d_expert_in` is
+/// `rows x top_k x hidden`, slot-indexed (each expert's `d_x` put back with
 /// [`scatter_slots`]).
 pub fn moe_input_backward(
     cfg: &MoeConfig,

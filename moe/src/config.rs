@@ -120,7 +120,7 @@ impl MoeConfig {
         if self.experts > u32::MAX as usize {
             return bad("experts", "must fit expert ids in u32");
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return bad(
                 "heads",
                 format!("({}) must divide hidden ({})", self.heads, self.hidden),
@@ -129,7 +129,10 @@ impl MoeConfig {
         if self.top_k > self.experts {
             return bad(
                 "top_k",
-                format!("({}) must not exceed experts ({})", self.top_k, self.experts),
+                format!(
+                    "({}) must not exceed experts ({})",
+                    self.top_k, self.experts
+                ),
             );
         }
         if !(self.expert_matrices == 2 || self.expert_matrices == 3) {

@@ -90,11 +90,10 @@ pub fn dense_forward(
                 let qi = &q[ri * d + c0..ri * d + c0 + dh];
                 let prow = &mut pbh[i * s..(i + 1) * s];
                 let mut mx = f32::NEG_INFINITY;
-                for j in 0..=i {
+                for (j, pj) in prow[..=i].iter_mut().enumerate() {
                     let rj = b * s + j;
-                    let sc = dot(qi, &k[rj * d + c0..rj * d + c0 + dh]) * scale;
-                    prow[j] = sc;
-                    mx = mx.max(sc);
+                    *pj = dot(qi, &k[rj * d + c0..rj * d + c0 + dh]) * scale;
+                    mx = mx.max(*pj);
                 }
                 let mut sum = 0.0f32;
                 for pj in &mut prow[..=i] {
@@ -106,9 +105,9 @@ pub fn dense_forward(
                     *pj *= inv;
                 }
                 let oi = &mut o[ri * d + c0..ri * d + c0 + dh];
-                for j in 0..=i {
+                for (j, &pj) in prow[..=i].iter().enumerate() {
                     let rj = b * s + j;
-                    axpy(prow[j], &v[rj * d + c0..rj * d + c0 + dh], oi);
+                    axpy(pj, &v[rj * d + c0..rj * d + c0 + dh], oi);
                 }
             }
         }

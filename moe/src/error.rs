@@ -96,7 +96,7 @@ pub(crate) fn check_len(what: &'static str, got: usize, expected: usize) -> Resu
 
 /// Rows of width `width` in a buffer of `len` elements, naming the argument on error.
 pub(crate) fn rows_of(what: &'static str, len: usize, width: usize) -> Result<usize> {
-    if len % width == 0 {
+    if len.is_multiple_of(width) {
         Ok(len / width)
     } else {
         Err(MoeError::Shape {
@@ -109,7 +109,7 @@ pub(crate) fn rows_of(what: &'static str, len: usize, width: usize) -> Result<us
 
 /// Checks that `rows` is a whole number of sequences of length `seq`.
 pub(crate) fn whole_sequences(what: &'static str, rows: usize, seq: usize) -> Result<usize> {
-    if rows % seq == 0 {
+    if rows.is_multiple_of(seq) {
         Ok(rows / seq)
     } else {
         Err(MoeError::NotWholeSequences { what, rows, seq })

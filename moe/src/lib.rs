@@ -48,8 +48,8 @@
 //!
 //! # Determinism and exactness
 //!
-//! All products are plain loops ([`linalg`](crate) is private) with one fixed summation order
-//! per output element, so: the same inputs give the same bits; a token's activations do not
+//! All products are plain loops (a private module) with one fixed summation order per
+//! output element, so: the same inputs give the same bits; a token's activations do not
 //! depend on which other tokens share its batch (sequences for attention); and every
 //! parameter gradient accumulates row by row in the order the rows are given. Hence
 //! [`forward_backward_into`] over consecutive parts of a batch gives bit-for-bit the
@@ -127,9 +127,9 @@ pub use expert::{ExpertSaved, expert_backward, expert_forward};
 pub use head::{HeadSaved, head_loss_backward, head_loss_forward};
 pub use model::{forward_backward, forward_backward_into, forward_loss, forward_loss_routed};
 pub use params::{
-    DenseParams, EmbedParams, ExpertParams, GroupId, HeadParams, LayerParams, MoeGrads,
-    MoeParams, ParamGroup, RouterParams,
+    DenseParams, EmbedParams, ExpertParams, GroupId, HeadParams, LayerParams, MoeGrads, MoeParams,
+    ParamGroup, RouterParams,
 };
 pub use rng::SplitMix64;
-pub use router::{Routing, RouterSaved, check_routing, router_backward, router_forward};
+pub use router::{RouterSaved, Routing, check_routing, router_backward, router_forward};
 pub use task::{Batch, Task, TaskConfig};

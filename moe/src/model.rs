@@ -24,11 +24,7 @@ struct BlockTape {
 
 /// One block's MoE forward given the dense output, by the reference dispatch: for each
 /// expert in id order, its slots in token order.
-fn block_forward(
-    params: &MoeParams,
-    l: usize,
-    x: &[f32],
-) -> Result<(Vec<f32>, BlockTape)> {
+fn block_forward(params: &MoeParams, l: usize, x: &[f32]) -> Result<(Vec<f32>, BlockTape)> {
     let cfg = params.config();
     let lp = &params.layers[l];
     let (d, k) = (cfg.hidden, cfg.top_k);

@@ -122,7 +122,10 @@ group_common!(EmbedParams);
 impl EmbedParams {
     /// Checks that this group was built for `cfg` (named `what` in the error).
     pub fn check(&self, cfg: &MoeConfig, what: &'static str) -> Result<()> {
-        if self.vocab == cfg.vocab && self.hidden == cfg.hidden && self.data.len() == cfg.embed_len() {
+        if self.vocab == cfg.vocab
+            && self.hidden == cfg.hidden
+            && self.data.len() == cfg.embed_len()
+        {
             Ok(())
         } else {
             Err(wrong_group(what, cfg))
@@ -287,7 +290,10 @@ group_common!(RouterParams);
 impl RouterParams {
     /// Checks that this group was built for `cfg` (named `what` in the error).
     pub fn check(&self, cfg: &MoeConfig, what: &'static str) -> Result<()> {
-        if self.hidden == cfg.hidden && self.experts == cfg.experts && self.data.len() == cfg.router_len() {
+        if self.hidden == cfg.hidden
+            && self.experts == cfg.experts
+            && self.data.len() == cfg.router_len()
+        {
             Ok(())
         } else {
             Err(wrong_group(what, cfg))
@@ -336,7 +342,11 @@ group_common!(ExpertParams);
 impl ExpertParams {
     /// Checks that this group was built for `cfg` (named `what` in the error).
     pub fn check(&self, cfg: &MoeConfig, what: &'static str) -> Result<()> {
-        if self.hidden == cfg.hidden && self.ffn == cfg.ffn && self.matrices == cfg.expert_matrices && self.data.len() == cfg.expert_len() {
+        if self.hidden == cfg.hidden
+            && self.ffn == cfg.ffn
+            && self.matrices == cfg.expert_matrices
+            && self.data.len() == cfg.expert_len()
+        {
             Ok(())
         } else {
             Err(wrong_group(what, cfg))
@@ -563,7 +573,12 @@ impl MoeParams {
         Ok(match id {
             GroupId::Embed => self.embed.as_mut_slice(),
             GroupId::Head => self.head.as_mut_slice(),
-            GroupId::Dense(l) => self.layers.get_mut(l).ok_or_else(none)?.dense.as_mut_slice(),
+            GroupId::Dense(l) => self
+                .layers
+                .get_mut(l)
+                .ok_or_else(none)?
+                .dense
+                .as_mut_slice(),
             GroupId::Router(l) => self
                 .layers
                 .get_mut(l)

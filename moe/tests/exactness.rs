@@ -28,7 +28,13 @@ fn worst_group_error(a: &MoeParams, b: &MoeParams) -> (f64, String) {
 fn bits(p: &MoeParams) -> Vec<u32> {
     p.group_ids()
         .into_iter()
-        .flat_map(|id| p.group(id).unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        .flat_map(|id| {
+            p.group(id)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
@@ -43,7 +49,11 @@ fn data(cfg: &MoeConfig, sequences: usize) -> (Vec<u32>, Vec<u32>) {
 #[test]
 fn gradients_of_parts_sum_to_the_full_batch() {
     for (cfg, sequences, splits) in [
-        (MoeConfig::tiny(), 4, vec![vec![1, 3], vec![2, 2], vec![1, 1, 1, 1]]),
+        (
+            MoeConfig::tiny(),
+            4,
+            vec![vec![1, 3], vec![2, 2], vec![1, 1, 1, 1]],
+        ),
         (micro(), 5, vec![vec![2, 3], vec![1, 1, 1, 1, 1]]),
     ] {
         let params = MoeParams::init(&cfg, 5).unwrap();
@@ -87,7 +97,10 @@ fn accumulating_parts_in_order_is_bitwise_the_full_batch() {
         let r = a * cfg.seq..b * cfg.seq;
         forward_backward_into(&params, &tokens[r.clone()], &targets[r], n, &mut acc).unwrap();
     }
-    assert!(bits(&acc) == bits(&full), "micro-batch accumulation is not bitwise");
+    assert!(
+        bits(&acc) == bits(&full),
+        "micro-batch accumulation is not bitwise"
+    );
 }
 
 #[test]
@@ -134,7 +147,10 @@ fn rows_are_independent() {
     let x = common::rand_vec(2, 7 * d, 1.0);
     let (y, _) = expert_forward(&cfg, &e, &x).unwrap();
     let perm = [3usize, 0, 6, 1, 5, 2, 4];
-    let xp: Vec<f32> = perm.iter().flat_map(|&i| x[i * d..(i + 1) * d].to_vec()).collect();
+    let xp: Vec<f32> = perm
+        .iter()
+        .flat_map(|&i| x[i * d..(i + 1) * d].to_vec())
+        .collect();
     let (yp, _) = expert_forward(&cfg, &e, &xp).unwrap();
     for (k, &i) in perm.iter().enumerate() {
         assert_eq!(yp[k * d..(k + 1) * d], y[i * d..(i + 1) * d]);
@@ -168,19 +184,23 @@ fn expert_parallel_emulation_matches_the_reference() {
         let tok: Vec<&[u32]> = tokens.chunks(per).collect();
         let tgt: Vec<&[u32]> = targets.chunks(per).collect();
         // Per rank gradient buffers: each rank accumulates only what it owns or replicates.
-        let mut grads: Vec<MoeParams> = (0..ranks).map(|_| MoeParams::zeros(&cfg).unwrap()).collect();
+        let mut grads: Vec<MoeParams> = (0..ranks)
+            .map(|_| MoeParams::zeros(&cfg).unwrap())
+            .collect();
 
         // Forward.
         let mut x: Vec<Vec<f32>> = (0..ranks)
             .map(|r| embed_forward(&cfg, &params.embed, tok[r]).unwrap())
             .collect();
+        /// Per source rank, the slots it sent, in arrival order.
+        type Arrivals = Vec<(usize, Vec<usize>)>;
         struct Tape {
             dense: Vec<DenseSaved>,
             router: Vec<RouterSaved>,
             routing: Vec<Routing>,
             combine: Vec<CombineSaved>,
             /// Per expert: (source rank, slots) in arrival order, and the saved state.
-            experts: Vec<(Vec<(usize, Vec<usize>)>, ExpertSaved)>,
+            experts: Vec<(Arrivals, ExpertSaved)>,
         }
         let mut tapes = Vec::new();
         for l in 0..cfg.layers {
@@ -201,15 +221,16 @@ fn expert_parallel_emulation_matches_the_reference() {
                 tape.routing.push(ro);
                 outs.push(o);
             }
-            let mut expert_out: Vec<Vec<f32>> = (0..ranks).map(|r| vec![0.0; outs[r].u.len() * k]).collect();
+            let mut expert_out: Vec<Vec<f32>> =
+                (0..ranks).map(|r| vec![0.0; outs[r].u.len() * k]).collect();
             for (e, ep) in lp.experts.iter().enumerate() {
                 // All-to-all: rank r sends the rows of its tokens routed to e, in token order;
                 // the owner concatenates them in rank order and runs the expert once.
                 let mut arrivals = Vec::new();
                 let mut rows = Vec::new();
-                for r in 0..ranks {
+                for (r, out) in outs.iter().enumerate() {
                     let slots = tape.routing[r].slots_of(e);
-                    rows.extend(gather_tokens(&outs[r].u, d, k, &slots).unwrap());
+                    rows.extend(gather_tokens(&out.u, d, k, &slots).unwrap());
                     arrivals.push((r, slots));
                 }
                 let (y, es) = expert_forward(&cfg, ep, &rows).unwrap();
@@ -222,7 +243,9 @@ fn expert_parallel_emulation_matches_the_reference() {
                 tape.experts.push((arrivals, es));
             }
             for r in 0..ranks {
-                let (o, cs) = combine_forward(&cfg, &outs[r].h, &tape.routing[r].gates, &expert_out[r]).unwrap();
+                let (o, cs) =
+                    combine_forward(&cfg, &outs[r].h, &tape.routing[r].gates, &expert_out[r])
+                        .unwrap();
                 tape.combine.push(cs);
                 x[r] = o;
             }
@@ -242,14 +265,24 @@ fn expert_parallel_emulation_matches_the_reference() {
             let cgs: Vec<CombineGrads> = (0..ranks)
                 .map(|r| combine_backward(&cfg, &tape.combine[r], &dx[r]).unwrap())
                 .collect();
-            let mut d_in: Vec<Vec<f32>> = cgs.iter().map(|c| vec![0.0; c.d_expert_out.len()]).collect();
+            let mut d_in: Vec<Vec<f32>> = cgs
+                .iter()
+                .map(|c| vec![0.0; c.d_expert_out.len()])
+                .collect();
             for (e, (arrivals, es)) in tape.experts.iter().enumerate() {
                 let mut dy = Vec::new();
                 for (r, slots) in arrivals {
                     dy.extend(gather_slots(&cgs[*r].d_expert_out, d, slots).unwrap());
                 }
                 let o = owner(e);
-                let dxe = expert_backward(&cfg, &lp.experts[e], es, &dy, &mut grads[o].layers[l].experts[e]).unwrap();
+                let dxe = expert_backward(
+                    &cfg,
+                    &lp.experts[e],
+                    es,
+                    &dy,
+                    &mut grads[o].layers[l].experts[e],
+                )
+                .unwrap();
                 let mut off = 0;
                 for (r, slots) in arrivals {
                     let len = slots.len() * d;
@@ -259,9 +292,24 @@ fn expert_parallel_emulation_matches_the_reference() {
             }
             for r in 0..ranks {
                 let g = &mut grads[r].layers[l];
-                let dr = router_backward(&cfg, &lp.router, &tape.router[r], &cgs[r].d_gates, &mut g.router).unwrap();
+                let dr = router_backward(
+                    &cfg,
+                    &lp.router,
+                    &tape.router[r],
+                    &cgs[r].d_gates,
+                    &mut g.router,
+                )
+                .unwrap();
                 let du = moe_input_backward(&cfg, &dr, &d_in[r]).unwrap();
-                dx[r] = dense_backward(&cfg, &lp.dense, &tape.dense[r], &cgs[r].d_h, &du, &mut g.dense).unwrap();
+                dx[r] = dense_backward(
+                    &cfg,
+                    &lp.dense,
+                    &tape.dense[r],
+                    &cgs[r].d_h,
+                    &du,
+                    &mut g.dense,
+                )
+                .unwrap();
             }
         }
         for r in 0..ranks {
@@ -272,7 +320,10 @@ fn expert_parallel_emulation_matches_the_reference() {
         for g in &grads {
             total.add_assign(g).unwrap();
         }
-        assert!((loss - ref_loss).abs() <= 1e-12 * ref_loss, "loss {loss} vs {ref_loss}");
+        assert!(
+            (loss - ref_loss).abs() <= 1e-12 * ref_loss,
+            "loss {loss} vs {ref_loss}"
+        );
         let (err, group) = worst_group_error(&total, &ref_grads);
         assert!(err <= 1e-5, "group {group}: relative error {err:e}");
         for l in 0..cfg.layers {

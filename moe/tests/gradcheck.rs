@@ -104,7 +104,9 @@ fn router_gradients_with_and_without_renormalisation() {
             check_routing(&cfg, &routing, rows).unwrap();
             if renorm {
                 for t in 0..rows {
-                    let s: f32 = routing.gates[t * cfg.top_k..(t + 1) * cfg.top_k].iter().sum();
+                    let s: f32 = routing.gates[t * cfg.top_k..(t + 1) * cfg.top_k]
+                        .iter()
+                        .sum();
                     assert!((s - 1.0).abs() < 1e-6, "renormalised gates sum to {s}");
                 }
             }
@@ -114,9 +116,8 @@ fn router_gradients_with_and_without_renormalisation() {
                 let (ro, _) = router_forward(&cfg, p, u).unwrap();
                 (ro.experts == routing.experts).then(|| weighted(&r, &ro.gates))
             };
-            let fp = |flat: &[f32]| {
-                scalar(&RouterParams::from_vec(&cfg, flat.to_vec()).unwrap(), &u)
-            };
+            let fp =
+                |flat: &[f32]| scalar(&RouterParams::from_vec(&cfg, flat.to_vec()).unwrap(), &u);
             check_grad("router params", p.as_slice(), g.as_slice(), &fp, 8, FULL);
             let fu = |uu: &[f32]| scalar(&p, uu);
             check_grad("router input", &u, &du, &fu, 9, FULL);
@@ -137,9 +138,8 @@ fn expert_gradients_gelu_and_swiglu() {
             let (_, saved) = expert_forward(&cfg, &p, &x).unwrap();
             let mut g = ExpertParams::zeros(&cfg);
             let dx = expert_backward(&cfg, &p, &saved, &r, &mut g).unwrap();
-            let scalar = |p: &ExpertParams, x: &[f32]| {
-                weighted(&r, &expert_forward(&cfg, p, x).unwrap().0)
-            };
+            let scalar =
+                |p: &ExpertParams, x: &[f32]| weighted(&r, &expert_forward(&cfg, p, x).unwrap().0);
             let fp = |flat: &[f32]| {
                 Some(scalar(
                     &ExpertParams::from_vec(&cfg, flat.to_vec()).unwrap(),
@@ -180,7 +180,14 @@ fn combine_and_moe_input_gradients() {
             Some(weighted(&r, &combine_forward(&cfg, h, g, e).unwrap().0))
         };
         check_grad("combine h", &h, &cg.d_h, &|x| s(x, &gates, &eo), 5, FULL);
-        check_grad("combine gates", &gates, &cg.d_gates, &|x| s(&h, x, &eo), 6, FULL);
+        check_grad(
+            "combine gates",
+            &gates,
+            &cg.d_gates,
+            &|x| s(&h, x, &eo),
+            6,
+            FULL,
+        );
         check_grad(
             "combine expert_out",
             &eo,
@@ -214,9 +221,8 @@ fn head_loss_gradients() {
         let (_, saved) = head_loss_forward(&cfg, &p, &x, &targets, norm).unwrap();
         let mut g = HeadParams::zeros(&cfg);
         let dx = head_loss_backward(&cfg, &p, &saved, &mut g).unwrap();
-        let scalar = |p: &HeadParams, x: &[f32]| {
-            head_loss_forward(&cfg, p, x, &targets, norm).unwrap().0
-        };
+        let scalar =
+            |p: &HeadParams, x: &[f32]| head_loss_forward(&cfg, p, x, &targets, norm).unwrap().0;
         let fp = |flat: &[f32]| {
             Some(scalar(
                 &HeadParams::from_vec(&cfg, flat.to_vec()).unwrap(),

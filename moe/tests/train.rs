@@ -50,7 +50,10 @@ fn small_shape_halves_its_loss_in_100_steps() {
     let (l0, l50, l100) = train(&cfg, 100, 2, 1e-2);
     eprintln!("loss: step 0 {l0:.4}, step 50 {l50:.4}, step 100 {l100:.4}");
     assert!(l0 > 0.9 * (32f64).ln(), "first loss {l0} is not near ln V");
-    assert!(l100 < 0.5 * l0, "loss fell from {l0} to {l100}, not by half");
+    assert!(
+        l100 < 0.5 * l0,
+        "loss fell from {l0} to {l100}, not by half"
+    );
 }
 
 /// `tiny` as specified, 100 steps of 4 sequences: about 4 s in a release build, minutes in a
@@ -62,5 +65,8 @@ fn tiny_halves_its_loss_in_100_steps() {
     let (l0, l50, l100) = train(&MoeConfig::tiny(), 100, 4, 3e-3);
     eprintln!("tiny loss: step 0 {l0:.4}, step 50 {l50:.4}, step 100 {l100:.4}");
     assert!(l0 > 0.9 * (64f64).ln(), "first loss {l0} is not near ln V");
-    assert!(l100 < 0.5 * l0, "loss fell from {l0} to {l100}, not by half");
+    assert!(
+        l100 < 0.5 * l0,
+        "loss fell from {l0} to {l100}, not by half"
+    );
 }

@@ -58,12 +58,7 @@ const EPS: [f64; 6] = [1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5];
 /// extrapolation (`(4 D(eps/2) - D(eps)) / 3`, error O(eps^4)); `f` returns `None` where the
 /// point must not be used (a top-k choice changed), and then a smaller step is tried.
 /// Returns (derivative, step used).
-pub fn central(
-    name: &str,
-    x0: &[f32],
-    v: &[f32],
-    f: &dyn Fn(&[f32]) -> Option<f64>,
-) -> (f64, f64) {
+pub fn central(name: &str, x0: &[f32], v: &[f32], f: &dyn Fn(&[f32]) -> Option<f64>) -> (f64, f64) {
     let diff = |eps: f64| -> Option<f64> {
         let plus = f(&shifted(x0, v, eps))?;
         let minus = f(&shifted(x0, v, -eps))?;
@@ -120,7 +115,9 @@ pub fn check_grad(
     let mut worst = 0.0f64;
     let mut dirs = vec![(
         "gradient direction",
-        grad.iter().map(|&g| (f64::from(g) / gmax) as f32).collect::<Vec<f32>>(),
+        grad.iter()
+            .map(|&g| (f64::from(g) / gmax) as f32)
+            .collect::<Vec<f32>>(),
     )];
     for k in 0..random_dirs {
         dirs.push(("random direction", rand_vec(seed * 7 + k, x0.len(), 1.0)));
