@@ -310,7 +310,7 @@ mod tests {
         let h = HardwareProfile::preset("h100-sxm").unwrap();
         h.validate().unwrap();
         assert_eq!(h.peak_tflops, 989.0);
-        assert!((h.gemm_tflops(4096.0) - 100.0 * 989.0 / 191.5).abs() < 1e-9);
+        assert!((h.gemm_tflops(4096.0) - 110.0 * 989.0 / 191.5).abs() < 1e-9);
         assert_eq!(HardwareProfile::for_topology("dgx-h100:4").name, "h100-sxm");
         assert_eq!(
             HardwareProfile::for_topology("frontier:4").name,

@@ -431,3 +431,296 @@ pub fn forward_flops_per_token(model: &ModelConfig, s: f64) -> f64 {
 pub fn step_flops(model: &ModelConfig, b: f64, s: f64) -> f64 {
     3.0 * b * s * forward_flops_per_token(model, s)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Every equation against values computed by hand (in the comments) on a small
+    //! model, and on one preset per family: Mixtral (routed experts only), DeepSeek-V2
+    //! (shared experts), the weak-scaling family (two-matrix experts).
+    use super::*;
+
+    /// L 4, d 64, H 4, E 4, k 2, d_ffn 128, SwiGLU.
+    fn tiny() -> ModelConfig {
+        ModelConfig {
+            name: "tiny".into(),
+            layers: 4,
+            hidden: 64,
+            heads: 4,
+            experts: 4,
+            shared_experts: 0,
+            top_k: 2,
+            expert_ffn: 128,
+            expert_matrices: 3,
+            vocab: None,
+        }
+    }
+
+    const FLASH: MemoryOptions = MemoryOptions {
+        flash_attention: true,
+        checkpointing: false,
+    };
+    const PLAIN: MemoryOptions = MemoryOptions {
+        flash_attention: false,
+        checkpointing: false,
+    };
+    const CKPT: MemoryOptions = MemoryOptions {
+        flash_attention: true,
+        checkpointing: true,
+    };
+
+    #[test]
+    fn tiny_params() {
+        let p = params(&tiny());
+        // attention 4 x 4*64^2 = 65,536; one expert 3*64*128 = 24,576; experts 4*4*24,576.
+        assert_eq!(p.attention, 65_536);
+        assert_eq!(expert_params(&tiny()), 24_576);
+        assert_eq!(p.experts, 393_216);
+        assert_eq!(p.router, 1_024); // 4 x 64*4
+        assert_eq!(p.shared_experts, 0);
+        assert_eq!(p.embedding, 0);
+        assert_eq!(p.total, 459_776);
+        // active: attention + router + 4 layers x 2 experts x 24,576.
+        assert_eq!(p.active, 65_536 + 1_024 + 196_608);
+        let mut v = tiny();
+        v.vocab = Some(1000);
+        assert_eq!(params(&v).embedding, 2 * 1000 * 64);
+        assert_eq!(params(&v).total, 459_776 + 128_000);
+    }
+
+    #[test]
+    fn tiny_memory_per_stage() {
+        let m = tiny();
+        let shape = StageShape {
+            pp: 2,
+            ep: 2,
+            microbatches: 4,
+        };
+        shape.validate(&m).unwrap();
+        // State per layer at EP 2: 16*(16,384 + 256) + 16*(4/2)*24,576 = 1,052,672.
+        assert_eq!(state_bytes_per_layer(&m, 2), 1_052_672.0);
+        // b = 8, M = 4: 2 sequences of 16 per micro-batch.
+        // attention 12*2*16*64 + 4*2*4*16 = 25,088 (flash) or + 4*2*4*256 = 32,768 (plain)
+        assert_eq!(attention_activation_bytes(&m, 2.0, 16.0, FLASH), 25_088.0);
+        assert_eq!(attention_activation_bytes(&m, 2.0, 16.0, PLAIN), 32_768.0);
+        // experts 2*2*16*2*(3*128 + 64)/2 = 28,672
+        assert_eq!(expert_activation_bytes(&m, 2.0, 16.0, 2), 28_672.0);
+        // M(0) = 2 layers x (1,052,672 + 2 in flight x 53,760); M(1) with 1 in flight.
+        let st = stages_bytes(&m, shape, 8.0, 16.0, FLASH);
+        assert_eq!(st, vec![2_320_384.0, 2_212_864.0]);
+        assert_eq!(skew_bytes(&m, shape, 8.0, 16.0, FLASH), 107_520.0);
+        // The paper's formula as written (plain attention), plus the router's 16*d*E:
+        // (L/PP)[64d^2 + (48E/EP) d d_ffn + (PP-i)((12b/M)sd + (4b/M)Hs^2 + (2bsk/(M EP))(3d_ffn+d))]
+        let (d, e, f, h, s, b, mm, ep, pp) = (64.0, 4.0, 128.0, 4.0, 16.0, 8.0, 4.0, 2.0, 2.0);
+        let paper = |i: f64| {
+            2.0 * (64.0 * d * d
+                + 48.0 * e / ep * d * f
+                + 16.0 * d * e
+                + (pp - i)
+                    * (12.0 * b / mm * s * d
+                        + 4.0 * b / mm * h * s * s
+                        + 2.0 * b * s * 2.0 / (mm * ep) * (3.0 * f + d)))
+        };
+        assert_eq!(paper(0.0), 2_351_104.0);
+        let plain = stages_bytes(&m, shape, 8.0, 16.0, PLAIN);
+        assert_eq!(plain, vec![paper(0.0), paper(1.0)]);
+        // Checkpointing: 2*2*16*64 = 4,096 per layer and micro-batch, plus one layer's
+        // activations (53,760) to recompute: 2*(1,052,672 + 2*4,096) + 53,760.
+        assert_eq!(stage_bytes(&m, shape, 0, 8.0, 16.0, CKPT), 2_175_488.0);
+        // Fewer micro-batches than stages: at most M in flight.
+        let few = StageShape {
+            pp: 4,
+            ep: 1,
+            microbatches: 2,
+        };
+        assert_eq!(in_flight(few, 0), 2);
+        assert_eq!(in_flight(few, 3), 1);
+    }
+
+    #[test]
+    fn tiny_unpartitioned_and_edp() {
+        let m = tiny();
+        // Per layer at EP 1: 16*16,640 + 16*4*24,576 = 1,839,104; activations for b = 8:
+        // 12*8*16*64 + 4*8*4*16 = 100,352 and 2*8*16*2*448 = 229,376.
+        assert_eq!(unpartitioned_bytes(&m, 8.0, 16.0, FLASH), 4.0 * 2_168_832.0);
+        // EP 2: 1,052,672 + 100,352 + 114,688 per layer.
+        assert_eq!(
+            expert_data_parallel_bytes(&m, 8.0, 16.0, 2, FLASH),
+            4.0 * 1_267_712.0
+        );
+        // Plain attention adds 4*8*4*16*16 - 4*8*4*16 per layer.
+        assert_eq!(
+            unpartitioned_bytes(&m, 8.0, 16.0, PLAIN) - unpartitioned_bytes(&m, 8.0, 16.0, FLASH),
+            4.0 * (32_768.0 - 2_048.0)
+        );
+    }
+
+    #[test]
+    fn tiny_communication_and_flops() {
+        let m = tiny();
+        // 2*b*s*k*d/EP with b = 2, s = 16, k = 2, d = 64, EP = 2.
+        assert_eq!(a2a_bytes_per_gpu(&m, 2.0, 16.0, 2), 4_096.0);
+        // 4*b*s*k*d/(EP*B) = 16,384 / (2 * 1e9)
+        assert_eq!(a2a_lower_bound_seconds(&m, 2.0, 16.0, 2, 1e9), 8.192e-6);
+        assert_eq!(A2A_PER_MOE_LAYER, 4);
+        assert_eq!(p2p_bytes(&m, 2.0, 16.0), 4_096.0);
+        // Per layer 8*64^2 + 4*16*64 + 2*2*3*64*128 + 2*64*4 = 135,680; 4 layers.
+        assert_eq!(forward_flops_per_token(&m, 16.0), 542_720.0);
+        assert_eq!(step_flops(&m, 8.0, 16.0), 3.0 * 128.0 * 542_720.0);
+    }
+
+    #[test]
+    fn tiny_migration() {
+        let m = tiny();
+        // 16 * 3 * 64 * 128 = 393,216 bytes per expert; E/G = 2 experts per GPU.
+        let c = migration_cost(&m, 2, 1e6).unwrap();
+        assert_eq!(c.expert_bytes, 393_216.0);
+        assert_eq!(c.experts_per_gpu, 2);
+        assert_eq!(c.per_gpu_bytes, 786_432.0);
+        assert_eq!(c.seconds, 0.786_432);
+        for (g, bw, field) in [
+            (3, 1e6, "group"),
+            (0, 1e6, "group"),
+            (2, 0.0, "bandwidth"),
+            (2, f64::NAN, "bandwidth"),
+        ] {
+            let e = migration_cost(&m, g, bw).unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn layout_validation_names_the_field() {
+        let m = tiny();
+        let bad = |pp, ep, microbatches| {
+            StageShape {
+                pp,
+                ep,
+                microbatches,
+            }
+            .validate(&m)
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(bad(5, 1, 1).contains("pp"));
+        assert!(bad(1, 3, 1).contains("ep: EP 3 does not divide the 4 experts"));
+        assert!(bad(1, 1, 0).contains("microbatches"));
+        assert!(bad(0, 1, 1).contains("pp"));
+    }
+
+    #[test]
+    fn uneven_stages_give_the_last_ones_more_layers() {
+        assert_eq!(
+            (0..4).map(|i| stage_layers(61, 4, i)).collect::<Vec<_>>(),
+            [15, 15, 15, 16]
+        );
+        assert_eq!(
+            (0..3).map(|i| stage_layers(32, 3, i)).collect::<Vec<_>>(),
+            [10, 11, 11]
+        );
+        assert_eq!((0..8).map(|i| stage_layers(32, 8, i)).sum::<u64>(), 32);
+    }
+
+    #[test]
+    fn mixtral_8x7b() {
+        let m = ModelConfig::preset("mixtral-8x7b").unwrap();
+        let p = params(&m);
+        // 32 * 4 * 4096^2; 32 * 8 * 3 * 4096 * 14336; 32 * 4096 * 8.
+        assert_eq!(p.attention, 2_147_483_648);
+        assert_eq!(p.experts, 45_097_156_608);
+        assert_eq!(p.router, 1_048_576);
+        assert_eq!(p.total, 47_245_688_832);
+        assert_eq!(p.active, 13_422_821_376);
+        // PP 8 x EP 8, M = 256, b = 512, s = 4096, FlashAttention: REFERENCE's "about 32 GiB".
+        // State per layer 16*(4*4096^2 + 4096*8) + 16*1*3*4096*14336 = 3,892,838,400;
+        // per micro-batch of 2: 12*2*4096*4096 + 4*2*32*4096 = 403,701,760 and
+        // 2*2*4096*2*47,104/8 = 192,937,984; stage 0: 4 x (state + 8 x both).
+        let shape = StageShape {
+            pp: 8,
+            ep: 8,
+            microbatches: 256,
+        };
+        assert_eq!(state_bytes_per_layer(&m, 8), 3_892_838_400.0);
+        let m0 = stage_bytes(&m, shape, 0, 512.0, 4096.0, FLASH);
+        assert_eq!(m0, 34_663_825_408.0);
+        assert!((m0 / (1u64 << 30) as f64 - 32.28).abs() < 0.01);
+        // Without FlashAttention the 4bHs^2 term (4*2*32*4096^2 per layer and
+        // micro-batch) makes it 137 GiB more: no layout of 64 GCDs fits (REFERENCE 1.2).
+        let plain = stage_bytes(&m, shape, 0, 512.0, 4096.0, PLAIN);
+        assert_eq!(
+            plain - m0,
+            4.0 * 8.0 * (4.0 * 2.0 * 32.0 * 4096.0 * 4096.0 - 4.0 * 2.0 * 32.0 * 4096.0)
+        );
+        // Migration: 48 * 4096 * 14336 per expert; one expert per GPU at G = 8.
+        let c = migration_cost(&m, 8, 25e9).unwrap();
+        assert_eq!(c.expert_bytes, 2_818_572_288.0);
+        assert_eq!(c.per_gpu_bytes, 2_818_572_288.0);
+        assert_eq!(c.seconds, 2_818_572_288.0 / 25e9);
+        // a2a lower bound, b = 2 per micro-batch, EP 8, 12.5 GB/s per GCD:
+        // 4*2*4096*2*4096 / (8 * 12.5e9).
+        assert_eq!(
+            a2a_lower_bound_seconds(&m, 2.0, 4096.0, 8, 12.5e9),
+            268_435_456.0 / 1e11
+        );
+    }
+
+    #[test]
+    fn deepseek_v2_with_shared_experts() {
+        let m = ModelConfig::preset("deepseek-v2").unwrap();
+        let p = params(&m);
+        // one expert 3*5120*1536 = 23,592,960
+        assert_eq!(p.attention, 6_291_456_000); // 60 * 4 * 5120^2
+        assert_eq!(p.experts, 226_492_416_000); // 60 * 160 * one
+        assert_eq!(p.shared_experts, 2_831_155_200); // 60 * 2 * one
+        assert_eq!(p.router, 49_152_000); // 60 * 5120 * 160
+        assert_eq!(p.total, 235_664_179_200);
+        assert_eq!(
+            p.active,
+            235_664_179_200 - 226_492_416_000 + 60 * 6 * 23_592_960
+        );
+        // PP 4 x EP 8, M = 8, b = 16, s = 4096. State per layer
+        // 16*(4*5120^2 + 5120*160 + 2*one) + 16*20*one = 9,995,550,720; per micro-batch of 2:
+        // attention 12*2*4096*5120 + 4*2*128*4096 = 507,510,784; routed 2*2*4096*6*9728/8
+        // = 119,537,664; shared 2*2*4096*2*9728 = 318,767,104 (not divided by EP).
+        let shape = StageShape {
+            pp: 4,
+            ep: 8,
+            microbatches: 8,
+        };
+        assert_eq!(state_bytes_per_layer(&m, 8), 9_995_550_720.0);
+        assert_eq!(
+            expert_activation_bytes(&m, 2.0, 4096.0, 8),
+            119_537_664.0 + 318_767_104.0
+        );
+        assert_eq!(
+            stage_bytes(&m, shape, 0, 16.0, 4096.0, FLASH),
+            206_682_193_920.0
+        );
+    }
+
+    #[test]
+    fn weak_scaling_family_totals() {
+        // Two-matrix experts reproduce the paper's 110B, 862B and 1.7T.
+        for (e, total) in [
+            (16, 110_732_247_040u128),
+            (128, 862_369_873_920),
+            (256, 1_721_384_304_640),
+        ] {
+            let m = ModelConfig::preset(&format!("piper-ws:{e}")).unwrap();
+            let p = params(&m);
+            // 32 * 4 * 5120^2 + 32 * E * 2 * 5120 * 20480 + 32 * 5120 * E
+            assert_eq!(p.attention, 3_355_443_200);
+            assert_eq!(p.experts, 32 * e * 2 * 5120 * 20480);
+            assert_eq!(p.total, total);
+        }
+        // SwiGLU experts would give 164B at E = 16 (161B of experts).
+        let mut swiglu = ModelConfig::preset("piper-ws:16").unwrap();
+        swiglu.expert_matrices = 3;
+        assert_eq!(params(&swiglu).experts, 161_061_273_600);
+        assert_eq!(params(&swiglu).total, 164_419_338_240);
+        // Migration moves 32*d*d_ffn per two-matrix expert, not 48.
+        let m = ModelConfig::preset("piper-ws:256").unwrap();
+        let c = migration_cost(&m, 32, 25e9).unwrap();
+        assert_eq!(c.expert_bytes, 32.0 * 5120.0 * 20480.0);
+        assert_eq!(c.per_gpu_bytes, 32.0 * 5120.0 * 20480.0 * 8.0);
+    }
+}
