@@ -146,7 +146,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(PiperError::invalid(
                 "model",
                 "heads",
@@ -205,7 +205,7 @@ impl ModelConfig {
         let f: ModelFile = toml::from_str(text).map_err(|e| PiperError::Parse {
             what: "model",
             path: path.to_string(),
-            reason: e.to_string().trim_end().replace('\n', " "),
+            reason: toml_reason(&e),
         })?;
         Self::from_file(f, &stem(path))
     }
@@ -340,6 +340,13 @@ pub fn piper_ws(experts: u64) -> ModelConfig {
         expert_matrices: 2,
         vocab: None,
     }
+}
+
+/// A TOML error on one line: `TOML parse error at line 1, column 11: unclosed array`.
+pub(crate) fn toml_reason(e: &toml::de::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    format!("{first}: {}", e.message())
 }
 
 fn stem(path: &str) -> String {

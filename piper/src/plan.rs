@@ -121,7 +121,7 @@ fn divisors(n: u64) -> Vec<u64> {
     let mut large = Vec::new();
     let mut i = 1;
     while i * i <= n {
-        if n % i == 0 {
+        if n.is_multiple_of(i) {
             small.push(i);
             if i * i != n {
                 large.push(n / i);
@@ -166,7 +166,7 @@ fn check_family(
         detail,
         least_bytes,
     };
-    if model.experts % ep != 0 {
+    if !model.experts.is_multiple_of(ep) {
         return Err(reject(
             Constraint::EpDividesExperts,
             format!("EP {ep} does not divide E = {}", model.experts),
@@ -187,7 +187,7 @@ fn check_family(
             None,
         ));
     }
-    if workload.batch % dp != 0 {
+    if !workload.batch.is_multiple_of(dp) {
         return Err(reject(
             Constraint::DpDividesBatch,
             format!("DP {dp} does not divide b = {}", workload.batch),

@@ -417,7 +417,10 @@ impl<'t> Predictor<'t> {
                 ),
             ));
         }
-        if workload.batch % (layout.dp * layout.microbatches) != 0 {
+        if !workload
+            .batch
+            .is_multiple_of(layout.dp * layout.microbatches)
+        {
             return Err(PiperError::invalid(
                 "layout",
                 "microbatches",

@@ -152,7 +152,7 @@ impl HardwareProfile {
                 format!("must be a positive number, got {}", self.memory_gib),
             );
         }
-        let curves: [(&str, &str, Vec<(f64, f64)>); 2] = [
+        let curves: [Curve<'_>; 2] = [
             (
                 "attention",
                 "seq",
@@ -221,7 +221,7 @@ impl HardwareProfile {
         {
             serde_json::from_str(&text).map_err(|e| parse(e.to_string()))?
         } else {
-            toml::from_str(&text).map_err(|e| parse(e.to_string().trim_end().replace('\n', " ")))?
+            toml::from_str(&text).map_err(|e| parse(crate::model::toml_reason(&e)))?
         };
         if p.name.is_empty() {
             p.name = path
@@ -271,6 +271,9 @@ impl HardwareProfile {
         interpolate(self.gemm.iter().map(|p| (p.tokens, p.tflops)), tokens)
     }
 }
+
+/// A curve for validation: its name, the name of its x, its points.
+type Curve<'a> = (&'a str, &'a str, Vec<(f64, f64)>);
 
 /// Piecewise linear in log2(x), flat outside the points.
 fn interpolate(points: impl Iterator<Item = (f64, f64)>, x: f64) -> f64 {

@@ -246,7 +246,7 @@ impl StageShape {
                 ),
             ));
         }
-        if model.experts % self.ep != 0 {
+        if !model.experts.is_multiple_of(self.ep) {
             return Err(PiperError::invalid(
                 "layout",
                 "ep",
@@ -380,7 +380,7 @@ pub struct MigrationCost {
 /// [`PiperError::Invalid`] naming `group` (zero, or not dividing E: a migration group
 /// is an expert-parallel group) or `bandwidth` (not a positive, finite number).
 pub fn migration_cost(model: &ModelConfig, group: u64, bandwidth: f64) -> Result<MigrationCost> {
-    if group == 0 || model.experts % group != 0 {
+    if group == 0 || !model.experts.is_multiple_of(group) {
         return Err(PiperError::invalid(
             "migration",
             "group",

@@ -185,7 +185,7 @@ fn grouped(v: u128) -> String {
     let s = v.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -314,14 +314,14 @@ fn memory(a: &MemoryArgs) -> Result<(), Failure> {
         microbatches: a.microbatches,
     };
     shape.validate(&m).map_err(fail)?;
-    if a.batch % a.dp != 0 {
+    if !a.batch.is_multiple_of(a.dp) {
         return Err(Failure::input(format!(
             "invalid layout: dp: DP {} does not divide the batch of {} sequences",
             a.dp, a.batch
         )));
     }
     let b = a.batch / a.dp;
-    if b % a.microbatches != 0 {
+    if !b.is_multiple_of(a.microbatches) {
         return Err(Failure::input(format!(
             "invalid layout: microbatches: M {} does not divide the {b} sequences per replica",
             a.microbatches
