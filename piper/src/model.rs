@@ -205,7 +205,7 @@ impl ModelConfig {
         let f: ModelFile = toml::from_str(text).map_err(|e| PiperError::Parse {
             what: "model",
             path: path.to_string(),
-            reason: toml_reason(&e),
+            reason: toml_reason(&e, text),
         })?;
         Self::from_file(f, &stem(path))
     }
@@ -342,11 +342,22 @@ pub fn piper_ws(experts: u64) -> ModelConfig {
     }
 }
 
-/// A TOML error on one line: `TOML parse error at line 1, column 11: unclosed array`.
-pub(crate) fn toml_reason(e: &toml::de::Error) -> String {
-    let text = e.to_string();
-    let first = text.lines().next().unwrap_or_default();
-    format!("{first}: {}", e.message())
+/// A TOML error on one line, with the line it is on:
+/// `TOML parse error at line 1, column 10: invalid type: ... (in `layers = "four"`)`.
+pub(crate) fn toml_reason(e: &toml::de::Error, text: &str) -> String {
+    let shown = e.to_string();
+    let first = shown.lines().next().unwrap_or_default();
+    let line = e
+        .span()
+        .and_then(|span| {
+            let start = text[..span.start.min(text.len())]
+                .rfind('\n')
+                .map_or(0, |i| i + 1);
+            text[start..].lines().next()
+        })
+        .map(|l| format!(" (in `{}`)", l.trim()))
+        .unwrap_or_default();
+    format!("{first}: {}{line}", e.message())
 }
 
 fn stem(path: &str) -> String {

@@ -221,7 +221,7 @@ impl HardwareProfile {
         {
             serde_json::from_str(&text).map_err(|e| parse(e.to_string()))?
         } else {
-            toml::from_str(&text).map_err(|e| parse(crate::model::toml_reason(&e)))?
+            toml::from_str(&text).map_err(|e| parse(crate::model::toml_reason(&e, &text)))?
         };
         if p.name.is_empty() {
             p.name = path
