@@ -62,7 +62,7 @@ pub struct HardwareProfile {
 /// Names of the presets.
 pub const PROFILES: [&str; 2] = ["mi250x-gcd", "h100-sxm"];
 
-/// MI250X GCD curves (the paper's micro-benchmarks as reviewed, REFERENCE §1.5):
+/// MI250X GCD curves (the paper's micro-benchmarks):
 /// attention 60-120 TFLOPS rising with sequence length; expert GEMMs latency-bound at
 /// a few hundred tokens and about 100 TFLOPS or more at large token counts. The exact
 /// points between those published ranges are this project's reading, not measurements;

@@ -630,7 +630,7 @@ mod tests {
         assert_eq!(p.router, 1_048_576);
         assert_eq!(p.total, 47_245_688_832);
         assert_eq!(p.active, 13_422_821_376);
-        // PP 8 x EP 8, M = 256, b = 512, s = 4096, FlashAttention: REFERENCE's "about 32 GiB".
+        // PP 8 x EP 8, M = 256, b = 512, s = 4096, FlashAttention: about 32 GiB.
         // State per layer 16*(4*4096^2 + 4096*8) + 16*1*3*4096*14336 = 3,892,838,400;
         // per micro-batch of 2: 12*2*4096*4096 + 4*2*32*4096 = 403,701,760 and
         // 2*2*4096*2*47,104/8 = 192,937,984; stage 0: 4 x (state + 8 x both).
@@ -644,7 +644,7 @@ mod tests {
         assert_eq!(m0, 34_663_825_408.0);
         assert!((m0 / (1u64 << 30) as f64 - 32.28).abs() < 0.01);
         // Without FlashAttention the 4bHs^2 term (4*2*32*4096^2 per layer and
-        // micro-batch) makes it 137 GiB more: no layout of 64 GCDs fits (REFERENCE 1.2).
+        // micro-batch) makes it 128 GiB more: no layout of 64 GCDs fits (tests/planner.rs).
         let plain = stage_bytes(&m, shape, 0, 512.0, 4096.0, PLAIN);
         assert_eq!(
             plain - m0,

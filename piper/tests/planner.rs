@@ -147,7 +147,7 @@ fn mixtral_on_8_frontier_nodes_every_layout_satisfies_every_constraint() {
 }
 
 #[test]
-fn the_reference_figure_pp8_ep8_m256_is_about_32_gib_and_without_flash_nothing_fits() {
+fn mixtral_pp8_ep8_m256_is_about_32_gib_and_without_flash_nothing_fits() {
     let m = ModelConfig::preset("mixtral-8x7b").unwrap();
     let bytes = paper_stage_bytes(&m, 8, 8, 256, 512, 4096, 0);
     assert!((bytes / GIB - 32.28).abs() < 0.01);
