@@ -6,7 +6,8 @@
 //! 1. `EP` divides `E` (every GPU of a group holds `E/EP` whole experts);
 //! 2. `PP <= L` (a stage holds at least one layer);
 //! 3. `EP <= g·N_h` (the expert group stays inside one fast single-hop domain: a
-//!    switch's nodes on Frontier, 8 GCDs x 4 nodes);
+//!    switch's nodes on Frontier, 8 GCDs x 4 nodes); since a group is `EP` consecutive
+//!    ranks, `EP` must also divide `g·N_h`, or some groups would straddle two domains;
 //! 4. `DP` divides the batch `b`;
 //! 5. some micro-batch count `M` divides `b/DP` with `M >= PP` (1F1B needs at least as
 //!    many micro-batches as stages to reach its steady state);
@@ -36,7 +37,7 @@ pub enum Constraint {
     EpDividesExperts,
     /// PP <= L.
     PpAtMostLayers,
-    /// EP <= g·N_h.
+    /// EP <= g·N_h, and EP divides it (no group straddles two fast domains).
     EpInFastDomain,
     /// DP divides b.
     DpDividesBatch,
@@ -133,10 +134,16 @@ fn divisors(n: u64) -> Vec<u64> {
     small
 }
 
-/// `max_i M(i)` of a layout.
+/// `max_i M(i)` of a layout. Among stages with the same number of layers M(i) falls
+/// with i (fewer micro-batches in flight), so the largest is stage 0, the first stage
+/// with an extra layer, or the last stage (which holds the output head).
 fn peak_bytes(model: &ModelConfig, workload: &Workload, layout: Layout) -> f64 {
-    stage_bytes(model, workload, layout)
+    let b = (workload.batch / layout.dp) as f64;
+    let (pp, rem) = (layout.pp, model.layers % layout.pp);
+    let s = workload.seq as f64;
+    [0, pp - rem.max(1), pp - 1]
         .into_iter()
+        .map(|i| resource::stage_bytes(model, layout.shape(), i, b, s, workload.options))
         .fold(0.0, f64::max)
 }
 
@@ -184,6 +191,16 @@ fn check_family(
         return Err(reject(
             Constraint::EpInFastDomain,
             format!("EP {ep} > g*N_h = {}", shape.fast),
+            None,
+        ));
+    }
+    if !shape.fast.is_multiple_of(ep) {
+        return Err(reject(
+            Constraint::EpInFastDomain,
+            format!(
+                "groups of EP {ep} consecutive GPUs would straddle the fast domains of {} GPUs",
+                shape.fast
+            ),
             None,
         ));
     }

@@ -82,7 +82,7 @@ fn mixtral_on_8_frontier_nodes_every_layout_satisfies_every_constraint() {
         assert_eq!(pp * ep * dp, 64);
         assert_eq!(8 % ep, 0, "EP divides E: {l:?}");
         assert!(pp <= 32, "PP <= L: {l:?}");
-        assert!(ep <= 8 * 4, "EP <= g*N_h: {l:?}");
+        assert!(ep <= 8 * 4 && 32 % ep == 0, "EP <= g*N_h, tiling it: {l:?}");
         assert_eq!(512 % dp, 0);
         assert_eq!((512 / dp) % mbs, 0);
         assert!(mbs >= pp);
@@ -120,7 +120,7 @@ fn mixtral_on_8_frontier_nodes_every_layout_satisfies_every_constraint() {
         let checks = [
             (Constraint::EpDividesExperts, 8 % r.ep == 0),
             (Constraint::PpAtMostLayers, r.pp <= 32),
-            (Constraint::EpInFastDomain, r.ep <= 32),
+            (Constraint::EpInFastDomain, r.ep <= 32 && 32 % r.ep == 0),
             (Constraint::DpDividesBatch, 512 % r.dp == 0),
         ];
         for (c, holds) in checks {
@@ -406,4 +406,22 @@ fn one_mixtral_layer_on_one_node_matches_the_calibration() {
         "{}",
         r.tflops_per_gpu
     );
+}
+
+#[test]
+fn expert_groups_never_straddle_a_switch() {
+    // Kimi K2 (E = 384) allows EP = 24 <= 32, but groups of 24 consecutive GCDs would
+    // cross switch boundaries: only divisors of 32 are accepted.
+    let m = ModelConfig::preset("kimi-k2").unwrap();
+    let w = workload(4096, 4096);
+    let profile = HardwareProfile::preset("mi250x-gcd").unwrap();
+    let p = plan(&Topology::preset("frontier:96").unwrap(), &m, &w, &profile).unwrap();
+    assert!(p.layouts.iter().all(|l| 32 % l.layout.ep == 0));
+    let r = p
+        .rejected
+        .iter()
+        .find(|r| r.ep == 24 && r.pp <= 61)
+        .unwrap();
+    assert_eq!(r.constraint, Constraint::EpInFastDomain);
+    assert!(r.detail.contains("straddle"), "{}", r.detail);
 }
