@@ -207,6 +207,18 @@ fn short(v: u128) -> String {
     }
 }
 
+/// A byte count as an integer; one beyond 2^64 (an absurd model) is an error, not a
+/// silently saturated number.
+fn to_bytes(v: f64, what: &str) -> Result<u64, Failure> {
+    if (0.0..18_446_744_073_709_551_615.0).contains(&v) {
+        Ok(v.round() as u64)
+    } else {
+        Err(Failure::input(format!(
+            "{what}: {v:.3e} bytes is more than this tool reports (2^64); check the model's sizes"
+        )))
+    }
+}
+
 fn describe(m: &ModelConfig) -> String {
     format!(
         "{}: L {}, d {}, H {}, E {} (+{} shared), k {}, d_ffn {}, {} matrices per expert{}",
@@ -343,16 +355,21 @@ fn memory(a: &MemoryArgs) -> Result<(), Failure> {
         stages: bytes
             .iter()
             .enumerate()
-            .map(|(i, &v)| StageOut {
-                stage: i as u64,
-                layers: resource::stage_layers(m.layers, a.pp, i as u64),
-                in_flight: resource::in_flight(shape, i as u64),
-                bytes: v.round() as u64,
+            .map(|(i, &v)| {
+                Ok(StageOut {
+                    stage: i as u64,
+                    layers: resource::stage_layers(m.layers, a.pp, i as u64),
+                    in_flight: resource::in_flight(shape, i as u64),
+                    bytes: to_bytes(v, "stages")?,
+                })
             })
-            .collect(),
-        m_u: resource::unpartitioned_bytes(&m, bf, s, opt).round() as u64,
-        m_edp: resource::expert_data_parallel_bytes(&m, bf, s, a.ep, opt).round() as u64,
-        skew: resource::skew_bytes(&m, shape, bf, s, opt).round() as u64,
+            .collect::<Result<Vec<_>, Failure>>()?,
+        m_u: to_bytes(resource::unpartitioned_bytes(&m, bf, s, opt), "m_u")?,
+        m_edp: to_bytes(
+            resource::expert_data_parallel_bytes(&m, bf, s, a.ep, opt),
+            "m_edp",
+        )?,
+        skew: to_bytes(resource::skew_bytes(&m, shape, bf, s, opt), "skew")?,
     };
     if a.model.json {
         return json(&out);
@@ -419,9 +436,9 @@ fn migration(a: &MigrationArgs) -> Result<(), Failure> {
         model: &m.name,
         group: a.group,
         bandwidth: a.bandwidth,
-        expert_bytes: c.expert_bytes.round() as u64,
+        expert_bytes: to_bytes(c.expert_bytes, "expert_bytes")?,
         experts_per_gpu: c.experts_per_gpu,
-        per_gpu_bytes: c.per_gpu_bytes.round() as u64,
+        per_gpu_bytes: to_bytes(c.per_gpu_bytes, "per_gpu_bytes")?,
         seconds: c.seconds,
     };
     if a.model.json {
