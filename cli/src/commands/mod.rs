@@ -4,6 +4,7 @@ mod bench;
 mod calibrate;
 mod check;
 mod launch;
+mod plan;
 mod simulate;
 mod topo;
 
@@ -33,6 +34,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// As one rank of a job: measure every level's latency and bandwidth into a topology file.
     Calibrate(calibrate::CalibrateArgs),
+    /// Piper's resource model: parameters, memory per stage, migration cost, PP x EP layouts.
+    Plan(plan::PlanArgs),
 }
 
 /// A failed command: what to print after `error: ` and the exit status.
@@ -69,6 +72,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
         Command::Bench(args) => bench::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Calibrate(args) => calibrate::run(&args),
+        Command::Plan(args) => plan::run(&args),
     }
 }
 
