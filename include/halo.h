@@ -433,8 +433,8 @@ haloResult_t haloGetUniqueId(struct haloUniqueId *uniqueId);
  * after the bootstrap timeout). On success `*comm` is the new communicator, which the
  * caller owns: free it with `haloCommDestroy` (or `haloCommAbort`).
  *
- * Errors: `haloInvalidArgument` for a NULL `comm`, `nranks` < 1, a rank out of range,
- * an id not made by `haloGetUniqueId`, or a malformed `HALO_*` variable;
+ * Errors: `haloInvalidArgument` for a NULL `comm`, `nranks` < 1 or above 2^20
+ * (1,048,576: refused before anything is allocated), a rank out of range, an id not made by `haloGetUniqueId`, or a malformed `HALO_*` variable;
  * `haloSystemError` when the network or libfabric fails; `haloTimeout` when the other
  * ranks do not all join in time; `haloInvalidUsage` when they disagree (on `nranks`,
  * ranks given twice). `*comm` is written only on success.
@@ -442,7 +442,10 @@ haloResult_t haloGetUniqueId(struct haloUniqueId *uniqueId);
  * # Safety
  * `comm` is NULL or valid for writing a `haloComm_t`.
  */
-haloResult_t haloCommInitRank(haloComm_t *comm, int nranks, struct haloUniqueId commId, int rank);
+haloResult_t haloCommInitRank(haloComm_t *comm,
+                              int nranks,
+                              struct haloUniqueId commId,
+                              int rank);
 
 /**
  * `haloCommInitRank` with a configuration (as `ncclCommInitRankConfig`).

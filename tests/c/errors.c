@@ -8,6 +8,8 @@
  */
 #include "halo_test.h"
 
+#include <limits.h>
+
 #define N_MAX 64
 
 static uint8_t sendb[N_MAX * 64], recvb[N_MAX * 64];
@@ -61,6 +63,14 @@ static void init_errors(void) {
                "rank -1 is out of range");
     EXPECT_ERR(NULL, haloCommInitRank(&c, 2, zero, 1), haloInvalidArgument,
                "not a HALO unique id");
+    /* A world too large to allocate for: refused up front, with the limit, even with a
+     * valid unique id (this rank would otherwise serve the rendezvous for it). */
+    haloUniqueId real;
+    CHECK(haloGetUniqueId(&real));
+    EXPECT_ERR(NULL, haloCommInitRankConfig(&c, INT_MAX, real, 0, NULL), haloInvalidArgument,
+               "nranks is 2147483647: at most 1048576 ranks");
+    EXPECT_ERR(NULL, haloCommInitRank(&c, (1 << 20) + 1, real, 0), haloInvalidArgument,
+               "at most 1048576 ranks");
 
     /* An uninitialised config: stack garbage, here made explicit. Its pointers
      * must not be followed. */

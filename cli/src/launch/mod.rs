@@ -201,6 +201,7 @@ impl LaunchSpec {
         if self.ranks == 0 {
             return Err(LaunchError::invalid("-n must be at least 1"));
         }
+        crate::limits::check_launch_ranks(self.ranks).map_err(LaunchError::invalid)?;
         if let Some(p) = &self.hosts {
             if p.ranks() != self.ranks {
                 return Err(LaunchError::invalid(format!(

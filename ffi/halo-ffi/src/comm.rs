@@ -31,6 +31,13 @@ fn rank_args(nranks: c_int, rank: c_int) -> FfiResult<(usize, usize)> {
         .ok()
         .filter(|&n| n > 0)
         .ok_or_else(|| Failure::invalid(format!("nranks is {nranks}: expected at least 1")))?;
+    // Refused here, before anything is allocated for the ranks.
+    if n > halo_rs::MAX_RANKS {
+        return Err(Failure::invalid(format!(
+            "nranks is {nranks}: at most {} ranks (2^20) are supported",
+            halo_rs::MAX_RANKS
+        )));
+    }
     let r = usize::try_from(rank)
         .ok()
         .filter(|&r| r < n)
@@ -108,8 +115,8 @@ pub unsafe extern "C" fn haloGetUniqueId(uniqueId: *mut haloUniqueId) -> haloRes
 /// after the bootstrap timeout). On success `*comm` is the new communicator, which the
 /// caller owns: free it with `haloCommDestroy` (or `haloCommAbort`).
 ///
-/// Errors: `haloInvalidArgument` for a NULL `comm`, `nranks` < 1, a rank out of range,
-/// an id not made by `haloGetUniqueId`, or a malformed `HALO_*` variable;
+/// Errors: `haloInvalidArgument` for a NULL `comm`, `nranks` < 1 or above 2^20
+/// (1,048,576: refused before anything is allocated), a rank out of range, an id not made by `haloGetUniqueId`, or a malformed `HALO_*` variable;
 /// `haloSystemError` when the network or libfabric fails; `haloTimeout` when the other
 /// ranks do not all join in time; `haloInvalidUsage` when they disagree (on `nranks`,
 /// ranks given twice). `*comm` is written only on success.
