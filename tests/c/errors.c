@@ -248,6 +248,20 @@ int main(void) {
     still_works(comm, n, me);
 
     CHECK(haloCommDestroy(comm));
+    /* A destroyed handle is detected (HALO's table of live handles), not undefined
+     * behaviour. No communicator is created in between, so no new one can have taken
+     * its address. */
+    EXPECT_ERR(NULL, haloCommDestroy(comm), haloInvalidArgument,
+               "haloCommDestroy: comm is not a live communicator (destroyed or aborted already");
+    EXPECT_ERR(NULL, haloCommCount(comm, &n), haloInvalidArgument,
+               "haloCommCount: comm is not a live communicator");
+    EXPECT_ERR(NULL, haloAllToAll(sendb, recvb, 1, haloInt8, comm, NULL), haloInvalidArgument,
+               "haloAllToAll: comm is not a live communicator");
+    EXPECT_ERR(NULL, haloCommAbort(comm), haloInvalidArgument,
+               "haloCommAbort: comm is not a live communicator");
+    /* A pointer HALO never made is not followed either. */
+    EXPECT_ERR(NULL, haloBarrier((haloComm_t)(void *)sendb), haloInvalidArgument,
+               "haloBarrier: comm is not a live communicator");
     printf("errors ok (rank %d of %d, %d invalid calls checked)\n", me, n, checked_errors);
     return 0;
 }
