@@ -273,6 +273,14 @@ typedef enum haloRedOp {
  *
  * Created by `haloCommInitRank`, `haloCommInitRankConfig`, `haloCommInitFromEnv` or
  * `haloCommSplit`; freed by `haloCommDestroy` or `haloCommAbort`.
+ *
+ * HALO keeps a table of the live handles and checks every `comm` argument against it
+ * before using it: a handle already destroyed or aborted (or a pointer HALO never
+ * made) gives `haloInvalidArgument` ("comm is not a live communicator") instead of
+ * undefined behaviour. Limit: the table holds addresses; after a new communicator has
+ * been created at the address of a destroyed one, the stale handle denotes the new
+ * communicator. Do not use destroyed handles; the check catches the common mistakes
+ * (a second destroy, a call right after destroy), not all.
  */
 typedef struct haloComm haloComm;
 
@@ -433,8 +441,8 @@ haloResult_t haloGetUniqueId(struct haloUniqueId *uniqueId);
  * after the bootstrap timeout). On success `*comm` is the new communicator, which the
  * caller owns: free it with `haloCommDestroy` (or `haloCommAbort`).
  *
- * Errors: `haloInvalidArgument` for a NULL `comm`, `nranks` < 1, a rank out of range,
- * an id not made by `haloGetUniqueId`, or a malformed `HALO_*` variable;
+ * Errors: `haloInvalidArgument` for a NULL `comm`, `nranks` < 1 or above 2^20
+ * (1,048,576: refused before anything is allocated), a rank out of range, an id not made by `haloGetUniqueId`, or a malformed `HALO_*` variable;
  * `haloSystemError` when the network or libfabric fails; `haloTimeout` when the other
  * ranks do not all join in time; `haloInvalidUsage` when they disagree (on `nranks`,
  * ranks given twice). `*comm` is written only on success.
@@ -442,7 +450,10 @@ haloResult_t haloGetUniqueId(struct haloUniqueId *uniqueId);
  * # Safety
  * `comm` is NULL or valid for writing a `haloComm_t`.
  */
-haloResult_t haloCommInitRank(haloComm_t *comm, int nranks, struct haloUniqueId commId, int rank);
+haloResult_t haloCommInitRank(haloComm_t *comm,
+                              int nranks,
+                              struct haloUniqueId commId,
+                              int rank);
 
 /**
  * `haloCommInitRank` with a configuration (as `ncclCommInitRankConfig`).
@@ -490,11 +501,16 @@ haloResult_t haloCommInitFromEnv(haloComm_t *comm);
  * Local: the other ranks are not waited for. NULL is allowed and does nothing. After
  * the call `comm` is invalid; do not pass it to any function again.
  *
- * Errors: none in practice (`haloInternalError` if tearing down panicked).
+ * Errors: `haloInvalidArgument` when `comm` is not a live communicator — destroyed or
+ * aborted already (a second `haloCommDestroy`), or not made by HALO; nothing is freed
+ * then. The check knows addresses, not generations: once a new communicator has been
+ * created at the address of a destroyed one, the stale handle is that new
+ * communicator again (see `haloComm`). `haloInternalError` if tearing down panicked.
  *
  * # Safety
  * `comm` is NULL or a communicator not yet destroyed or aborted, with no call on it in
- * progress in another thread.
+ * progress in another thread (a destroyed one is detected as described above, but is
+ * still a bug to pass).
  */
 haloResult_t haloCommDestroy(haloComm_t comm);
 
@@ -507,6 +523,9 @@ haloResult_t haloCommDestroy(haloComm_t comm);
  * collectives fail too (with `haloRemoteError` or `haloTimeout`). After the call
  * `comm` is invalid in every thread: the aborted call's message is in
  * `haloGetLastError(NULL)` of its thread. NULL is allowed and does nothing.
+ *
+ * Errors: `haloInvalidArgument` when `comm` is not a live communicator (destroyed or
+ * aborted already; detected as for `haloCommDestroy`).
  *
  * # Safety
  * `comm` is NULL or a communicator not yet destroyed or aborted.

@@ -54,7 +54,8 @@ mod transport;
 
 pub use bootstrap::UniqueId;
 pub use comm::{
-    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, Partition, ReduceOp, Reducible,
+    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, Partition, ReduceOp,
+    Reducible,
 };
 pub use error::{Error, Result};
 pub use half::{bf16, f16};

@@ -71,6 +71,23 @@ pub struct CheckReport {
     pub warm: Option<(Duration, usize)>,
 }
 
+impl CheckOptions {
+    /// A lower bound of the bytes one rank of `n` allocates for one collective (the
+    /// largest of --counts and of --v-max: send and receive buffers of u32 and the
+    /// -v check's map); `None` if it cannot be counted.
+    pub fn bytes_per_rank(&self, n: usize) -> Option<u128> {
+        let n = n as u128;
+        let count = self.counts.iter().copied().max().unwrap_or(0) as u128;
+        let uniform = count.checked_mul(n)?.checked_mul(8)?;
+        let v = if self.v_rounds == 0 {
+            0
+        } else {
+            (self.v_max as u128 + 4).checked_mul(n)?.checked_mul(9)?
+        };
+        Some(uniform.max(v))
+    }
+}
+
 /// Starts the helper thread of [`DieAt`]: it raises `SIGKILL` on this process.
 fn die_soon(after: usize) {
     let delay = Duration::from_micros(mix(after as u64 ^ 0xd1e) % 500);
@@ -103,7 +120,7 @@ pub fn v_count(round: u64, src: usize, dst: usize, max: usize) -> usize {
     if h.is_multiple_of(3) || (src as u64 + round).is_multiple_of(5) {
         0
     } else {
-        (h >> 8) as usize % (max + 1)
+        ((h >> 8) % (max as u64).saturating_add(1)) as usize
     }
 }
 

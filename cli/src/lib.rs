@@ -10,6 +10,7 @@
 //! - [`check`]: every algorithm byte-exact as one rank of a job (`halo check`).
 //! - [`calibrate`]: per-level latency and bandwidth fitted into a topology file
 //!   (`halo calibrate`).
+//! - [`limits`]: the up-front limits of what a command line may ask for.
 //! - [`plot`]: the SVG/PNG plots of `halo bench --compare` and `halo simulate --plot`.
 //!
 //! Errors are the library's [`halo::Error`]: every failure here is one the library
@@ -19,6 +20,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod check;
 pub mod launch;
+pub mod limits;
 pub mod plot;
 pub mod progress;
 #[doc(hidden)]

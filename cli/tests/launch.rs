@@ -202,6 +202,94 @@ fn local_ctrl_c_terminates_the_ranks() {
     }
 }
 
+/// Issue 11, defect 4: a launcher killed with SIGKILL. Its ranks (real HALO ranks over
+/// libfabric's shm provider, each with its 16 MiB `/dev/shm/PID:0:0` region) end by
+/// their parent-death signal, and the next launch removes their shared memory and the
+/// dead launcher's record. Only files named with this test's ranks' pids are looked at.
+#[test]
+fn local_sigkilled_launcher_leaves_no_ranks_and_no_shared_memory() {
+    let dir = scratch("local_sigkill");
+    let started = Instant::now();
+    let mut child = start(
+        &dir,
+        &[
+            "-n",
+            "2",
+            "--",
+            HALO,
+            "check",
+            "--algo",
+            "flat",
+            "--counts",
+            "1",
+            "--v-rounds",
+            "0",
+            "--loop",
+            "1000000000",
+        ],
+    );
+    let launcher = child.id();
+    let ranks = loop {
+        let r = children_of(launcher);
+        if r.len() == 2 && r.iter().all(|&p| !shm_files_of(p).is_empty()) {
+            break r;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            signal(launcher, "INT");
+            let _ = child.wait();
+            panic!(
+                "the ranks did not set up their shared memory: children {r:?}\n{}",
+                std::fs::read_to_string(dir.join("stderr")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let records = launch_records_of(launcher);
+    signal(launcher, "KILL");
+    child.wait().unwrap();
+    let killed = Instant::now();
+    while ranks.iter().any(|&p| running(p, "halo")) {
+        if killed.elapsed() > Duration::from_secs(2) {
+            // Ours to end (by pid) before failing, or they would run on.
+            kill_all(&ranks);
+            panic!(
+                "ranks {ranks:?} still ran {:?} after their launcher was killed",
+                killed.elapsed()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(records.len(), 1, "the launcher's record: {records:?}");
+    // The next launch cleans up after the dead one.
+    let next = launch(&scratch("local_sigkill_next"), &["-n", "1", "--", "true"]);
+    next.assert_ok();
+    for p in &ranks {
+        let left = shm_files_of(*p);
+        assert!(left.is_empty(), "rank {p} left {left:?} in /dev/shm");
+    }
+    assert!(launch_records_of(launcher).is_empty());
+}
+
+/// The launcher removes the shared memory of a rank that dies (SIGKILL) during the job.
+#[test]
+fn local_rank_killed_mid_job_leaves_no_shared_memory() {
+    let dir = scratch("local_rank_shm");
+    std::fs::create_dir_all(dir.join("pids")).unwrap();
+    let script = format!(
+        "echo $$ > {}/pids/$RANK; exec {HALO} check --algo flat --counts 1 --v-rounds 0 \
+         --loop 1000 --die-rank 1 --die-after 20",
+        dir.display()
+    );
+    let run = launch(&dir, &["-n", "2", "--", "sh", "-c", &script]);
+    assert_eq!(run.code(), Some(137), "{run:?}");
+    let pids = rank_pids(&dir);
+    assert_eq!(pids.len(), 2);
+    for p in pids {
+        let left = shm_files_of(p);
+        assert!(left.is_empty(), "rank {p} left {left:?} in /dev/shm");
+    }
+}
+
 #[test]
 fn bad_options_exit_with_2() {
     let dir = scratch("bad_options");

@@ -224,6 +224,65 @@ fn emulated_ctrl_c_tears_down() {
     }
 }
 
+/// Issue 11, defect 4: a launcher with emulated hosts killed with SIGKILL cannot tear
+/// down; its ranks end by their parent-death signal (through `ip netns exec`), and the
+/// next launch removes its namespaces (and with the switch namespace the bridge and
+/// veths). Only the namespaces named with this test's launcher's pid are looked at.
+#[test]
+fn emulated_sigkilled_launcher_is_cleaned_up_by_the_next_launch() {
+    need_emulation!();
+    let dir = scratch("emu_sigkill");
+    std::fs::create_dir_all(dir.join("pids")).unwrap();
+    let script = format!("echo $$ > {}/pids/$RANK; exec sleep 67", dir.display());
+    let started = Instant::now();
+    let mut child = start(
+        &dir,
+        &["-n", "2", "--hosts", "2", "--", "sh", "-c", &script],
+    );
+    let pid = child.id();
+    while rank_pids(&dir).len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "ranks did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let namespaces = leftover_namespaces(pid);
+    signal(pid, "KILL");
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let ranks = rank_pids(&dir);
+    while ranks.iter().any(|&p| running(p, "sleep")) {
+        if killed.elapsed() > Duration::from_secs(2) {
+            // Ours to end (by pid) before failing, or they would run on.
+            kill_all(&ranks);
+            panic!(
+                "ranks {ranks:?} still ran {:?} after their launcher was killed",
+                killed.elapsed()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(namespaces.len(), 3, "2 hosts + the switch: {namespaces:?}");
+    // The names carry the launcher's pid and start time: halo-PID-START-N-{h0,h1,sw}.
+    for ns in &namespaces {
+        let parts: Vec<&str> = ns.split('-').collect();
+        assert_eq!(parts.len(), 5, "{ns}");
+        assert!(parts[2].parse::<u64>().is_ok(), "{ns}");
+    }
+    let next = launch(
+        &scratch("emu_sigkill_next"),
+        &["-n", "2", "--hosts", "2", "--", "true"],
+    );
+    next.assert_ok();
+    assert_torn_down(&next);
+    let left = leftover_namespaces(pid);
+    assert!(
+        left.is_empty(),
+        "the next launch left the dead launcher's namespaces: {left:?}"
+    );
+}
+
 #[test]
 fn emulated_setup_failure_names_the_command_and_cleans_up() {
     need_emulation!();

@@ -308,8 +308,18 @@ class Communicator:
         communicator ordered by ``key`` (default: this rank), then by rank; a rank
         that passes ``None`` or a negative color joins none and gets ``None``."""
         h = self._h()
-        color = _lib.SPLIT_NOCOLOR if color is None or color < 0 else int(color)
-        key = self._rank if key is None else int(key)
+
+        def integer(name, value):
+            try:
+                return operator.index(value)
+            except TypeError:
+                raise TypeError(
+                    f"split: {name} must be an int or None, not {type(value).__name__}"
+                ) from None
+
+        color = None if color is None else integer("color", color)
+        color = _lib.SPLIT_NOCOLOR if color is None or color < 0 else color
+        key = self._rank if key is None else integer("key", key)
         new = ctypes.c_void_p()
         check(library().haloCommSplit(h, color, key, ctypes.byref(new), None), h)
         return Communicator(new) if new.value else None

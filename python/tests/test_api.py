@@ -237,6 +237,16 @@ class OneRankTest(unittest.TestCase):
             self.assertEqual((sub.rank, sub.size), (0, 1))
         self.assertIsNone(self.comm.split(None))
 
+    def test_split_names_a_wrong_color_or_key(self):
+        with self.assertRaisesRegex(TypeError, "split: color must be an int or None, not object"):
+            self.comm.split(object())
+        with self.assertRaisesRegex(TypeError, "split: color must be an int or None, not float"):
+            self.comm.split(1.5)
+        with self.assertRaisesRegex(TypeError, "split: key must be an int or None, not str"):
+            self.comm.split(0, "first")
+        with self.comm.split(np.int64(3), key=np.int32(0)) as sub:
+            self.assertEqual((sub.rank, sub.size), (0, 1))
+
     def test_bad_unique_id(self):
         with self.assertRaisesRegex(ValueError, "128 bytes"):
             halo.init_rank(1, b"short", 0)

@@ -100,6 +100,7 @@ impl Communicator {
         rank: usize,
         config: &InitConfig,
     ) -> Result<Communicator> {
+        super::check_world_size(nranks, "nranks")?;
         if nranks == 0 || rank >= nranks {
             return Err(Error::invalid_argument(format!(
                 "rank {rank} out of range for {nranks} ranks"
@@ -115,6 +116,13 @@ impl Communicator {
     /// MPICH/PMI or Slurm (see [`crate::bootstrap`]).
     pub fn init_from_env() -> Result<Communicator> {
         let b = EnvBootstrap::detect(&EnvSource::Process)?;
+        let size_var = match b.launcher {
+            "openmpi" => "OMPI_COMM_WORLD_SIZE",
+            "pmi" => "PMI_SIZE",
+            "slurm" => "SLURM_NTASKS",
+            _ => "WORLD_SIZE",
+        };
+        super::check_world_size(b.size, size_var)?;
         let config = InitConfig::from_env()?;
         Self::establish(b.rank, b.size, Some(b.root), &config, |card: &[u8]| {
             b.join(card)

@@ -42,6 +42,20 @@ use std::time::Duration;
 /// The default per-operation timeout: 60 seconds.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The most ranks a job may have (2^20 = 1,048,576): larger world sizes are refused
+/// before anything is allocated for them (docs/RELIABILITY.md, "Limits").
+pub const MAX_RANKS: usize = 1 << 20;
+
+/// Refuses a world size above [`MAX_RANKS`]; `what` names where it came from.
+pub(crate) fn check_world_size(size: usize, what: &str) -> crate::Result<()> {
+    if size > MAX_RANKS {
+        return Err(crate::Error::invalid_argument(format!(
+            "{what} is {size}: at most {MAX_RANKS} ranks (2^20) are supported"
+        )));
+    }
+    Ok(())
+}
+
 /// Bits of the collective sequence number in a tag: the 16 bits above [`TAG_BITS`] hold,
 /// from the top, the communicator id (5 bits), the point-to-point flag (1 bit) and the
 /// sequence number (these 10 bits; it wraps at 1024). See `collectives` for the layout.

@@ -44,7 +44,10 @@ use std::time::Duration;
 /// - Self messages and local copies are not emulated (they are memory copies).
 ///
 /// Not modelled: taper of outer levels (left to the simulator), contention inside a
-/// node, and the real copy's own cost, which comes on top.
+/// node, and the real copy's own cost, which comes on top. The `b / B` floor of the
+/// meeting level is one the simulator does not have; the two agree while no outer
+/// level is slower than the NICs, as in every preset (docs/SIMULATION.md, "The system
+/// level's bandwidth").
 ///
 /// A receiver waiting for a modelled arrival sleeps until it (sleeps overshoot by the
 /// kernel's timer slack, tens of microseconds) or, when it is less than 100 us away,

@@ -8,6 +8,8 @@
  */
 #include "halo_test.h"
 
+#include <limits.h>
+
 #define N_MAX 64
 
 static uint8_t sendb[N_MAX * 64], recvb[N_MAX * 64];
@@ -61,6 +63,14 @@ static void init_errors(void) {
                "rank -1 is out of range");
     EXPECT_ERR(NULL, haloCommInitRank(&c, 2, zero, 1), haloInvalidArgument,
                "not a HALO unique id");
+    /* A world too large to allocate for: refused up front, with the limit, even with a
+     * valid unique id (this rank would otherwise serve the rendezvous for it). */
+    haloUniqueId real;
+    CHECK(haloGetUniqueId(&real));
+    EXPECT_ERR(NULL, haloCommInitRankConfig(&c, INT_MAX, real, 0, NULL), haloInvalidArgument,
+               "nranks is 2147483647: at most 1048576 ranks");
+    EXPECT_ERR(NULL, haloCommInitRank(&c, (1 << 20) + 1, real, 0), haloInvalidArgument,
+               "at most 1048576 ranks");
 
     /* An uninitialised config: stack garbage, here made explicit. Its pointers
      * must not be followed. */
@@ -238,6 +248,20 @@ int main(void) {
     still_works(comm, n, me);
 
     CHECK(haloCommDestroy(comm));
+    /* A destroyed handle is detected (HALO's table of live handles), not undefined
+     * behaviour. No communicator is created in between, so no new one can have taken
+     * its address. */
+    EXPECT_ERR(NULL, haloCommDestroy(comm), haloInvalidArgument,
+               "haloCommDestroy: comm is not a live communicator (destroyed or aborted already");
+    EXPECT_ERR(NULL, haloCommCount(comm, &n), haloInvalidArgument,
+               "haloCommCount: comm is not a live communicator");
+    EXPECT_ERR(NULL, haloAllToAll(sendb, recvb, 1, haloInt8, comm, NULL), haloInvalidArgument,
+               "haloAllToAll: comm is not a live communicator");
+    EXPECT_ERR(NULL, haloCommAbort(comm), haloInvalidArgument,
+               "haloCommAbort: comm is not a live communicator");
+    /* A pointer HALO never made is not followed either. */
+    EXPECT_ERR(NULL, haloBarrier((haloComm_t)(void *)sendb), haloInvalidArgument,
+               "haloBarrier: comm is not a live communicator");
     printf("errors ok (rank %d of %d, %d invalid calls checked)\n", me, n, checked_errors);
     return 0;
 }

@@ -253,3 +253,33 @@ fn preset_names() {
     assert_eq!(preset("dgx-h100:1").size(), 8);
     assert_eq!(preset("nodes:3x5,ranks=13").domain_size(Level::Node, 2), 3);
 }
+
+/// The simulator and the in-process emulation agree on inter-node messages only while no
+/// level above the node has a link slower than the NICs (the emulation caps each message
+/// at the meeting level's link bandwidth, the simulator does not: docs/SIMULATION.md,
+/// "The system level's bandwidth"). Every preset keeps them in agreement.
+#[test]
+fn presets_have_no_outer_link_slower_than_their_nics() {
+    for spec in [
+        "flat:8",
+        "nodes:4x4",
+        "frontier:2",
+        "frontier:128",
+        "dgx-h100:2",
+    ] {
+        let t = preset(spec);
+        for nic in t.nics() {
+            for level in [Level::Switch, Level::Group, Level::System] {
+                if t.has_level(level) {
+                    assert!(
+                        t.link(level).bandwidth >= nic.bandwidth,
+                        "{spec}: the {level:?} link ({} B/s) is slower than NIC {} ({} B/s)",
+                        t.link(level).bandwidth,
+                        nic.name,
+                        nic.bandwidth
+                    );
+                }
+            }
+        }
+    }
+}

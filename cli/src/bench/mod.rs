@@ -253,6 +253,27 @@ impl BenchOptions {
         out
     }
 
+    /// A lower bound of the bytes one rank of `n` allocates for its buffers at the
+    /// largest size (send and receive; `None` if it cannot be counted), for the
+    /// up-front memory check ([`crate::limits::check_memory`]).
+    pub fn bytes_per_rank(&self, n: usize) -> Option<u128> {
+        let max = self.max_size as u128;
+        let n = n as u128;
+        match self.op {
+            Op::AllToAllV => match self.moe.hidden {
+                // Tokens per rank, each routed to topk experts, 2 * hidden bytes each.
+                Some(h) => max
+                    .checked_mul(self.moe.topk as u128)?
+                    .checked_mul(2 * h as u128)?
+                    .checked_mul(2),
+                None => max.checked_mul(n)?.checked_mul(2),
+            },
+            Op::AllToAll => max.checked_mul(n)?.checked_mul(2),
+            Op::Latency => max.checked_mul(2),
+            Op::Bandwidth => max.checked_mul(self.window as u128)?.checked_mul(2),
+        }
+    }
+
     /// Timed and warm-up iterations for a size.
     pub fn iterations_for(&self, size: usize) -> (usize, usize) {
         let (i, w) = self.op.default_iterations(size);

@@ -115,9 +115,10 @@ pub(crate) struct BenchArgs {
     /// Run in-process even when started by a launcher.
     #[arg(long)]
     threads: bool,
-    /// Per-call timeout of HALO's calls, seconds.
-    #[arg(long, default_value_t = 60)]
-    timeout: u64,
+    /// Per-call timeout of HALO's calls, seconds [default: HALO_TIMEOUT_MS when set,
+    /// else 60 s].
+    #[arg(long)]
+    timeout: Option<u64>,
 }
 
 fn parse_sizes(s: &str) -> Result<(usize, usize), Failure> {
@@ -133,6 +134,46 @@ fn parse_sizes(s: &str) -> Result<(usize, usize), Failure> {
         return Err(Failure::input(format!("-m {s}: MIN is larger than MAX")));
     }
     Ok((lo, hi))
+}
+
+/// The per-call timeout: `--timeout` when given, else `HALO_TIMEOUT_MS`, else 60 s
+/// (the order every HALO program follows: the option, the variable, the default).
+fn timeout(option: Option<u64>, variable: Option<&str>) -> Result<Duration, Failure> {
+    match (option, variable) {
+        (Some(0), _) => Err(Failure::input("--timeout must be at least 1 second")),
+        (Some(s), _) => Ok(Duration::from_secs(s)),
+        (None, Some(v)) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis)
+            .ok_or_else(|| {
+                Failure::input(format!(
+                    "HALO_TIMEOUT_MS={v:?} is not a positive number of milliseconds"
+                ))
+            }),
+        (None, None) => Ok(halo::DEFAULT_TIMEOUT),
+    }
+}
+
+/// Refuses iteration counts that cannot be run or reported: `-i 0` (no latency to
+/// report) and more than [`MAX_ITERATIONS`](halo_cli::limits::MAX_ITERATIONS).
+fn check_iterations(args: &BenchArgs) -> Result<(), Failure> {
+    use halo_cli::limits::MAX_ITERATIONS;
+    if args.iterations == Some(0) {
+        return Err(Failure::input(
+            "-i 0: at least 1 timed iteration is needed to report a latency",
+        ));
+    }
+    for (flag, v) in [("-i", args.iterations), ("-x", args.warmup)] {
+        if let Some(v) = v.filter(|&v| v > MAX_ITERATIONS) {
+            return Err(Failure::input(format!(
+                "{flag} {v}: at most {MAX_ITERATIONS} iterations per size"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn algorithms(list: &[String]) -> Result<Vec<BenchAlgo>, Failure> {
@@ -154,6 +195,11 @@ fn launched() -> bool {
 }
 
 fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, Failure> {
+    check_iterations(args)?;
+    let timeout = timeout(
+        args.timeout,
+        std::env::var("HALO_TIMEOUT_MS").ok().as_deref(),
+    )?;
     let (min_size, max_size) = match &args.sizes {
         Some(s) => parse_sizes(s)?,
         None if in_process && op.is_collective() => (1, 65536),
@@ -166,7 +212,7 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
         max_size,
         iterations: args.iterations,
         warmup: args.warmup,
-        timeout: Duration::from_secs(args.timeout),
+        timeout,
         validate: args.validate,
         sync: args.sync,
         moe: MoeShape {
@@ -203,6 +249,26 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
         } else {
             Topology::preset(&args.topology)
         }
+        .map_err(Failure::input)?;
+        let n = topology.size();
+        if n > halo_cli::limits::MAX_THREAD_RANKS {
+            return Err(Failure::input(format!(
+                "--topology {}: {n} ranks, but an in-process bench runs at most {} (one thread \
+                 each); run larger jobs as processes (halo launch) or simulate them (halo simulate)",
+                args.topology,
+                halo_cli::limits::MAX_THREAD_RANKS
+            )));
+        }
+        let need = opts
+            .bytes_per_rank(n)
+            .and_then(|b| b.checked_mul(n as u128));
+        halo_cli::limits::check_memory(
+            &format!(
+                "{op} up to {} B on {n} in-process ranks (-m, --topology {})",
+                opts.max_size, args.topology
+            ),
+            need,
+        )
         .map_err(Failure::input)?;
         if !(args.scale.is_finite() && args.scale > 0.0) {
             return Err(Failure::input(format!(
@@ -323,8 +389,28 @@ fn run_processes(opts: &BenchOptions) -> halo::Result<Option<(RunInfo, Vec<Bench
     }
     let _ = wants_mpi;
     let mut comm = Communicator::init_from_env()?;
+    check_process_memory(opts, comm.size())?;
     let info = process_info(opts.op, &comm, false);
     Ok(run_ranks(&mut comm, None, opts)?.map(|rows| (info, rows)))
+}
+
+/// As one rank of `n`: refuses buffers this host cannot hold (this rank's, times the
+/// ranks on this host when the launcher says how many: `LOCAL_WORLD_SIZE`).
+fn check_process_memory(opts: &BenchOptions, n: usize) -> halo::Result<()> {
+    let local = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse::<u128>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let need = opts.bytes_per_rank(n).and_then(|b| b.checked_mul(local));
+    halo_cli::limits::check_memory(
+        &format!(
+            "{} up to {} B on {n} ranks, {local} on this host (-m)",
+            opts.op, opts.max_size
+        ),
+        need,
+    )
+    .map_err(halo::Error::invalid_argument)
 }
 
 #[cfg(feature = "mpi")]
@@ -338,6 +424,7 @@ fn run_with_mpi(
     })?;
     let world = universe.world();
     let mut comm = Communicator::init_mpi(&world)?;
+    check_process_memory(opts, comm.size())?;
     let info = process_info(opts.op, &comm, true);
     let mut engine = MpiImplementation::new(&world);
     let engine = if measure_mpi {
@@ -348,4 +435,24 @@ fn run_with_mpi(
     let rows = run_ranks(&mut comm, engine, opts)?;
     drop(comm);
     Ok(rows.map(|rows| (info, rows)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_option_wins_then_the_variable_then_the_default() {
+        assert_eq!(
+            timeout(Some(5), Some("100")).unwrap(),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            timeout(None, Some("250")).unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(timeout(None, None).unwrap(), halo::DEFAULT_TIMEOUT);
+        assert!(timeout(None, Some("soon")).is_err());
+        assert!(timeout(Some(0), None).is_err());
+    }
 }

@@ -52,6 +52,10 @@ fn algorithms(list: &[String]) -> Result<Vec<Option<Algorithm>>, Failure> {
     Ok(out)
 }
 
+fn max_count(counts: &[usize]) -> usize {
+    counts.iter().copied().max().unwrap_or(0)
+}
+
 pub(crate) fn run(args: &CheckArgs) -> Result<(), Failure> {
     let opts = CheckOptions {
         algorithms: algorithms(&args.algo)?,
@@ -64,8 +68,24 @@ pub(crate) fn run(args: &CheckArgs) -> Result<(), Failure> {
             .zip(args.die_after)
             .map(|(rank, after)| DieAt { rank, after }),
     };
-    let mut comm =
-        Communicator::init_from_env().map_err(|e| Failure::other(format!("init: {e}")))?;
+    // Refused before joining the job (as if alone), and again with the job's size.
+    let memory = |n: usize| {
+        halo_cli::limits::check_memory(
+            &format!(
+                "--counts {} / --v-max {} on {n} ranks",
+                max_count(&opts.counts),
+                opts.v_max
+            ),
+            opts.bytes_per_rank(n),
+        )
+        .map_err(Failure::input)
+    };
+    memory(1)?;
+    let mut comm = Communicator::init_from_env().map_err(|e| match e {
+        halo::Error::InvalidArgument { .. } => Failure::input(format!("init: {e}")),
+        e => Failure::other(format!("init: {e}")),
+    })?;
+    memory(comm.size())?;
     let report = run_check(&mut comm, &opts)
         .map_err(|e| Failure::other(format!("rank {}: {e}", comm.rank())))?;
     let peers: Vec<String> = (0..comm.size())

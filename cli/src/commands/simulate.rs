@@ -93,12 +93,45 @@ fn sizes(spec: &str) -> Result<Vec<usize>, Failure> {
     Ok(out)
 }
 
+/// A lower bound of the simulator's memory per (source, destination) pair of ranks:
+/// every rank's schedule holds a message per peer (about 100 bytes per pair measured
+/// with flat on frontier:128, 1,024 ranks).
+const BYTES_PER_PAIR: u128 = 64;
+
+/// Refuses NaN, infinite and negative `--skew` and `--nic-gap`, as `halo bench` does.
+fn check_numbers(args: &SimulateArgs) -> Result<(), Failure> {
+    if !(args.skew.is_finite() && args.skew >= 0.0) {
+        return Err(Failure::input(format!(
+            "--skew {} must be a number >= 0",
+            args.skew
+        )));
+    }
+    if let Some(g) = args.nic_gap
+        && !(g.is_finite() && g >= 0.0)
+    {
+        return Err(Failure::input(format!(
+            "--nic-gap {g} must be a number of seconds >= 0"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
     let topo = if std::path::Path::new(&args.topology).exists() {
         Topology::load(&args.topology)
     } else {
         Topology::preset(&args.topology)
     }
+    .map_err(Failure::input)?;
+    check_numbers(args)?;
+    let n = topo.size() as u128;
+    halo_cli::limits::check_memory(
+        &format!(
+            "simulating {n} ranks (--topology {}; about {BYTES_PER_PAIR} bytes per pair of ranks)",
+            args.topology
+        ),
+        n.checked_mul(n).and_then(|p| p.checked_mul(BYTES_PER_PAIR)),
+    )
     .map_err(Failure::input)?;
     if let Some(file) = &args.measured {
         let mut opts = SimOptions::default();

@@ -27,7 +27,14 @@
 //! `Drop`) and on interrupts, which are noticed between set-up steps too. Only
 //! processes this launcher started are signalled, by their id; at teardown whatever
 //! still runs inside the launch's own namespaces is terminated by pid.
+//!
+//! Nothing is left behind when the ranks or the launcher die (module `leftovers`):
+//! the shared memory of ranks that die is removed once they are reaped; ranks get a
+//! parent-death signal (SIGKILL; mpirun SIGTERM); and every launch first removes what
+//! killed launchers left — their ranks' shared memory and, as root, their namespaces,
+//! whose names (`halo-<pid>-<start>-<n>-...`) carry the launcher's pid and start time.
 
+mod leftovers;
 mod mpi;
 mod netns;
 mod placement;
@@ -41,6 +48,7 @@ pub use netns::{
 pub use placement::{Placement, Slot};
 pub use signals::Interrupt;
 
+use nix::sys::signal::Signal;
 use procs::{Ended, Job};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt as _;
@@ -201,6 +209,7 @@ impl LaunchSpec {
         if self.ranks == 0 {
             return Err(LaunchError::invalid("-n must be at least 1"));
         }
+        crate::limits::check_launch_ranks(self.ranks).map_err(LaunchError::invalid)?;
         if let Some(p) = &self.hosts {
             if p.ranks() != self.ranks {
                 return Err(LaunchError::invalid(format!(
@@ -376,6 +385,9 @@ pub fn launch(spec: &LaunchSpec, interrupt: &Interrupt) -> Result<LaunchReport, 
     if spec.hosts.is_some() && !is_root() {
         return Err(LaunchError::NeedsRoot);
     }
+    // What earlier launchers that were killed left: their ranks' shared memory, their
+    // emulated hosts.
+    leftovers::reclaim();
     let mpirun = if spec.mpi {
         Some(mpi::find_mpirun()?)
     } else {
@@ -464,7 +476,7 @@ fn launch_local(
         let exported: Vec<&str> = env.iter().map(|(k, _)| *k).collect();
         let args = mpi::mpirun_args(spec.ranks, None, &exported, &spec.mpirun_args);
         let cmd = mpirun_command(Command::new(&mpirun), args, spec, &env);
-        job.spawn(cmd, None)
+        job.spawn(cmd, None, Signal::SIGTERM)
             .map_err(|e| LaunchError::io(format!("cannot start {}", mpirun.display()), e))?;
     } else {
         for slot in placement.slots() {
@@ -476,7 +488,7 @@ fn launch_local(
             cmd.envs(env.iter().map(|(k, v)| (k, v)));
             cmd.envs(rank_env(&slot, spec.ranks));
             let label = spec.label_output.then(|| format!("[{}] ", slot.rank));
-            job.spawn(cmd, label).map_err(|e| {
+            job.spawn(cmd, label, Signal::SIGKILL).map_err(|e| {
                 LaunchError::io(
                     format!("cannot start rank {}: {}", slot.rank, spec.command[0]),
                     e,
@@ -609,7 +621,7 @@ fn launch_emulated(
         let mut in_host0 = on_host(&hosts[0]);
         in_host0.arg(&mpirun);
         let cmd = mpirun_command(in_host0, args, spec, &env);
-        job.spawn(cmd, None)
+        job.spawn(cmd, None, Signal::SIGTERM)
             .map_err(|e| LaunchError::io("cannot start mpirun in host0", e))?;
     } else {
         for slot in placement.slots() {
@@ -621,7 +633,7 @@ fn launch_emulated(
             cmd.envs(env.iter().map(|(k, v)| (k, v)));
             cmd.envs(rank_env(&slot, spec.ranks));
             let label = spec.label_output.then(|| format!("[{}] ", slot.rank));
-            job.spawn(cmd, label).map_err(|e| {
+            job.spawn(cmd, label, Signal::SIGKILL).map_err(|e| {
                 LaunchError::io(
                     format!("cannot start rank {} (ip netns exec)", slot.rank),
                     e,

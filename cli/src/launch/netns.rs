@@ -1,6 +1,7 @@
 //! Emulated hosts: network namespaces joined by a bridge, one shaped veth per host.
 //!
-//! Layout for a launch whose name prefix is `P` (`halo-<launcher pid>-<counter>`):
+//! Layout for a launch whose name prefix is `P` (`halo-<launcher pid>-<launcher start
+//! time>-<counter>`):
 //!
 //! ```text
 //!  ns P-h0 (hostname host0)      ns P-sw (the switch)           ns P-h1 (hostname host1)
@@ -160,7 +161,9 @@ impl EmulatedCluster {
             )));
         }
         let n = LAUNCH_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let prefix = format!("halo-{}-{n}", std::process::id());
+        // The launcher's pid and start time: a later launch removes the namespaces of
+        // launchers that died (see `leftovers`).
+        let prefix = format!("halo-{}-{n}", super::leftovers::ProcessId::me().tag());
         let hosts_list = (0..hosts)
             .map(|i| Host {
                 index: i,
@@ -249,7 +252,7 @@ impl EmulatedCluster {
         check()
     }
 
-    /// The name prefix of every namespace of this launch (`halo-<pid>-<counter>`).
+    /// The name prefix of every namespace of this launch (`halo-<pid>-<start>-<counter>`).
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

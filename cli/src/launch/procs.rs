@@ -6,7 +6,17 @@
 //! `/dev/null`; their stdout and stderr are read line by line and written whole to
 //! the launcher's stdout and stderr, optionally prefixed with the rank (`[3] `), so
 //! lines of different ranks never mix.
+//!
+//! Every process started gets a parent-death signal (`PR_SET_PDEATHSIG`, set in the
+//! child before exec): SIGKILL for ranks, SIGTERM for mpirun (which then terminates its
+//! own ranks), so that a launcher killed with SIGKILL leaves nothing running. The
+//! signal comes when the launcher's *thread* that started the process ends; `halo
+//! launch` starts every process from its main thread, and library callers of
+//! [`super::launch`] stay in the call until the job ends. When a started process is
+//! reaped its shared-memory files are removed and it is listed in the launcher's
+//! record meanwhile (see `leftovers`).
 
+use super::leftovers::{Record, remove_shm_of};
 use super::signals::Interrupt;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -70,6 +80,7 @@ struct Proc {
 pub(crate) struct Job {
     procs: Vec<Proc>,
     readers: Arc<AtomicUsize>,
+    record: Record,
 }
 
 impl std::fmt::Debug for Job {
@@ -88,18 +99,43 @@ impl Job {
         Job {
             procs: Vec::new(),
             readers: Arc::new(AtomicUsize::new(0)),
+            record: Record::create(),
         }
     }
 
     /// Starts `cmd` in its own process group, its output forwarded with `label`
-    /// (`Some("[3] ")`) in front of each line.
-    pub(crate) fn spawn(&mut self, mut cmd: Command, label: Option<String>) -> std::io::Result<()> {
+    /// (`Some("[3] ")`) in front of each line; `death` is the signal it gets when the
+    /// launcher dies.
+    pub(crate) fn spawn(
+        &mut self,
+        mut cmd: Command,
+        label: Option<String>,
+        death: Signal,
+    ) -> std::io::Result<()> {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        let launcher = nix::unistd::getpid();
+        // SAFETY: the closure runs in the child between fork and exec. It makes only
+        // the async-signal-safe system calls prctl(2) and getppid(2) and allocates
+        // nothing (errors are built from raw OS codes).
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(death)
+                    .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+                // The launcher died between fork and prctl: the signal will not come.
+                if nix::unistd::getppid() != launcher {
+                    return Err(std::io::Error::from_raw_os_error(
+                        nix::errno::Errno::ESRCH as i32,
+                    ));
+                }
+                Ok(())
+            });
+        }
         let mut child = cmd.spawn()?;
         let pgid = i32::try_from(child.id()).unwrap_or(0);
+        self.record.add(pgid);
         let out = child.stdout.take();
         let err = child.stderr.take();
         self.procs.push(Proc {
@@ -144,6 +180,7 @@ impl Job {
             }
             if let Ok(Some(st)) = p.child.try_wait() {
                 p.status = Some(st);
+                remove_shm_of(&[p.pgid]);
                 tracing::debug!(index = i, pid = p.pgid, status = ?st, "process ended");
                 if !st.success() && failed.is_none() {
                     failed = Some((i, status_code(st)));
@@ -242,6 +279,7 @@ impl Job {
         for v in &victims {
             signal_pid(v.pid, Signal::SIGKILL);
         }
+        let stray_pids: Vec<i32> = victims.iter().map(|v| v.pid).collect();
         for p in &self.procs {
             if p.status.is_none() || group_alive(p.pgid) {
                 signal_group(p.pgid, Signal::SIGKILL);
@@ -252,6 +290,8 @@ impl Job {
             self.poll();
             std::thread::sleep(POLL);
         }
+        // Descendants that were killed (reaped by now unless their parent lingers).
+        remove_shm_of(&stray_pids);
     }
 
     /// Waits (at most `limit`) for the output of every process to be written out.
@@ -300,6 +340,17 @@ impl ProcInfo {
             .iter()
             .any(|p| p.pid == self.pid && p.start == self.start && p.live)
     }
+}
+
+/// The start time of the live (not zombie) process `pid`, from `/proc/PID/stat`.
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    ProcInfo::parse(&stat)
+        .filter(|p| p.live && p.pid == pid)
+        .map(|p| p.start)
 }
 
 /// Every process of the machine (of this pid namespace), from `/proc`.

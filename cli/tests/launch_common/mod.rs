@@ -106,11 +106,19 @@ pub(crate) fn signal(pid: u32, sig: &str) {
     let sig = match sig {
         "INT" => Signal::SIGINT,
         "TERM" => Signal::SIGTERM,
+        "KILL" => Signal::SIGKILL,
         other => panic!("no signal {other}"),
     };
     let pid = i32::try_from(pid).expect("pid fits i32");
     assert!(pid > 1);
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+}
+
+/// SIGKILL to rank processes this test started (by pid), before failing.
+pub(crate) fn kill_all(pids: &[u32]) {
+    for &p in pids {
+        signal(p, "KILL");
+    }
 }
 
 /// Whether a live (not zombie) process has this pid and runs `what`.
@@ -122,6 +130,56 @@ pub(crate) fn running(pid: u32, what: &str) -> bool {
         .is_some_and(|s| s != "Z" && s != "X");
     let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     live && cmdline.contains(what)
+}
+
+/// Live children of the process `pid` (from `/proc/*/stat`).
+pub(crate) fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rfind(')')
+            .map(|i| stat[i + 1..].split_whitespace().collect())
+            .unwrap_or_default();
+        if fields.len() > 1 && fields[0] != "Z" && fields[1] == pid.to_string() {
+            out.push(child);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Files in `/dev/shm` of the process `pid`: libfabric's shm regions `PID:N:N` and
+/// HALO's bells `halo-bell-NS-PID-N`.
+pub(crate) fn shm_files_of(pid: u32) -> Vec<String> {
+    let region = format!("{pid}:");
+    let bell = format!("-{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| {
+                    n.starts_with(&region) || (n.starts_with("halo-bell-") && n.contains(&bell))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The record a launcher keeps in `/dev/shm` (`halo-launch-PID-START.pids`), if any.
+pub(crate) fn launch_records_of(pid: u32) -> Vec<String> {
+    let prefix = format!("halo-launch-{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Pids the ranks wrote to `dir/pids/RANK`.

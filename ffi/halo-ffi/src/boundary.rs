@@ -58,9 +58,8 @@ pub(crate) fn call_comm(
 ) -> haloResult_t {
     let mut held: Option<Borrowed> = None;
     let result = catch(name, || {
-        // SAFETY: `comm` is NULL or a handle from haloCommInit* / haloCommSplit that has
-        // not been destroyed or aborted (the header's contract for every comm argument).
-        let c = unsafe { Borrowed::new(comm) }.ok_or_else(|| Failure::invalid("comm is NULL"))?;
+        // A stale or foreign handle is refused here, before it is dereferenced.
+        let c = Borrowed::new(comm)?.ok_or_else(|| Failure::invalid("comm is NULL"))?;
         let c = held.insert(c);
         f(c)
     });

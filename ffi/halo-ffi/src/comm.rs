@@ -31,6 +31,13 @@ fn rank_args(nranks: c_int, rank: c_int) -> FfiResult<(usize, usize)> {
         .ok()
         .filter(|&n| n > 0)
         .ok_or_else(|| Failure::invalid(format!("nranks is {nranks}: expected at least 1")))?;
+    // Refused here, before anything is allocated for the ranks.
+    if n > halo_rs::MAX_RANKS {
+        return Err(Failure::invalid(format!(
+            "nranks is {nranks}: at most {} ranks (2^20) are supported",
+            halo_rs::MAX_RANKS
+        )));
+    }
     let r = usize::try_from(rank)
         .ok()
         .filter(|&r| r < n)
@@ -108,8 +115,8 @@ pub unsafe extern "C" fn haloGetUniqueId(uniqueId: *mut haloUniqueId) -> haloRes
 /// after the bootstrap timeout). On success `*comm` is the new communicator, which the
 /// caller owns: free it with `haloCommDestroy` (or `haloCommAbort`).
 ///
-/// Errors: `haloInvalidArgument` for a NULL `comm`, `nranks` < 1, a rank out of range,
-/// an id not made by `haloGetUniqueId`, or a malformed `HALO_*` variable;
+/// Errors: `haloInvalidArgument` for a NULL `comm`, `nranks` < 1 or above 2^20
+/// (1,048,576: refused before anything is allocated), a rank out of range, an id not made by `haloGetUniqueId`, or a malformed `HALO_*` variable;
 /// `haloSystemError` when the network or libfabric fails; `haloTimeout` when the other
 /// ranks do not all join in time; `haloInvalidUsage` when they disagree (on `nranks`,
 /// ranks given twice). `*comm` is written only on success.
@@ -228,18 +235,19 @@ pub unsafe extern "C" fn haloCommInitFromEnv(comm: *mut haloComm_t) -> haloResul
 /// Local: the other ranks are not waited for. NULL is allowed and does nothing. After
 /// the call `comm` is invalid; do not pass it to any function again.
 ///
-/// Errors: none in practice (`haloInternalError` if tearing down panicked).
+/// Errors: `haloInvalidArgument` when `comm` is not a live communicator — destroyed or
+/// aborted already (a second `haloCommDestroy`), or not made by HALO; nothing is freed
+/// then. The check knows addresses, not generations: once a new communicator has been
+/// created at the address of a destroyed one, the stale handle is that new
+/// communicator again (see `haloComm`). `haloInternalError` if tearing down panicked.
 ///
 /// # Safety
 /// `comm` is NULL or a communicator not yet destroyed or aborted, with no call on it in
-/// progress in another thread.
+/// progress in another thread (a destroyed one is detected as described above, but is
+/// still a bug to pass).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn haloCommDestroy(comm: haloComm_t) -> haloResult_t {
-    call("haloCommDestroy", || {
-        // SAFETY: per the contract the handle is live (or NULL) and released once.
-        unsafe { haloComm::release(comm) };
-        Ok(())
-    })
+    call("haloCommDestroy", || haloComm::release(comm))
 }
 
 /// Aborts a communicator and frees it (as `ncclCommAbort`).
@@ -251,17 +259,20 @@ pub unsafe extern "C" fn haloCommDestroy(comm: haloComm_t) -> haloResult_t {
 /// `comm` is invalid in every thread: the aborted call's message is in
 /// `haloGetLastError(NULL)` of its thread. NULL is allowed and does nothing.
 ///
+/// Errors: `haloInvalidArgument` when `comm` is not a live communicator (destroyed or
+/// aborted already; detected as for `haloCommDestroy`).
+///
 /// # Safety
 /// `comm` is NULL or a communicator not yet destroyed or aborted.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn haloCommAbort(comm: haloComm_t) -> haloResult_t {
     call("haloCommAbort", || {
-        // SAFETY: per the contract the handle is live or NULL.
-        if let Some(c) = unsafe { Borrowed::new(comm) } {
+        if let Some(c) = Borrowed::new(comm)? {
             c.abort();
             drop(c);
-            // SAFETY: live, and released exactly once (here) per the contract.
-            unsafe { haloComm::release(comm) };
+            // A concurrent destroy or abort of the same handle may have released it
+            // meanwhile: then this one reports it.
+            haloComm::release(comm)?;
         }
         Ok(())
     })
@@ -417,11 +428,11 @@ pub unsafe extern "C" fn haloGetLastError(comm: haloComm_t) -> *const c_char {
     or_value(
         c"(HALO failed while reading the last error)".as_ptr(),
         || {
-            // SAFETY: per the contract `comm` is NULL or live.
-            match unsafe { Borrowed::new(comm) } {
-                None => thread_error_ptr(),
+            match Borrowed::new(comm) {
+                // NULL, or a handle that is not live: the thread's last error.
+                Ok(None) | Err(_) => thread_error_ptr(),
                 // The handle keeps its own reference, so the string outlives this borrow.
-                Some(c) => c.last_error_ptr(),
+                Ok(Some(c)) => c.last_error_ptr(),
             }
         },
     )

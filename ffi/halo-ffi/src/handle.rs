@@ -8,18 +8,54 @@
 //! communicator only when the collective has returned — as NCCL's `ncclCommAbort`
 //! does. Nothing else creates or frees a `haloComm`; the only ways in and out are
 //! [`haloComm::into_handle`], [`Borrowed::new`] and [`haloComm::release`].
+//!
+//! **Stale handles.** Every live handle is listed in a table ([`LIVE`]), entered by
+//! `into_handle` and removed by `release`; a handle is dereferenced only after it was
+//! found there (under the table's lock, which also orders a borrow against a concurrent
+//! release). So `haloCommDestroy` twice, or any call after `haloCommDestroy` /
+//! `haloCommAbort`, gets `haloInvalidArgument` ("comm is not a live communicator")
+//! instead of a use after free, and so does a pointer HALO never made. The limit: the
+//! table knows addresses, not generations of the same address — when a new
+//! communicator is later allocated at the address of a destroyed one (the allocator
+//! may reuse it), the stale handle names the new communicator again, and calls on it
+//! reach that one. Destroyed handles must still not be used; the check turns the
+//! common mistakes into an error, not every one.
 
 use crate::error::{Failure, FfiResult, haloResult};
 use halo_rs::{AbortHandle, Communicator};
+use std::collections::BTreeSet;
 use std::ffi::{CString, c_char};
 use std::fmt;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
+/// The addresses of the live handles (see the module notes).
+static LIVE: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+fn live() -> MutexGuard<'static, BTreeSet<usize>> {
+    // The table is consistent after every operation: a panic elsewhere leaves it usable.
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn not_live() -> Failure {
+    Failure::invalid(
+        "comm is not a live communicator (destroyed or aborted already, or not made by \
+         haloCommInit* / haloCommSplit)",
+    )
+}
+
 /// A communicator: one rank's handle on a group of ranks (opaque).
 ///
 /// Created by `haloCommInitRank`, `haloCommInitRankConfig`, `haloCommInitFromEnv` or
 /// `haloCommSplit`; freed by `haloCommDestroy` or `haloCommAbort`.
+///
+/// HALO keeps a table of the live handles and checks every `comm` argument against it
+/// before using it: a handle already destroyed or aborted (or a pointer HALO never
+/// made) gives `haloInvalidArgument` ("comm is not a live communicator") instead of
+/// undefined behaviour. Limit: the table holds addresses; after a new communicator has
+/// been created at the address of a destroyed one, the stale handle denotes the new
+/// communicator. Do not use destroyed handles; the check catches the common mistakes
+/// (a second destroy, a call right after destroy), not all.
 pub struct haloComm {
     /// The Rust communicator; the mutex turns two threads using one communicator at
     /// once into `haloInvalidUsage` instead of a data race.
@@ -61,22 +97,31 @@ impl haloComm {
         }
     }
 
-    /// The handle C gets: owns one reference.
+    /// The handle C gets: owns one reference, and is listed as live.
     pub(crate) fn into_handle(self) -> haloComm_t {
-        Arc::into_raw(Arc::new(self)).cast_mut()
+        let handle = Arc::into_raw(Arc::new(self)).cast_mut();
+        live().insert(handle as usize);
+        handle
     }
 
     /// Gives up the handle's own reference (NULL: nothing). The communicator is
     /// dropped now, or when the last call still running on it returns.
     ///
-    /// # Safety
-    /// `handle` is NULL or came from [`haloComm::into_handle`] and was not released.
-    pub(crate) unsafe fn release(handle: haloComm_t) {
-        if !handle.is_null() {
-            // SAFETY: per the contract, the handle owns one strong reference, which
-            // this takes back exactly once.
-            drop(unsafe { Arc::from_raw(handle.cast_const()) });
+    /// # Errors
+    /// `haloInvalidArgument` when `handle` is not live (released already, or never
+    /// made by [`haloComm::into_handle`]); nothing is touched then.
+    pub(crate) fn release(handle: haloComm_t) -> FfiResult<()> {
+        if handle.is_null() {
+            return Ok(());
         }
+        if !live().remove(&(handle as usize)) {
+            return Err(not_live());
+        }
+        // SAFETY: the handle was live (listed, and removed just now under the lock, so
+        // no other release can take it): it owns one strong reference from
+        // `Arc::into_raw`, which this takes back exactly once.
+        drop(unsafe { Arc::from_raw(handle.cast_const()) });
+        Ok(())
     }
 
     /// This rank.
@@ -163,20 +208,26 @@ pub(crate) struct Borrowed(Arc<haloComm>);
 impl Borrowed {
     /// Takes a reference for this call; `None` for NULL.
     ///
-    /// # Safety
-    /// `handle` is NULL or a live handle from [`haloComm::into_handle`] (not released
-    /// before this call began).
-    pub(crate) unsafe fn new(handle: haloComm_t) -> Option<Borrowed> {
+    /// # Errors
+    /// `haloInvalidArgument` when `handle` is not live (see the module notes).
+    pub(crate) fn new(handle: haloComm_t) -> FfiResult<Option<Borrowed>> {
         if handle.is_null() {
-            return None;
+            return Ok(None);
+        }
+        let table = live();
+        if !table.contains(&(handle as usize)) {
+            return Err(not_live());
         }
         let ptr = handle.cast_const();
-        // SAFETY: the handle is live, so its strong count is at least one; this adds
-        // the reference that `from_raw` below takes over.
+        // SAFETY: the handle is listed, so it came from `Arc::into_raw` and its own
+        // reference is still held (a release removes it from the table first, and
+        // cannot while this holds the lock): the strong count is at least one. This
+        // adds the reference that `from_raw` below takes over.
         unsafe { Arc::increment_strong_count(ptr) };
+        drop(table);
         // SAFETY: `ptr` came from `Arc::into_raw` and the reference it stands for was
         // just added.
-        Some(Borrowed(unsafe { Arc::from_raw(ptr) }))
+        Ok(Some(Borrowed(unsafe { Arc::from_raw(ptr) })))
     }
 }
 

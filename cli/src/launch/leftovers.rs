@@ -1,0 +1,399 @@
+//! Nothing left behind: what ranks and launchers that died leave, and its removal.
+//!
+//! - **Shared memory of dead ranks.** A rank that dies without closing libfabric
+//!   (SIGKILL, `--timeout`, Ctrl-C) leaves the 16 MiB region of the shm provider,
+//!   `/dev/shm/<pid>:<n>:<n>`, and HALO's doorbell `/dev/shm/halo-bell-<ns>-<pid>-<n>`.
+//!   The launcher removes those of every process it started, by pid, once the process
+//!   is reaped ([`remove_shm_of`]).
+//! - **A launcher that died** (SIGKILL, OOM killer) cannot do that. Each launcher
+//!   therefore keeps a record, `/dev/shm/halo-launch-<pid>-<start>.pids` (its pid and
+//!   start time, then one `pid start` line per process it started), removed when it
+//!   ends. Every launch first reclaims ([`reclaim`]) the records of launchers that are
+//!   no longer alive — the pid runs no process, or runs one with another start time
+//!   (a reused pid) — removing the shared memory of their ranks that are gone, and, as
+//!   root, their emulated hosts: the namespaces `halo-<pid>-<start>-<n>-{h<i>,sw}`
+//!   (deleting the switch namespace destroys the bridge and the veths), after killing
+//!   what still runs inside them, and their scratch directories `$TMPDIR/halo-<pid>-<start>-<n>`.
+//! - The ranks themselves get a parent-death signal (see `procs`), so that a launcher
+//!   killed with SIGKILL does not leave them running.
+//!
+//! Only files and namespaces whose names carry the pid of a launcher or rank found dead
+//! are touched, and shared-memory files only when owned by this user.
+
+use super::procs::start_time;
+use std::io::Write as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+/// Where the records and the regions live.
+const SHM: &str = "/dev/shm";
+
+/// A process named by pid and start time (clock ticks since boot): unlike the pid
+/// alone, never names two processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcessId {
+    pub(crate) pid: i32,
+    pub(crate) start: u64,
+}
+
+impl ProcessId {
+    /// This process.
+    pub(crate) fn me() -> ProcessId {
+        let pid = std::process::id() as i32;
+        ProcessId {
+            pid,
+            start: start_time(pid).unwrap_or(0),
+        }
+    }
+
+    /// The process with this pid, if one runs.
+    pub(crate) fn of(pid: i32) -> Option<ProcessId> {
+        start_time(pid).map(|start| ProcessId { pid, start })
+    }
+
+    /// Whether this very process (same pid, same start time) still runs.
+    pub(crate) fn alive(&self) -> bool {
+        start_time(self.pid) == Some(self.start)
+    }
+
+    /// `<pid>-<start>`: the part of every name this launcher gives.
+    pub(crate) fn tag(&self) -> String {
+        format!("{}-{}", self.pid, self.start)
+    }
+}
+
+/// Whether no live process has this pid. A zombie is dead (it cannot create files,
+/// and its pid cannot be reused until it is reaped); a live process with this pid is
+/// either the one meant or one that reused the pid — either way its files stay.
+fn pid_free(pid: i32) -> bool {
+    start_time(pid).is_none()
+}
+
+/// Whether `name` is a shared-memory file of process `pid`: libfabric's shm region
+/// `<pid>:<n>[:<n>...]` or HALO's bell `halo-bell-<ns>-<pid>-<n>`.
+fn shm_of(name: &str, pid: i32) -> bool {
+    let pid = pid.to_string();
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = name
+        .strip_prefix(pid.as_str())
+        .and_then(|r| r.strip_prefix(':'))
+    {
+        return rest.split(':').all(digits);
+    }
+    if let Some(rest) = name.strip_prefix("halo-bell-") {
+        let parts: Vec<&str> = rest.split('-').collect();
+        return parts.len() == 3 && parts.iter().all(|p| digits(p)) && parts[1] == pid;
+    }
+    false
+}
+
+/// Removes the shared-memory files of the processes `pids` that no longer run (no
+/// live process has their pid: one that reused it may own files of the same name
+/// now). Only files of this user. Returns the files removed.
+pub(crate) fn remove_shm_of(pids: &[i32]) -> Vec<PathBuf> {
+    remove_shm_in(Path::new(SHM), pids)
+}
+
+fn remove_shm_in(dir: &Path, pids: &[i32]) -> Vec<PathBuf> {
+    let dead: Vec<i32> = pids
+        .iter()
+        .copied()
+        .filter(|&p| p > 1 && pid_free(p))
+        .collect();
+    let mut removed = Vec::new();
+    if dead.is_empty() {
+        return removed;
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return removed;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !dead.iter().any(|&p| shm_of(name, p)) {
+            continue;
+        }
+        let Ok(meta) = e.metadata() else { continue };
+        if meta.is_file() && meta.uid() == uid && std::fs::remove_file(e.path()).is_ok() {
+            tracing::debug!(file = %e.path().display(), "removed a dead rank's shared memory");
+            removed.push(e.path());
+        }
+    }
+    removed
+}
+
+/// This launcher's record of the processes it started; removed on drop.
+#[derive(Debug)]
+pub(crate) struct Record {
+    path: Option<PathBuf>,
+}
+
+impl Record {
+    /// Creates the record of this launcher (best effort: without `/dev/shm` there is
+    /// none, and a later launch cannot clean up after this one if it is killed).
+    pub(crate) fn create() -> Record {
+        let me = ProcessId::me();
+        let path = Path::new(SHM).join(format!("halo-launch-{}.pids", me.tag()));
+        match std::fs::write(&path, format!("launcher {} {}\n", me.pid, me.start)) {
+            Ok(()) => Record { path: Some(path) },
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write the launch record");
+                Record { path: None }
+            }
+        }
+    }
+
+    /// Adds a process this launcher started.
+    pub(crate) fn add(&self, pid: i32) {
+        let Some(path) = &self.path else { return };
+        let Some(p) = ProcessId::of(pid) else { return };
+        let res = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .and_then(|mut f| writeln!(f, "{} {}", p.pid, p.start));
+        if let Err(e) = res {
+            tracing::warn!(path = %path.display(), error = %e, "cannot update the launch record");
+        }
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// What [`reclaim`] removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Reclaimed {
+    /// Records of dead launchers.
+    pub(crate) records: Vec<PathBuf>,
+    /// Shared-memory files of their dead ranks.
+    pub(crate) shm: Vec<PathBuf>,
+    /// Namespaces of their emulated hosts.
+    pub(crate) namespaces: Vec<String>,
+}
+
+/// Parses `halo-launch-<pid>-<start>.pids`.
+fn record_name(name: &str) -> Option<ProcessId> {
+    let (pid, start) = name
+        .strip_prefix("halo-launch-")?
+        .strip_suffix(".pids")?
+        .split_once('-')?;
+    Some(ProcessId {
+        pid: pid.parse().ok()?,
+        start: start.parse().ok()?,
+    })
+}
+
+/// The launcher of an emulated-host namespace or scratch directory
+/// `halo-<pid>-<start>-<n>[-...]`; `start` is `None` for the older
+/// `halo-<pid>-<n>-{h<i>,sw}` names.
+fn launcher_of(name: &str) -> Option<(i32, Option<u64>)> {
+    let parts: Vec<&str> = name.strip_prefix("halo-")?.split('-').collect();
+    let num = |s: &str| s.parse::<u64>().ok();
+    let pid = parts.first()?.parse().ok()?;
+    match parts.as_slice() {
+        [_, start, n, host] if num(start).is_some() && num(n).is_some() && is_host(host) => {
+            Some((pid, num(start)))
+        }
+        [_, start, n] if num(start).is_some() && num(n).is_some() => Some((pid, num(start))),
+        [_, n, host] if num(n).is_some() && is_host(host) => Some((pid, None)),
+        _ => None,
+    }
+}
+
+fn is_host(s: &str) -> bool {
+    s == "sw"
+        || s.strip_prefix('h')
+            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether the launcher `(pid, start)` of a name is gone.
+fn launcher_dead(pid: i32, start: Option<u64>) -> bool {
+    if pid == std::process::id() as i32 {
+        return false;
+    }
+    match start {
+        Some(start) => !ProcessId { pid, start }.alive(),
+        None => pid_free(pid),
+    }
+}
+
+/// Removes what launchers that died left (see the module notes). Best effort: what
+/// cannot be removed is logged and left for the next launch.
+pub(crate) fn reclaim() -> Reclaimed {
+    let mut out = Reclaimed::default();
+    if let Ok(entries) = std::fs::read_dir(SHM) {
+        for e in entries.flatten() {
+            let Some(launcher) = e.file_name().to_str().and_then(record_name) else {
+                continue;
+            };
+            if launcher.alive() {
+                continue;
+            }
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let ranks: Vec<ProcessId> = text
+                .lines()
+                .filter_map(|l| {
+                    let (p, s) = l.split_once(' ')?;
+                    Some(ProcessId {
+                        pid: p.parse().ok()?,
+                        start: s.parse().ok()?,
+                    })
+                })
+                .filter(|p| *p != launcher)
+                .collect();
+            // A rank that still runs (it ignored the parent-death signal, or is being
+            // killed now) keeps the record for a later launch.
+            if ranks.iter().any(ProcessId::alive) {
+                continue;
+            }
+            let pids: Vec<i32> = ranks.iter().map(|p| p.pid).collect();
+            out.shm.extend(remove_shm_of(&pids));
+            if std::fs::remove_file(e.path()).is_ok() {
+                out.records.push(e.path());
+            }
+        }
+    }
+    if super::is_root() {
+        out.namespaces = reclaim_namespaces();
+        reclaim_scratch();
+    }
+    if out != Reclaimed::default() {
+        tracing::info!(?out, "removed what launchers that died left behind");
+    }
+    out
+}
+
+/// Deletes the namespaces of dead launchers, after killing what runs inside them.
+fn reclaim_namespaces() -> Vec<String> {
+    let Ok(list) = super::run_tool("ip", &["netns", "list"]) else {
+        return Vec::new();
+    };
+    let stale: Vec<String> = list
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| launcher_of(n).is_some_and(|(pid, start)| launcher_dead(pid, start)))
+        .map(str::to_string)
+        .collect();
+    let mut removed = Vec::new();
+    for ns in &stale {
+        // Left-over processes of a dead launcher's job (normally none: the ranks got
+        // the parent-death signal).
+        if let Ok(pids) = super::run_tool("ip", &["netns", "pids", ns]) {
+            for p in pids.split_whitespace().filter_map(|p| p.parse().ok()) {
+                super::procs::signal_pid(p, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        match super::run_tool("ip", &["netns", "del", ns]) {
+            Ok(_) => removed.push(ns.clone()),
+            Err(e) => tracing::warn!(%ns, error = %e, "cannot delete a dead launcher's namespace"),
+        }
+    }
+    removed
+}
+
+/// Removes the mpirun scratch directories (`$TMPDIR/halo-<pid>-<start>-<n>`) of dead
+/// launchers.
+fn reclaim_scratch() {
+    let tmp = std::env::temp_dir();
+    let Ok(entries) = std::fs::read_dir(&tmp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some((pid, Some(start))) = launcher_of(name)
+            && !name.ends_with("sw")
+            && launcher_dead(pid, Some(start))
+            && e.file_type().is_ok_and(|t| t.is_dir())
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(shm_of("1234:0:0", 1234));
+        assert!(shm_of("1234:12", 1234));
+        assert!(!shm_of("12345:0:0", 1234));
+        assert!(!shm_of("1234:0:x", 1234));
+        assert!(!shm_of("1234", 1234));
+        assert!(shm_of("halo-bell-4026531836-1234-0", 1234));
+        assert!(!shm_of("halo-bell-4026531836-12345-0", 1234));
+        assert!(!shm_of("halo-bell-1234-77-0", 1234));
+        assert_eq!(
+            record_name("halo-launch-77-123456.pids"),
+            Some(ProcessId {
+                pid: 77,
+                start: 123456
+            })
+        );
+        assert_eq!(record_name("halo-launch-77.pids"), None);
+        assert_eq!(launcher_of("halo-77-5000-0-h3"), Some((77, Some(5000))));
+        assert_eq!(launcher_of("halo-77-5000-1-sw"), Some((77, Some(5000))));
+        assert_eq!(launcher_of("halo-77-5000-1"), Some((77, Some(5000))));
+        assert_eq!(launcher_of("halo-77-1-sw"), Some((77, None)));
+        assert_eq!(launcher_of("halo-77-1-h0"), Some((77, None)));
+        assert_eq!(launcher_of("halo-bell-1-2-3"), None);
+        assert_eq!(launcher_of("other-77-1-h0"), None);
+        assert_eq!(launcher_of("halo-77-5000-1-eth0"), None);
+    }
+
+    #[test]
+    fn me_is_alive_and_a_changed_start_time_is_not() {
+        let me = ProcessId::me();
+        assert!(me.alive());
+        assert!(
+            !ProcessId {
+                start: me.start + 1,
+                ..me
+            }
+            .alive()
+        );
+        assert!(!launcher_dead(me.pid, Some(me.start)));
+    }
+
+    #[test]
+    fn shm_of_dead_processes_only_is_removed() {
+        let dir = std::env::temp_dir().join(format!("halo-shm-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A process that ran and was reaped: its pid is free (unless reused at once,
+        // in which case nothing may be removed and the test says so below).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id() as i32;
+        child.wait().unwrap();
+        let me = std::process::id() as i32;
+        for name in [
+            format!("{dead}:0:0"),
+            format!("halo-bell-1-{dead}-0"),
+            format!("{me}:0:0"),
+            format!("{dead}0:0:0"),
+        ] {
+            std::fs::write(dir.join(name), b"x").unwrap();
+        }
+        let removed = remove_shm_in(&dir, &[dead, me]);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        std::fs::remove_dir_all(&dir).unwrap();
+        if !pid_free(dead) {
+            return; // reused between wait and the check: nothing to conclude
+        }
+        assert_eq!(removed.len(), 2, "{removed:?}");
+        let mut want = vec![format!("{dead}0:0:0"), format!("{me}:0:0")];
+        want.sort();
+        assert_eq!(left, want);
+    }
+}
