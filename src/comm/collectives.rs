@@ -316,6 +316,7 @@ impl Communicator {
                 None => &mut [],
             },
             scratch: &mut [],
+            block: None,
         };
         let opts = exec_options(core.timeout, &core.abort);
         core.backend
@@ -407,6 +408,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch,
+                block: None,
             },
             &opts,
         )?;
@@ -515,6 +517,7 @@ impl Communicator {
                             send: acc_bytes,
                             recv: tmp,
                             scratch: &mut [],
+                            block: None,
                         },
                         &opts,
                     )?;
@@ -570,6 +573,7 @@ impl Communicator {
                             send: send_buf,
                             recv: recv_buf,
                             scratch: &mut [],
+                            block: None,
                         },
                         &opts,
                     )?;
@@ -590,6 +594,7 @@ impl Communicator {
                             send: acc_bytes,
                             recv: &mut [],
                             scratch: &mut [],
+                            block: None,
                         },
                         &opts,
                     )?;

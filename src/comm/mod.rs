@@ -292,6 +292,7 @@ impl Core {
                 send,
                 recv,
                 scratch,
+                block: Some(block),
             },
             &opts,
         )?;

@@ -492,6 +492,7 @@ impl Communicator {
                     send,
                     recv,
                     scratch,
+                    block: None,
                 },
                 &opts,
             )?;
