@@ -396,7 +396,7 @@ impl Endpoint {
             let got = u16::from_ne_bytes([name[0], name[1]]);
             if got != want {
                 return Err(format!(
-                    "is not a {} socket address (address family {got}, expected {want})",
+                    "is not an {} socket address (address family {got}, expected {want})",
                     if want == AF_INET { "IPv4" } else { "IPv6" }
                 ));
             }
