@@ -179,6 +179,10 @@ impl From<CollectiveError> for Error {
                 peer: None,
                 message,
             },
+            CollectiveError::Mismatch { peer, message } => Error::InvalidUsage {
+                peer: Some(peer),
+                message,
+            },
             CollectiveError::Timeout {
                 algorithm,
                 step,

@@ -633,7 +633,9 @@ fn sigkilled_rank_under_the_launcher_is_reported() {
     // when a survivor noticed the death and exited within the launcher's polling
     // interval — that survivor's error (1).
     let ok = match run.status.code() {
-        Some(137) => run.stderr.contains("rank 2 exited with status 137"),
+        Some(137) => run
+            .stderr
+            .contains("rank 2 was killed by signal 9 (SIGKILL) (status 137)"),
         Some(1) => (0..4).any(|r| {
             r != 2
                 && run

@@ -42,6 +42,17 @@ pub enum CollectiveError {
     /// Ranks disagree or the call is not allowed (counts that do not match between a pair).
     #[error("invalid usage: {0}")]
     InvalidUsage(String),
+    /// This rank and `peer` disagree on the size of a message or on the call (a
+    /// uniform all-to-all with different counts or element types): reported by the
+    /// receiver of the message, naming both sizes, and where the transport can tell
+    /// it, by the sender too. HALO's `InvalidUsage`.
+    #[error("invalid usage: {message}")]
+    Mismatch {
+        /// The other rank of the pair.
+        peer: usize,
+        /// Both views of the size.
+        message: String,
+    },
     /// A step did not complete within the operation's timeout.
     #[error("timeout after {waited:?} in {algorithm}: step {step} ({what}) did not complete")]
     Timeout {

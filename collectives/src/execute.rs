@@ -20,6 +20,13 @@ pub struct Buffers<'a> {
     pub recv: &'a mut [u8],
     /// Scratch, at least [`Schedule::scratch_len`] bytes.
     pub scratch: &'a mut [u8],
+    /// The block size of a uniform all-to-all (bytes per pair of ranks), or `None`
+    /// for calls without one. Transports carry it with every message, and a receiver
+    /// whose own call has another block size fails with
+    /// [`CollectiveError::Mismatch`]: ranks that called with different counts or
+    /// element types are told so even where the message sizes happen to agree (a
+    /// chunked or forwarded message).
+    pub block: Option<usize>,
 }
 
 /// A way to move bytes between the ranks of a communicator.
@@ -54,6 +61,8 @@ pub trait Session {
     fn post_send(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()>;
 
     /// Starts receiving exactly `region.len` bytes from `peer` with `tag` into `region`.
+    /// A message of another length (shorter or longer) is not a completion but an
+    /// error, [`CollectiveError::Mismatch`] naming the peer and both sizes.
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()>;
 
     /// Copies a region to another, now.

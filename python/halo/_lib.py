@@ -137,6 +137,12 @@ def _try_load(path: str, by_name: bool):
     """(the loaded library, None) or (None, why not)."""
     if not by_name and not os.path.isfile(path):
         return None, "no such file"
+    # libfabric links Intel's PSM (libinfinipath), whose load-time constructor replaces
+    # the handlers of SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGINT and SIGTERM (Python's
+    # KeyboardInterrupt included) with one that writes a backtrace file into the working
+    # directory and exits with status 1. It skips that when IPATH_NO_BACKTRACE is set
+    # when the library loads, which is now (docs/ARCHITECTURE.md, "Crashes").
+    os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
     try:
         return ctypes.CDLL(path), None
     except OSError as e:

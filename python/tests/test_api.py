@@ -104,6 +104,30 @@ class LibraryTest(unittest.TestCase):
             self.assertIn(where, p.stdout)
         self.assertIn(os.path.join(tmp, "halo", "libhalo.so"), p.stdout)
 
+    def test_a_crash_after_loading_keeps_its_signal(self):
+        # libfabric links Intel's PSM, whose load-time handler would turn SIGSEGV into
+        # a backtrace file in the working directory and exit status 1 (issue 11); the
+        # package sets IPATH_NO_BACKTRACE before it loads libhalo.
+        with tempfile.TemporaryDirectory() as tmp:
+            env = child_env()
+            env.pop("IPATH_NO_BACKTRACE", None)
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import os, signal, halo\nhalo._lib.library()\nos.kill(os.getpid(), signal.SIGSEGV)\n",
+                ],
+                env=env,
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            files = os.listdir(tmp)
+        self.assertEqual(p.returncode, -11, p.stdout + p.stderr)
+        self.assertEqual(files, [], "files written into the working directory")
+        self.assertNotIn("Backtrace", p.stderr)
+
     def test_init_without_a_launcher_raises_invalid_argument(self):
         p = self.run_python(
             "import halo\ntry:\n    halo.init()\nexcept halo.HaloError as e:\n"

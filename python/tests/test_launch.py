@@ -50,6 +50,21 @@ class LaunchTest(unittest.TestCase):
         self.assertIn("bytes differ", job.stdout + job.stderr, job.describe())
         self.assertNotIn("collectives ok", job.rank_lines(1), job.describe())
 
+    def test_a_type_mismatch_fails_every_rank_with_every_algorithm(self):
+        # float32 on rank 0, float64 on the others, same shape: an error on every rank
+        # (issue 11), rank 0 and at least one other haloInvalidUsage.
+        for alg in ("flat", "pairwise", "bruck", "halo", "halo2d"):
+            env = {"HALO_ALGO": alg, "HALO_TOPOLOGY": "nodes:2x2", "HALO_TIMEOUT_MS": "3000"}
+            job = launch(self, 4, [WORKERS / "mismatch.py"], env, timeout=90)
+            self.assertEqual(job.code, 0, f"{alg}: {job.describe()}")
+            codes = []
+            for r in range(4):
+                lines = [l for l in job.rank_lines(r) if l.startswith("mismatch ok ")]
+                self.assertEqual(len(lines), 1, f"{alg}: rank {r}\n{job.describe()}")
+                codes.append(int(lines[0].split()[2]))
+            self.assertEqual(codes[0], 5, f"{alg}: {codes}\n{job.describe()}")
+            self.assertIn(5, codes[1:], f"{alg}: {codes}\n{job.describe()}")
+
     def test_a_failing_rank_fails_the_job(self):
         job = launch(self, 2, ["-c", "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"])
         self.assertEqual(job.code, 3, job.describe())

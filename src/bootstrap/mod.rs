@@ -7,8 +7,10 @@
 //! - **Unique id** (NCCL's way): one rank calls [`UniqueId::new`], which starts the
 //!   rendezvous root on a thread of that process, and passes the 128-byte id to the
 //!   others out of band (MPI_Bcast, a file, torch's store). The id holds the root's
-//!   address and a random 32-byte secret; connections that do not present the secret
-//!   are refused and logged.
+//!   address and a random 32-byte secret. Rank and root prove to each other that they
+//!   know it (HMAC-SHA256 over nonces from both sides, see `rendezvous`); the secret
+//!   itself never goes on the wire, a rank gives its card only to a root that proved
+//!   it, and connections that do not prove it are refused and logged.
 //! - **Environment** ([`EnvBootstrap::detect`]): rank and size from `RANK`/`WORLD_SIZE`
 //!   (torchrun), `OMPI_COMM_WORLD_RANK`/`_SIZE` (Open MPI), `PMI_RANK`/`PMI_SIZE` (MPICH,
 //!   Cray PMI) or `SLURM_PROCID`/`SLURM_NTASKS` (srun); the root's address from

@@ -1,24 +1,69 @@
 //! The rendezvous: every rank sends its payload to the root over TCP and gets every
 //! rank's payload back.
 //!
-//! Wire format (little endian):
-//! - hello, rank -> root: `"HALB"`, version u8, 3 zero bytes, secret [32], rank u32,
-//!   size u32, payload length u32, payload.
-//! - answer, root -> rank: status u8 (0 ok, 1 error); ok: size u32, then per rank a
-//!   length u32 and the bytes; error: length u32 and a UTF-8 message.
+//! # Mutual authentication (the secret never goes on the wire)
+//! Rank and root prove to each other that they know the job's 32-byte secret with
+//! HMAC-SHA256 over nonces from both sides, and nothing else: a process that listens on
+//! the root's address without the secret learns nothing about it and gets no card (the
+//! rank refuses it before sending one), and a client without it is refused by the root.
 //!
-//! A hello with a wrong magic or secret is refused (the connection is closed and a
-//! warning logged) and the root goes on waiting for the job's ranks.
+//! Wire format (little endian), `cn`/`rn` the rank's and the root's 32-byte random
+//! nonces, `H(label, ...)` = HMAC-SHA256 keyed with the secret over the label and the
+//! parts:
+//! 1. rank -> root: `"HALB"`, version u8 (2), 3 zero bytes, `cn`.
+//! 2. root -> rank: `"HALR"`, version u8, 3 zero bytes, `rn`,
+//!    `H("halo-bootstrap-root", cn, rn)`. The rank checks it and hangs up if it is wrong.
+//! 3. rank -> root: `H("halo-bootstrap-rank", cn, rn, header)`, then the header: rank u32,
+//!    size u32, payload length u32; then the payload. The root checks the proof before
+//!    it reads the payload.
+//! 4. root -> rank, when every rank has joined: status u8 (0 ok, 1 error); ok: size u32,
+//!    then per rank a length u32 and the bytes, then `H("halo-bootstrap-answer", cn, rn,
+//!    SHA-256 of the answer so far)`, which the rank checks before it uses a byte of it;
+//!    error: length u32 and a UTF-8 message.
+//!
+//! A connection that is not a HALO hello, or does not prove the secret, is refused (a
+//! warning is logged; a client that failed the proof is told so) and the root goes on
+//! waiting for the job's ranks.
 
 use super::{Secret, sys_err};
 use crate::error::{Error, Result};
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: &[u8; 4] = b"HALB";
-const VERSION: u8 = 1;
+const ROOT_MAGIC: &[u8; 4] = b"HALR";
+const VERSION: u8 = 2;
+const NONCE: usize = 32;
+const PROOF: usize = 32;
+const ROOT_LABEL: &[u8] = b"halo-bootstrap-root";
+const RANK_LABEL: &[u8] = b"halo-bootstrap-rank";
+const ANSWER_LABEL: &[u8] = b"halo-bootstrap-answer";
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// `H(label, parts...)`: HMAC-SHA256 keyed with the job's secret.
+fn mac(secret: &Secret, label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+    let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
+    m.update(label);
+    for p in parts {
+        m.update(p);
+    }
+    m
+}
+
+fn nonce() -> Result<[u8; NONCE]> {
+    let mut n = [0u8; NONCE];
+    getrandom::fill(&mut n).map_err(|e| {
+        sys_err(format!(
+            "cannot get random bytes for a bootstrap nonce: {e}"
+        ))
+    })?;
+    Ok(n)
+}
 /// Largest payload one rank may send.
 const MAX_PAYLOAD: usize = 16 << 20;
 /// How long the root waits for one connection's hello.
@@ -94,16 +139,12 @@ impl RendezvousRoot {
 struct Joined {
     stream: TcpStream,
     payload: Vec<u8>,
+    /// The nonces of its connection (rank's, root's), for the answer's proof.
+    nonces: ([u8; NONCE], [u8; NONCE]),
 }
 
 fn read_exact_timeout(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
     stream.read_exact(buf)
-}
-
-fn read_u32(stream: &mut TcpStream) -> std::io::Result<u32> {
-    let mut b = [0u8; 4];
-    read_exact_timeout(stream, &mut b)?;
-    Ok(u32::from_le_bytes(b))
 }
 
 fn send_error(stream: &mut TcpStream, msg: &str) {
@@ -113,42 +154,84 @@ fn send_error(stream: &mut TcpStream, msg: &str) {
     let _ = stream.write_all(&out);
 }
 
-/// A hello that presented the job's secret.
+/// A hello that proved the job's secret.
 struct Hello {
     stream: TcpStream,
     peer: SocketAddr,
     rank: usize,
     n: usize,
     payload: Vec<u8>,
+    nonces: ([u8; NONCE], [u8; NONCE]),
 }
 
-/// Reads one hello; `None` (and a warning) for anything that is not a complete hello
-/// with the job's secret.
+/// Runs the root's side of the handshake on one connection; `None` (and a warning)
+/// for anything that is not a complete hello proving the job's secret.
 fn read_hello(mut stream: TcpStream, peer: SocketAddr, secret: &Secret) -> Option<Hello> {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
     let _ = stream.set_nodelay(true);
-    let mut head = [0u8; 4 + 4 + 32 + 12];
-    if let Err(e) = read_exact_timeout(&mut stream, &mut head) {
+    let mut hello = [0u8; 8 + NONCE];
+    if let Err(e) = read_exact_timeout(&mut stream, &mut hello) {
         tracing::warn!(%peer, "refused bootstrap connection: incomplete hello ({e})");
         return None;
     }
-    if &head[..4] != HELLO_MAGIC || head[4] != VERSION {
+    if &hello[..4] != HELLO_MAGIC {
         tracing::warn!(%peer, "refused bootstrap connection: not a HALO hello");
         return None;
     }
-    // Compare the secret without an early exit.
-    let diff = head[8..40]
-        .iter()
-        .zip(secret.iter())
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    if diff != 0 {
-        tracing::warn!(%peer, "refused bootstrap connection: wrong job secret");
+    if hello[4] != VERSION {
+        tracing::warn!(
+            %peer,
+            "refused bootstrap connection: HALO bootstrap version {} (this root speaks {VERSION})",
+            hello[4]
+        );
+        send_error(
+            &mut stream,
+            &format!(
+                "bootstrap version {} is not this root's ({VERSION}): mixed HALO versions",
+                hello[4]
+            ),
+        );
         return None;
     }
-    let rank = u32::from_le_bytes(head[40..44].try_into().expect("4 bytes")) as usize;
-    let n = u32::from_le_bytes(head[44..48].try_into().expect("4 bytes")) as usize;
-    let len = u32::from_le_bytes(head[48..52].try_into().expect("4 bytes")) as usize;
+    let cn: [u8; NONCE] = hello[8..].try_into().expect("32 bytes");
+    let rn = match nonce() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(%peer, "refused bootstrap connection: {e}");
+            return None;
+        }
+    };
+    let mut challenge = Vec::with_capacity(8 + NONCE + PROOF);
+    challenge.extend_from_slice(ROOT_MAGIC);
+    challenge.extend_from_slice(&[VERSION, 0, 0, 0]);
+    challenge.extend_from_slice(&rn);
+    challenge.extend_from_slice(&mac(secret, ROOT_LABEL, &[&cn, &rn]).finalize().into_bytes());
+    if let Err(e) = stream.write_all(&challenge) {
+        tracing::warn!(%peer, "bootstrap connection closed during the handshake ({e})");
+        return None;
+    }
+    let mut head = [0u8; PROOF + 12];
+    if let Err(e) = read_exact_timeout(&mut stream, &mut head) {
+        tracing::warn!(%peer, "refused bootstrap connection: no proof of the job secret ({e})");
+        return None;
+    }
+    let (proof, header) = head.split_at(PROOF);
+    if mac(secret, RANK_LABEL, &[&cn, &rn, header])
+        .verify_slice(proof)
+        .is_err()
+    {
+        tracing::warn!(%peer, "refused bootstrap connection: it does not know the job secret");
+        send_error(
+            &mut stream,
+            "the root refused this rank: it does not know the job's secret (HALO_SECRET or the unique id differ)",
+        );
+        return None;
+    }
+    let rank = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+    let n = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize;
+    let len = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")) as usize;
     if len > MAX_PAYLOAD {
         send_error(
             &mut stream,
@@ -167,6 +250,7 @@ fn read_hello(mut stream: TcpStream, peer: SocketAddr, secret: &Secret) -> Optio
         rank,
         n,
         payload,
+        nonces: (cn, rn),
     })
 }
 
@@ -230,6 +314,7 @@ fn serve(
             rank,
             n,
             payload,
+            nonces,
         }) = rx.recv_timeout(Duration::from_millis(2))
         else {
             continue;
@@ -262,7 +347,11 @@ fn serve(
             continue;
         }
         tracing::debug!(%peer, rank, n, "rank joined the bootstrap");
-        joined[rank] = Some(Joined { stream, payload });
+        joined[rank] = Some(Joined {
+            stream,
+            payload,
+            nonces,
+        });
         count += 1;
     }
     let mut answer = vec![0u8];
@@ -271,9 +360,17 @@ fn serve(
         answer.extend_from_slice(&(j.payload.len() as u32).to_le_bytes());
         answer.extend_from_slice(&j.payload);
     }
+    let digest = Sha256::digest(&answer);
     for (rank, j) in joined.iter_mut().enumerate() {
-        if let Some(j) = j
-            && let Err(e) = j.stream.write_all(&answer)
+        let Some(j) = j else { continue };
+        let (cn, rn) = &j.nonces;
+        let proof = mac(&secret, ANSWER_LABEL, &[cn, rn, &digest])
+            .finalize()
+            .into_bytes();
+        if let Err(e) = j
+            .stream
+            .write_all(&answer)
+            .and_then(|()| j.stream.write_all(&proof))
         {
             tracing::warn!(rank, "bootstrap root could not answer: {e}");
         }
@@ -333,23 +430,11 @@ pub fn exchange(
         }
     };
     let _ = stream.set_nodelay(true);
-    let mut hello = Vec::with_capacity(52 + payload.len());
-    hello.extend_from_slice(HELLO_MAGIC);
-    hello.extend_from_slice(&[VERSION, 0, 0, 0]);
-    hello.extend_from_slice(secret);
-    hello.extend_from_slice(&(rank as u32).to_le_bytes());
-    hello.extend_from_slice(&(size as u32).to_le_bytes());
-    hello.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    hello.extend_from_slice(payload);
-    stream.write_all(&hello).map_err(|e| {
-        sys_err(format!(
-            "rank {rank}: sending the bootstrap hello to {root}: {e}"
-        ))
-    })?;
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
     let _ = stream.set_read_timeout(Some(left));
+    let _ = stream.set_write_timeout(Some(left));
     let io = |e: std::io::Error| -> Error {
         if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
             Error::Timeout {
@@ -362,13 +447,84 @@ pub fn exchange(
             }
         } else {
             sys_err(format!(
-                "rank {rank}: reading the bootstrap answer from {root}: {e} (wrong secret or root gone?)"
+                "rank {rank}: reading the bootstrap answer from {root}: {e} (root gone?)"
             ))
         }
     };
+
+    // 1-2: this rank's nonce; the root proves it knows the secret, before anything
+    // else is sent.
+    let cn = nonce()?;
+    let mut hello = Vec::with_capacity(8 + NONCE);
+    hello.extend_from_slice(HELLO_MAGIC);
+    hello.extend_from_slice(&[VERSION, 0, 0, 0]);
+    hello.extend_from_slice(&cn);
+    stream.write_all(&hello).map_err(|e| {
+        sys_err(format!(
+            "rank {rank}: sending the bootstrap hello to {root}: {e}"
+        ))
+    })?;
+    let mut challenge = [0u8; 8 + NONCE + PROOF];
+    if let Err(e) = stream.read_exact(&mut challenge) {
+        return Err(match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => io(e),
+            _ => sys_err(format!(
+                "rank {rank}: the bootstrap root at {root} closed the connection before proving \
+                 that it knows the job's secret ({e}); nothing was sent to it"
+            )),
+        });
+    }
+    if &challenge[..4] != ROOT_MAGIC || challenge[4] != VERSION {
+        return Err(sys_err(format!(
+            "rank {rank}: {root} did not answer as a HALO bootstrap root (version {VERSION}): \
+             another program may be listening there; nothing was sent to it"
+        )));
+    }
+    let rn: [u8; NONCE] = challenge[8..8 + NONCE].try_into().expect("32 bytes");
+    if mac(secret, ROOT_LABEL, &[&cn, &rn])
+        .verify_slice(&challenge[8 + NONCE..])
+        .is_err()
+    {
+        return Err(sys_err(format!(
+            "rank {rank}: the bootstrap root at {root} did not prove that it knows the job's \
+             secret (another process listening on that address, or a different HALO_SECRET / \
+             unique id); this rank's card was not sent"
+        )));
+    }
+    // 3: this rank's proof, header and payload.
+    let mut header = [0u8; 12];
+    header[0..4].copy_from_slice(&(rank as u32).to_le_bytes());
+    header[4..8].copy_from_slice(&(size as u32).to_le_bytes());
+    header[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    let mut msg = Vec::with_capacity(PROOF + 12 + payload.len());
+    msg.extend_from_slice(
+        &mac(secret, RANK_LABEL, &[&cn, &rn, &header])
+            .finalize()
+            .into_bytes(),
+    );
+    msg.extend_from_slice(&header);
+    msg.extend_from_slice(payload);
+    stream.write_all(&msg).map_err(|e| {
+        sys_err(format!(
+            "rank {rank}: sending the bootstrap hello to {root}: {e}"
+        ))
+    })?;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let _ = stream.set_read_timeout(Some(left));
+    // 4: the answer, hashed as it is read, and its proof.
+    let mut digest = Sha256::new();
+    let mut read = |stream: &mut TcpStream, buf: &mut [u8]| -> Result<()> {
+        stream.read_exact(buf).map_err(io)?;
+        digest.update(&*buf);
+        Ok(())
+    };
     let mut status = [0u8; 1];
-    stream.read_exact(&mut status).map_err(io)?;
-    let n = read_u32(&mut stream).map_err(io)? as usize;
+    read(&mut stream, &mut status)?;
+    let mut word = [0u8; 4];
+    read(&mut stream, &mut word)?;
+    let n = u32::from_le_bytes(word) as usize;
     if status[0] != 0 {
         let mut msg = vec![0u8; n.min(1 << 16)];
         stream.read_exact(&mut msg).map_err(io)?;
@@ -387,15 +543,27 @@ pub fn exchange(
     }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let len = read_u32(&mut stream).map_err(io)? as usize;
+        read(&mut stream, &mut word)?;
+        let len = u32::from_le_bytes(word) as usize;
         if len > MAX_PAYLOAD {
             return Err(Error::internal(format!(
                 "bootstrap answer with a payload of {len} bytes"
             )));
         }
         let mut p = vec![0u8; len];
-        stream.read_exact(&mut p).map_err(io)?;
+        read(&mut stream, &mut p)?;
         out.push(p);
+    }
+    let mut proof = [0u8; PROOF];
+    stream.read_exact(&mut proof).map_err(io)?;
+    if mac(secret, ANSWER_LABEL, &[&cn, &rn, &digest.finalize()])
+        .verify_slice(&proof)
+        .is_err()
+    {
+        return Err(sys_err(format!(
+            "rank {rank}: the bootstrap answer from {root} does not carry the job's proof \
+             (altered on the way?); it was not used"
+        )));
     }
     Ok(out)
 }

@@ -73,6 +73,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch,
+                block: None,
             },
             &opts,
         )?;

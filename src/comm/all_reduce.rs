@@ -221,6 +221,7 @@ impl Communicator {
                             send: acc_bytes,
                             recv: tmp,
                             scratch: &mut [],
+                            block: None,
                         },
                         &opts,
                     )?;
@@ -276,6 +277,7 @@ impl Communicator {
                             send: send_buf,
                             recv: recv_buf,
                             scratch: &mut [],
+                            block: None,
                         },
                         &opts,
                     )?;
@@ -296,6 +298,7 @@ impl Communicator {
                             send: acc_bytes,
                             recv: &mut [],
                             scratch: &mut [],
+                            block: None,
                         },
                         &opts,
                     )?;

@@ -513,6 +513,7 @@ impl Communicator {
                     send,
                     recv,
                     scratch,
+                    block: None,
                 },
                 &opts,
             )?;

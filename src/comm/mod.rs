@@ -314,6 +314,7 @@ impl Core {
                 send,
                 recv,
                 scratch,
+                block: Some(block),
             },
             &opts,
         )?;

@@ -190,6 +190,7 @@ impl Communicator {
                 None => &mut [],
             },
             scratch: &mut [],
+            block: None,
         };
         let opts = exec_options(core.timeout, &core.abort);
         core.backend

@@ -235,6 +235,14 @@ pub(crate) struct Endpoint {
     ep: *mut fi::fid_ep,
     mr_mode: i32,
     name: Vec<u8>,
+    /// The provider's address length (`fi_info.src_addrlen`/`addrlen`): every peer
+    /// address inserted must have it.
+    addrlen: usize,
+    /// Bytes of remote completion data the provider carries (`cq_data_size`).
+    cq_data: usize,
+    /// The provider's address format (`fi_info.addr_format`: `FI_ADDR_STR` for `shm`,
+    /// `FI_SOCKADDR_IN` for `tcp;ofi_rxm` over IPv4, ...).
+    addr_format: u32,
     /// The completion queue's file descriptor, when it was opened with `FI_WAIT_FD`.
     wait_fd: Option<c_int>,
     /// Closed after a failure: objects the provider still holds busy are expected.
@@ -251,6 +259,7 @@ impl Endpoint {
     /// `want_fd` the completion queue gets a file descriptor to block on
     /// (`FI_WAIT_FD`) where the provider offers one.
     fn open(provider: &str, node: Option<&str>, want_fd: bool) -> Result<Endpoint> {
+        restore_crash_signals();
         if provider.contains("cxi") {
             for (k, v) in CXI_DEFAULTS {
                 if std::env::var_os(k).is_none() {
@@ -271,6 +280,9 @@ impl Endpoint {
             ep: ptr::null_mut(),
             mr_mode: 0,
             name: Vec::new(),
+            addrlen: 0,
+            cq_data: 0,
+            addr_format: 0,
             wait_fd: None,
             abandoned: false,
         };
@@ -280,6 +292,7 @@ impl Endpoint {
         unsafe {
             let i = &*info.0;
             e.mr_mode = (*i.domain_attr).mr_mode;
+            e.cq_data = (*i.domain_attr).cq_data_size.min(8);
             e.provider = cstr((*i.fabric_attr).prov_name);
             check(
                 fi::fi_fabric(i.fabric_attr, &mut e.fabric, ptr::null_mut()) as isize,
@@ -292,7 +305,7 @@ impl Endpoint {
             let mut opened = false;
             if want_fd {
                 let mut cq_attr = fi::fi_cq_attr {
-                    format: fi::FI_CQ_FORMAT_CONTEXT,
+                    format: fi::FI_CQ_FORMAT_TAGGED,
                     wait_obj: fi::FI_WAIT_FD,
                     size: 4096,
                     ..Default::default()
@@ -313,7 +326,7 @@ impl Endpoint {
             }
             if !opened {
                 let mut cq_attr = fi::fi_cq_attr {
-                    format: fi::FI_CQ_FORMAT_CONTEXT,
+                    format: fi::FI_CQ_FORMAT_TAGGED,
                     wait_obj: fi::FI_WAIT_NONE,
                     size: 4096,
                     ..Default::default()
@@ -344,7 +357,7 @@ impl Endpoint {
                 "fi_ep_bind(av)",
             )?;
             check(fi::fi_enable(e.ep) as isize, "fi_enable")?;
-            let mut name = vec![0u8; 1024];
+            let mut name = vec![0u8; MAX_NAME];
             let mut len = name.len();
             check(
                 fi::fi_getname(&mut (*e.ep).fid, name.as_mut_ptr().cast(), &mut len) as isize,
@@ -352,35 +365,122 @@ impl Endpoint {
             )?;
             name.truncate(len);
             e.name = name;
+            e.addrlen = i.src_addrlen;
+            e.addr_format = i.addr_format;
         }
         tracing::debug!(
             provider = %e.provider,
             mr_mode = e.mr_mode,
+            addrlen = e.addrlen,
+            name_len = e.name.len(),
+            cq_data = e.cq_data,
             wait_fd = ?e.wait_fd,
             "fabric endpoint open"
         );
         Ok(e)
     }
 
-    /// Inserts addresses in order; returns their fabric addresses.
-    fn insert(&mut self, names: &[&[u8]]) -> Result<Vec<fi::fi_addr_t>> {
+    /// Whether `name` can be an address of this provider (what a peer's bootstrap card
+    /// says before it is handed to `fi_av_insert`, which trusts it: an empty `shm`
+    /// address makes it read past the end, a crash). `Err` says what is wrong.
+    fn check_name(&self, name: &[u8]) -> std::result::Result<(), String> {
+        if name.is_empty() {
+            return Err("is empty".into());
+        }
+        if name.len() > MAX_NAME {
+            return Err(format!(
+                "is {} bytes, longer than any address ({MAX_NAME})",
+                name.len()
+            ));
+        }
+        let family = |want: u16| -> std::result::Result<(), String> {
+            let got = u16::from_ne_bytes([name[0], name[1]]);
+            if got != want {
+                return Err(format!(
+                    "is not an {} socket address (address family {got}, expected {want})",
+                    if want == AF_INET { "IPv4" } else { "IPv6" }
+                ));
+            }
+            Ok(())
+        };
+        let exact = |len: usize| -> std::result::Result<(), String> {
+            if name.len() != len {
+                return Err(format!(
+                    "is {} bytes but {} addresses are {len} (the provider's addrlen)",
+                    name.len(),
+                    self.provider
+                ));
+            }
+            Ok(())
+        };
+        match self.addr_format as c_int {
+            fi::FI_ADDR_STR => {
+                // A NUL-terminated string of printable characters.
+                let (last, text) = name.split_last().expect("not empty");
+                if *last != 0 || text.is_empty() || !text.iter().all(|b| (0x21..0x7f).contains(b)) {
+                    return Err(format!(
+                        "is not a {} address string (printable characters and one final NUL)",
+                        self.provider
+                    ));
+                }
+                Ok(())
+            }
+            fi::FI_SOCKADDR_IN => exact(self.addrlen).and_then(|()| family(AF_INET)),
+            fi::FI_SOCKADDR_IN6 => exact(self.addrlen).and_then(|()| family(AF_INET6)),
+            _ if self.addrlen > 0 => exact(self.addrlen),
+            _ => Ok(()),
+        }
+    }
+
+    /// Inserts the addresses of ranks in order (`field` names the card field they came
+    /// from); returns their fabric addresses.
+    fn insert(&mut self, names: &[(usize, &[u8])], field: &str) -> Result<Vec<fi::fi_addr_t>> {
         let mut out = Vec::with_capacity(names.len());
-        for n in names {
+        for &(rank, n) in names {
+            let bad = |why: String| Error::InvalidUsage {
+                peer: Some(rank),
+                message: format!(
+                    "rank {rank}'s bootstrap card: field `{field}` ({} address, {} bytes: {}) {why}",
+                    self.provider,
+                    n.len(),
+                    hex(&n[..n.len().min(64)])
+                ),
+            };
+            self.check_name(n).map_err(bad)?;
             let mut addr: fi::fi_addr_t = fi::FI_ADDR_NOTAVAIL;
-            // SAFETY: av is open; `n` holds one address as produced by fi_getname on a
-            // peer endpoint of the same provider; `addr` has room for one result.
+            // SAFETY: av is open; `n` holds one address of this provider's format and
+            // length (checked just above); `addr` has room for one result.
             let ret = unsafe {
                 fi::fi_av_insert(self.av, n.as_ptr().cast(), 1, &mut addr, 0, ptr::null_mut())
             };
             if ret != 1 {
-                return Err(fi_err(
-                    &format!("fi_av_insert ({})", self.provider),
-                    ret as isize,
-                ));
+                // 0: the provider did not take it, and says no more (its errno is 0).
+                return Err(bad(if ret < 0 {
+                    format!("was refused by fi_av_insert: {}", fi::strerror(ret as i64))
+                } else {
+                    "was not accepted by fi_av_insert (not an address of this provider)".into()
+                }));
             }
             out.push(addr);
         }
         Ok(out)
+    }
+
+    /// The remote completion data that carries a call's uniform block size with each
+    /// message ([`Buffers::block`] + 1, cut to what the provider carries; 0: none), so
+    /// that the receiver can tell a peer that called with another count or type.
+    fn block_data(&self, block: Option<usize>) -> u64 {
+        match block {
+            Some(b) if self.cq_data > 0 => {
+                let v = (b as u64).wrapping_add(1);
+                if self.cq_data >= 8 {
+                    v
+                } else {
+                    (v & ((1u64 << (8 * self.cq_data)) - 1)).max(1)
+                }
+            }
+            _ => 0,
+        }
     }
 
     fn needs_registration(&self) -> bool {
@@ -463,6 +563,83 @@ impl Drop for Endpoint {
         close_quietly(self.fabric.cast(), &format!("{p} fabric"), q);
     }
 }
+
+/// Signals whose handler a PSM library may have installed (see [`restore_crash_signals`]).
+const PSM_SIGNALS: [c_int; 7] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGABRT,
+    libc::SIGFPE,
+    libc::SIGINT,
+    libc::SIGTERM,
+];
+
+/// Gives crashes their signal back: removes the signal handlers of Intel's PSM
+/// libraries, so that a segfaulting rank ends with SIGSEGV (and `halo launch`, CI or a
+/// scheduler see a crash), and no `NAME.80s-PID,HOST.btr` file is written into the
+/// working directory.
+///
+/// libfabric 1.17 as packaged here links `libpsm_infinipath.so.1`, whose
+/// `libinfinipath.so.4` installs, *in a constructor that runs when the library is
+/// loaded* (before `main` for programs linked with libhalo), a handler for SIGSEGV,
+/// SIGBUS, SIGILL, SIGABRT, SIGINT and SIGTERM that prints a backtrace, writes that
+/// file and exits with status 1 (`libpsm2` does the same only with `HFI_BACKTRACE`
+/// set). Found with `tests/crash_signal.rs`: `IPATH_NO_BACKTRACE` stops it only when
+/// it is in the environment when the process starts (`halo launch` sets it for its
+/// ranks; the Python package sets it before it loads libhalo); setting it later is
+/// too late, and excluding the provider (`FI_PROVIDER=^psm`) changes nothing because
+/// the library is linked, not loaded by the provider. So, once per process before the
+/// first endpoint opens, every one of these signals whose handler lives in a PSM
+/// library gets the default action back (the action it replaced is not reachable;
+/// before `main` it was the default, unless the signal was ignored at `exec`).
+fn restore_crash_signals() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for sig in PSM_SIGNALS {
+            // SAFETY: struct sigaction is plain data; all zeros is a valid value.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: with a null new action sigaction only reads the current one into
+            // `old`, a valid struct sigaction.
+            let read = unsafe { libc::sigaction(sig, ptr::null(), &mut old) };
+            if read != 0 {
+                continue;
+            }
+            let handler = old.sa_sigaction;
+            if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+                continue;
+            }
+            // SAFETY: Dl_info is plain data (pointers may be null); all zeros is valid.
+            let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+            // SAFETY: dladdr only looks the address up in the loaded objects and fills
+            // `info`; `dli_fname` is then NULL or a string owned by the dynamic loader,
+            // valid while the object is loaded (it stays loaded).
+            let found = unsafe { libc::dladdr(handler as *const c_void, &mut info) };
+            if found == 0 || info.dli_fname.is_null() {
+                continue;
+            }
+            let object = cstr(info.dli_fname);
+            let file = object.rsplit('/').next().unwrap_or(&object);
+            if !(file.starts_with("libinfinipath") || file.starts_with("libpsm")) {
+                continue;
+            }
+            // SAFETY: a zeroed struct sigaction with SIG_DFL is the default disposition.
+            let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+            dfl.sa_sigaction = libc::SIG_DFL;
+            // SAFETY: installs the default action for `sig`; `dfl` is a valid struct.
+            let ret = unsafe { libc::sigaction(sig, &dfl, ptr::null_mut()) };
+            if ret == 0 {
+                tracing::debug!(signal = sig, library = file, "removed a PSM signal handler");
+            }
+        }
+    });
+}
+
+/// The longest endpoint name HALO reads from `fi_getname` (and accepts in a card).
+const MAX_NAME: usize = 1024;
+/// `AF_INET` and `AF_INET6` on Linux.
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
 
 /// `PROT_READ | PROT_WRITE`.
 const PROT_RW: c_int = 3;
@@ -857,6 +1034,10 @@ struct OpCtx {
     is_send: bool,
     in_use: bool,
     index: u32,
+    /// The posted length (a receive completing with another is a size mismatch).
+    len: usize,
+    /// The full tag, for messages naming the operation.
+    tag: u64,
 }
 
 /// Which endpoint and fabric address reach a peer.
@@ -874,6 +1055,12 @@ const NET: usize = 1;
 /// How long the cancelled operations of a failed collective may take to come back
 /// before the endpoints are closed under them.
 const CANCEL_DRAIN: Duration = Duration::from_millis(100);
+
+/// How long a rank that found a size mismatch keeps delivering its outstanding sends
+/// before it closes its endpoints: the peers that called with another size then see
+/// the mismatch themselves (both ends name both sizes) instead of waiting for these
+/// messages until their timeout.
+const FLUSH_SENDS: Duration = Duration::from_millis(500);
 
 /// How often, while waiting, the processes of same-host peers with outstanding
 /// operations are looked at.
@@ -1089,6 +1276,8 @@ pub(crate) struct FabricTransport {
     bells: Vec<Option<Bell>>,
     /// Why the transport may no longer be used.
     broken: Option<String>,
+    /// The uniform block size of the collective in progress ([`Buffers::block`]).
+    block: Option<usize>,
     /// This transport's entry with the watchdog (`None`: disabled).
     watched: Option<std::sync::Arc<Watched>>,
     post_timeout: Duration,
@@ -1239,6 +1428,7 @@ impl FabricTransport {
             bell,
             bells: Vec::new(),
             broken: None,
+            block: None,
             watched: Watched::register(rank, config.watchdog),
             post_timeout: config.post_timeout,
             progress: config.progress,
@@ -1273,11 +1463,14 @@ impl FabricTransport {
             let local: Vec<usize> = (0..n)
                 .filter(|&p| p != me && hosts[p] == hosts[me] && names[p][LOCAL].is_some())
                 .collect();
-            let list: Vec<&[u8]> = local
+            let list: Vec<(usize, &[u8])> = local
                 .iter()
-                .map(|&p| names[p][LOCAL].as_deref().expect("filtered"))
+                .map(|&p| (p, names[p][LOCAL].as_deref().expect("filtered")))
                 .collect();
-            let addrs = self.eps[LOCAL].as_mut().expect("checked").insert(&list)?;
+            let addrs = self.eps[LOCAL]
+                .as_mut()
+                .expect("checked")
+                .insert(&list, "local")?;
             for (p, a) in local.into_iter().zip(addrs) {
                 routes[p] = Route {
                     ep: LOCAL as u8,
@@ -1287,14 +1480,23 @@ impl FabricTransport {
         }
         // Everyone else over the network provider; all ranks are inserted in rank order
         // so that the fabric address is the rank.
-        let list: Vec<&[u8]> = (0..n)
+        let list: Vec<(usize, &[u8])> = (0..n)
             .map(|p| {
-                names[p][NET].as_deref().ok_or_else(|| {
-                    Error::internal(format!("rank {p} published no network endpoint"))
-                })
+                names[p][NET]
+                    .as_deref()
+                    .map(|a| (p, a))
+                    .ok_or_else(|| Error::InvalidUsage {
+                        peer: Some(p),
+                        message: format!(
+                            "rank {p}'s bootstrap card: field `net` (its network address) is missing"
+                        ),
+                    })
             })
             .collect::<Result<_>>()?;
-        let addrs = self.eps[NET].as_mut().expect("always open").insert(&list)?;
+        let addrs = self.eps[NET]
+            .as_mut()
+            .expect("always open")
+            .insert(&list, "net")?;
         for (p, a) in addrs.into_iter().enumerate() {
             if routes[p].addr == fi::FI_ADDR_NOTAVAIL {
                 routes[p] = Route {
@@ -1339,7 +1541,8 @@ impl FabricTransport {
     }
 
     /// A context for a new operation.
-    fn take_ctx(&mut self, token: u32, peer: usize, ep: u8, is_send: bool) -> *mut OpCtx {
+    fn take_ctx(&mut self, d: &Deferred, ep: u8) -> *mut OpCtx {
+        let (token, peer, is_send) = (d.token, d.peer, d.is_send);
         let i = match self.free.pop() {
             Some(i) => i as usize,
             None => {
@@ -1352,6 +1555,8 @@ impl FabricTransport {
                     is_send: false,
                     in_use: false,
                     index: 0,
+                    len: 0,
+                    tag: 0,
                 }));
                 let i = self.ctxs.len() - 1;
                 self.ctxs[i].index = i as u32;
@@ -1364,6 +1569,8 @@ impl FabricTransport {
         c.ep = ep;
         c.is_send = is_send;
         c.in_use = true;
+        c.len = d.region.len;
+        c.tag = d.tag;
         self.posted[ep as usize] += 1;
         &mut **c as *mut OpCtx
     }
@@ -1402,9 +1609,15 @@ impl FabricTransport {
     /// system call, which all-local collectives would otherwise pay on every poll.
     /// Reading it now and then keeps the provider's own progress going (connection
     /// requests from peers that are ahead of this rank).
+    ///
+    /// A peer's failure (an error completion) is returned after the rest of the queues
+    /// was read, and a size mismatch found there is returned instead: a peer that
+    /// failed on a mismatch with this rank may have closed its endpoint just after its
+    /// last message, which this rank then reports as what it is.
     fn poll(&mut self, done: &mut Vec<u32>) -> CResult<()> {
         self.polls = self.polls.wrapping_add(1);
         let sweep = self.polls.is_multiple_of(64);
+        let mut failed: Option<CollectiveError> = None;
         for slot in [LOCAL, NET] {
             if !sweep
                 && self.posted[slot] == 0
@@ -1416,18 +1629,30 @@ impl FabricTransport {
                 continue;
             }
             while let Some(cq) = self.eps[slot].as_ref().map(|e| e.cq) {
-                let mut entries = [fi::fi_cq_entry {
+                let mut entries = [fi::fi_cq_tagged_entry {
                     op_context: ptr::null_mut(),
+                    flags: 0,
+                    len: 0,
+                    buf: ptr::null_mut(),
+                    data: 0,
+                    tag: 0,
                 }; 32];
-                // SAFETY: the CQ is open with FI_CQ_FORMAT_CONTEXT, so each entry is an
-                // fi_cq_entry; the array has room for the count passed.
+                // SAFETY: the CQ is open with FI_CQ_FORMAT_TAGGED, so each entry is an
+                // fi_cq_tagged_entry; the array has room for the count passed.
                 let ret = watched(&self.watched, CALL_CQ_READ, None, || unsafe {
                     fi::fi_cq_read(cq, entries.as_mut_ptr().cast(), entries.len())
                 });
                 if ret > 0 {
+                    // Every entry is completed (and its context released) before the
+                    // first error is returned.
+                    let mut first = Ok(());
                     for en in &entries[..ret as usize] {
-                        self.complete(en.op_context, done);
+                        let r = self.complete(en, slot, done);
+                        if first.is_ok() {
+                            first = r;
+                        }
                     }
+                    first?;
                     if (ret as usize) < entries.len() {
                         break;
                     }
@@ -1458,8 +1683,32 @@ impl FabricTransport {
                     }
                     // SAFETY: every operation is posted with a context from `self.ctxs`,
                     // boxed and alive until released below.
-                    let (peer, is_send, token) =
-                        unsafe { ((*ctx).peer, (*ctx).is_send, (*ctx).token) };
+                    let (peer, is_send, token, posted, tag) = unsafe {
+                        let c = &*ctx;
+                        (c.peer, c.is_send, c.token, c.len, c.tag)
+                    };
+                    // shm reports the error number negated.
+                    if err.err.unsigned_abs() == fi::FI_ETRUNC as u32 && !is_send {
+                        // A longer message than the receive: the sender's size is what
+                        // arrived plus what did not fit, where the provider says
+                        // (`shm`; `tcp;ofi_rxm` reports neither).
+                        self.release(ctx);
+                        let sent = Some(err.len.saturating_add(err.olen)).filter(|&n| n > posted);
+                        let block = (err.flags & fi::FI_REMOTE_CQ_DATA != 0)
+                            .then(|| block_of(err.data))
+                            .flatten();
+                        return Err(super::mismatch(
+                            peer as usize,
+                            self.rank,
+                            tag,
+                            (sent, block),
+                            super::Expected {
+                                len: posted,
+                                block: self.block,
+                            },
+                            self.rank,
+                        ));
+                    }
                     let msg = format!(
                         "{} rank {peer} failed on {provider}: {} (step {token})",
                         if is_send { "send to" } else { "receive from" },
@@ -1469,7 +1718,7 @@ impl FabricTransport {
                     if err.err == fi::FI_ECANCELED {
                         continue;
                     }
-                    return Err(CollectiveError::Remote {
+                    failed.get_or_insert(CollectiveError::Remote {
                         peer: peer as usize,
                         message: msg,
                     });
@@ -1482,22 +1731,57 @@ impl FabricTransport {
                 }
             }
         }
-        Ok(())
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
-    fn complete(&mut self, ctx: *mut c_void, done: &mut Vec<u32>) {
-        let ctx = ctx.cast::<OpCtx>();
+    /// Completes one operation. A receive that completed with another length than
+    /// it was posted with (a shorter message), or from a peer whose call has another
+    /// uniform block size, is an error naming the peer and both sizes.
+    fn complete(
+        &mut self,
+        en: &fi::fi_cq_tagged_entry,
+        slot: usize,
+        done: &mut Vec<u32>,
+    ) -> CResult<()> {
+        let ctx = en.op_context.cast::<OpCtx>();
         if ctx.is_null() {
-            return;
+            return Ok(());
         }
         // SAFETY: the context is one of ours (see `poll`).
-        let (token, peer, is_send) = unsafe { ((*ctx).token, (*ctx).peer, (*ctx).is_send) };
+        let (token, peer, is_send, posted, tag) = unsafe {
+            let c = &*ctx;
+            (c.token, c.peer, c.is_send, c.len, c.tag)
+        };
         self.release(ctx);
-        done.push(token);
         if !is_send {
             // The sender may be waiting for its send to complete.
             self.ring(peer as usize);
+            let block = (en.flags & fi::FI_REMOTE_CQ_DATA != 0)
+                .then(|| block_of(en.data))
+                .flatten();
+            let ours = self.eps[slot]
+                .as_ref()
+                .map_or(0, |e| e.block_data(self.block));
+            let blocks_differ = block.is_some() && ours != 0 && en.data != ours;
+            if en.len != posted || blocks_differ {
+                return Err(super::mismatch(
+                    peer as usize,
+                    self.rank,
+                    tag,
+                    (Some(en.len), block),
+                    super::Expected {
+                        len: posted,
+                        block: self.block,
+                    },
+                    self.rank,
+                ));
+            }
         }
+        done.push(token);
+        Ok(())
     }
 
     /// Wakes a same-host peer that sleeps on its bell.
@@ -1668,6 +1952,7 @@ impl Transport for FabricTransport {
                 "fabric transport used before connect".into(),
             ));
         }
+        self.block = bufs.block;
         let raw = RawBuffers::new(bufs);
         let mut session = FabricSession {
             t: self,
@@ -1677,6 +1962,7 @@ impl Transport for FabricTransport {
             descs: [[ptr::null_mut(); 3]; 2],
             ready: Vec::new(),
             error: None,
+            mismatch: false,
             last_watch: Instant::now(),
         };
         session.register()?;
@@ -1695,6 +1981,8 @@ pub(crate) struct FabricSession<'a> {
     ready: Vec<u32>,
     /// The first error this session returned (why the transport breaks on drop).
     error: Option<String>,
+    /// Whether that error is a size mismatch with a peer (see [`FLUSH_SENDS`]).
+    mismatch: bool,
     /// When the processes of the peers waited for were last looked at.
     last_watch: Instant,
 }
@@ -1749,8 +2037,29 @@ impl FabricSession<'_> {
             && self.error.is_none()
         {
             self.error = Some(e.to_string());
+            self.mismatch = matches!(e, CollectiveError::Mismatch { .. });
         }
         r
+    }
+
+    /// After a size mismatch: lets this rank's sends that are still outstanding reach
+    /// their receivers (for at most `limit`), so that a peer whose call differs receives
+    /// this rank's view of the sizes and fails with the mismatch itself, instead of
+    /// waiting for a message that never comes. Deferred receives are dropped; no new
+    /// one is posted.
+    fn flush_sends(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        self.t.backlog.retain(|d| d.is_send);
+        let mut sink = Vec::new();
+        while Instant::now() < deadline
+            && (self.t.ctxs.iter().any(|c| c.in_use && c.is_send) || !self.t.backlog.is_empty())
+        {
+            // Errors (more mismatches, the peer's own failure) are expected here.
+            let _ = self.t.poll(&mut sink);
+            let _ = self.retry_deferred();
+            sink.clear();
+            std::thread::yield_now();
+        }
     }
 
     fn full_tag(&self, tag: u64) -> CResult<u64> {
@@ -1809,7 +2118,10 @@ impl FabricSession<'_> {
                 d.peer
             )));
         };
-        let ctx = self.t.take_ctx(d.token, d.peer, route.ep, d.is_send);
+        let ctx = self.t.take_ctx(d, route.ep);
+        let data = self.t.eps[route.ep as usize]
+            .as_ref()
+            .map_or(0, |e| e.block_data(self.t.block));
         let call = if d.is_send { CALL_TSEND } else { CALL_TRECV };
         // SAFETY: `ptr_ .. + region.len` lies in a buffer this session borrows until it
         // is dropped, and the drop cancels every operation and, if any is not back,
@@ -1817,7 +2129,18 @@ impl FabricSession<'_> {
         // field is the fi_context2 the provider may use; `desc` is NULL or the
         // descriptor of that buffer's registration on this endpoint.
         let ret = watched(&self.t.watched, call, Some(d.peer), || unsafe {
-            if d.is_send {
+            if d.is_send && data != 0 {
+                fi::fi_tsenddata(
+                    ep,
+                    ptr_.cast_const().cast(),
+                    d.region.len,
+                    desc,
+                    data,
+                    route.addr,
+                    d.tag,
+                    ctx.cast(),
+                )
+            } else if d.is_send {
                 fi::fi_tsend(
                     ep,
                     ptr_.cast_const().cast(),
@@ -2067,6 +2390,9 @@ impl Drop for FabricSession<'_> {
                     self.t.peers
                 ),
             };
+            if self.mismatch {
+                self.flush_sends(FLUSH_SENDS);
+            }
             let left = self.t.cancel_all(CANCEL_DRAIN);
             tracing::warn!(
                 rank = self.t.rank,
@@ -2118,6 +2444,13 @@ pub(crate) fn route_to(root: std::net::SocketAddr) -> Result<std::net::IpAddr> {
         .ip())
 }
 
+/// The uniform block size carried as remote completion data (see
+/// [`Endpoint::block_data`]); `None` for 0 (none carried). Exact when the provider
+/// carries 8 bytes; with fewer only used for comparison, where it may read smaller.
+fn block_of(data: u64) -> Option<usize> {
+    data.checked_sub(1).map(|b| b as usize)
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -2162,46 +2495,107 @@ impl Card {
         v.to_string().into_bytes()
     }
 
+    /// Reads and checks rank `rank`'s card: every field has its type, a bounded size
+    /// and a well-formed value (the addresses are checked against the provider when
+    /// they are inserted, [`Endpoint::check_name`]). Errors name the rank and the field.
     fn decode(rank: usize, bytes: &[u8]) -> Result<Card> {
-        let bad = || Error::internal(format!("rank {rank} published a malformed bootstrap card"));
-        let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|_| bad())?;
-        let name = |k: &str| -> Result<Option<Vec<u8>>> {
+        let bad = |field: &str, why: &str| Error::InvalidUsage {
+            peer: Some(rank),
+            message: format!("rank {rank}'s bootstrap card: field `{field}` {why}"),
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| Error::InvalidUsage {
+                peer: Some(rank),
+                message: format!("rank {rank}'s bootstrap card is not a HALO card ({e})"),
+            })?;
+        let text = |k: &str, max: usize| -> Result<Option<String>> {
             match v.get(k) {
                 None | Some(serde_json::Value::Null) => Ok(None),
-                Some(serde_json::Value::String(s)) => unhex(s).map(Some).ok_or_else(bad),
-                Some(_) => Err(bad()),
+                Some(serde_json::Value::String(s)) if s.is_empty() => Err(bad(k, "is empty")),
+                Some(serde_json::Value::String(s)) if s.len() > max => {
+                    Err(bad(k, &format!("is {} bytes, more than {max}", s.len())))
+                }
+                Some(serde_json::Value::String(s)) if s.chars().any(char::is_control) => {
+                    Err(bad(k, "holds control characters"))
+                }
+                Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(bad(k, "is not a string")),
             }
         };
+        let name = |k: &str| -> Result<Option<Vec<u8>>> {
+            match text(k, 2 * MAX_NAME)? {
+                None => Ok(None),
+                Some(s) => unhex(&s)
+                    .map(Some)
+                    .ok_or_else(|| bad(k, "is not an address in hexadecimal")),
+            }
+        };
+        let host = text("host", HOST_MAX)?.ok_or_else(|| bad("host", "is missing"))?;
+        let topology = match v.get("topology") {
+            Some(serde_json::Value::String(s)) if s.is_empty() => String::new(),
+            _ => text("topology", TOPOLOGY_MAX)?.ok_or_else(|| bad("topology", "is missing"))?,
+        };
+        let names = [name("local")?, name("net")?];
+        let pid = match v.get("pid") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(p) => Some(
+                p.as_u64()
+                    .filter(|&p| (1..=PID_MAX).contains(&p))
+                    .ok_or_else(|| bad("pid", &format!("is not a process id (1..={PID_MAX})")))?
+                    as u32,
+            ),
+        };
+        let start = match v.get("start") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(s) => Some(
+                s.as_u64()
+                    .ok_or_else(|| bad("start", "is not a start time"))?,
+            ),
+        };
+        let pidns = text("pidns", 64)?;
+        if let Some(ns) = &pidns
+            && !(ns.starts_with("pid:[") && ns.ends_with(']'))
+        {
+            return Err(bad("pidns", "is not a PID namespace (pid:[N])"));
+        }
+        let process = match (pidns, pid, start) {
+            (Some(ns), Some(pid), Some(start)) => Some((ns, Proc { pid, start })),
+            (None, None, None) => None,
+            _ => {
+                return Err(bad(
+                    "pid",
+                    "comes without its pidns and start, or they without it",
+                ));
+            }
+        };
+        let bell = text("bell", 255)?;
+        if let Some(b) = &bell {
+            let ok = b.strip_prefix("/dev/shm/halo-bell-").is_some_and(|rest| {
+                !rest.is_empty() && rest.bytes().all(|c| c.is_ascii_digit() || c == b'-')
+            });
+            if !ok {
+                return Err(bad(
+                    "bell",
+                    "is not a HALO doorbell file (/dev/shm/halo-bell-N-N-N)",
+                ));
+            }
+        }
         Ok(Card {
-            host: v
-                .get("host")
-                .and_then(|h| h.as_str())
-                .ok_or_else(bad)?
-                .to_string(),
-            topology: v
-                .get("topology")
-                .and_then(|h| h.as_str())
-                .ok_or_else(bad)?
-                .to_string(),
-            names: [name("local")?, name("net")?],
-            process: match (
-                v.get("pidns").and_then(|x| x.as_str()),
-                v.get("pid").and_then(|x| x.as_u64()),
-                v.get("start").and_then(|x| x.as_u64()),
-            ) {
-                (Some(ns), Some(pid), Some(start)) => Some((
-                    ns.to_string(),
-                    Proc {
-                        pid: u32::try_from(pid).map_err(|_| bad())?,
-                        start,
-                    },
-                )),
-                _ => None,
-            },
-            bell: v.get("bell").and_then(|b| b.as_str()).map(str::to_string),
+            host,
+            topology,
+            names,
+            process,
+            bell,
         })
     }
 }
+
+/// Longest host name in a card (Linux allows 64; DNS names 253).
+const HOST_MAX: usize = 255;
+/// Longest topology spec in a card (a preset or a file path).
+const TOPOLOGY_MAX: usize = 4096;
+/// Largest process id Linux hands out (`pid_max` at most 2^22).
+const PID_MAX: u64 = 1 << 22;
 
 /// The global topology of a fabric job: `spec` (a preset or a file, from
 /// `HALO_TOPOLOGY`) when given, else one node per distinct host name, in order of

@@ -31,6 +31,7 @@
 
 pub use super::emulation::Emulation;
 use super::emulation::LinkModel;
+use super::{Expected, mismatch};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crossbeam::queue::SegQueue;
@@ -63,6 +64,8 @@ struct Desc {
     tag: u64,
     ptr: *const u8,
     len: usize,
+    /// The block size of the sender's uniform call ([`Buffers::block`]).
+    block: Option<usize>,
     /// Modelled arrival, ns since the cluster's epoch (0 without emulation).
     arrival: u64,
     /// The sender's session and the send's token, for the acknowledgement.
@@ -85,8 +88,8 @@ unsafe impl Sync for Desc {}
 struct Ack {
     session: u64,
     token: u32,
-    /// `None`: received; `Some(expected)`: rejected, the receiver expected that many bytes.
-    rejected: Option<usize>,
+    /// `None`: received; `Some(view)`: rejected, the receiver expected another message.
+    rejected: Option<Expected>,
 }
 
 /// What other ranks see of one endpoint.
@@ -348,6 +351,7 @@ impl Transport for LocalTransport {
         Ok(LocalSession {
             id,
             tag_base,
+            block: bufs.block,
             send: (bufs.send.as_ptr(), bufs.send.len()),
             recv: (bufs.recv.as_mut_ptr(), bufs.recv.len()),
             scratch: (bufs.scratch.as_mut_ptr(), bufs.scratch.len()),
@@ -367,6 +371,8 @@ impl Transport for LocalTransport {
 pub(crate) struct LocalSession<'a> {
     id: u64,
     tag_base: u64,
+    /// The block size of this call ([`Buffers::block`]).
+    block: Option<usize>,
     send: (*const u8, usize),
     recv: (*mut u8, usize),
     scratch: (*mut u8, usize),
@@ -462,13 +468,16 @@ impl LocalSession<'_> {
             };
             self.pool.live_sends.retain(|(t, _)| *t != ack.token);
             if let Some(expected) = ack.rejected {
-                return Err(CollectiveError::InvalidUsage(format!(
-                    "rank {} sent {} bytes to rank {} (tag {:#x}), which expected {expected} bytes",
-                    self.me(),
-                    out.desc.len,
-                    out.peer,
-                    out.desc.tag
-                )));
+                let me = self.me();
+                let d = &out.desc;
+                return Err(mismatch(
+                    me,
+                    out.peer as usize,
+                    d.tag,
+                    (Some(d.len), d.block),
+                    expected,
+                    me,
+                ));
             }
             self.pool.ready.push(ack.token);
         }
@@ -525,7 +534,7 @@ impl LocalSession<'_> {
     fn complete(&mut self, recv: PostedRecv, desc: &Desc) -> CResult<()> {
         let shared = Arc::clone(&self.ep.shared);
         let sender = &shared.mailboxes[desc.src as usize];
-        let finish = |state: u8, rejected: Option<usize>| {
+        let finish = |state: u8, rejected: Option<Expected>| {
             desc.state.store(state, Ordering::Release);
             sender.acks.push(Ack {
                 session: desc.session,
@@ -534,21 +543,28 @@ impl LocalSession<'_> {
             });
             sender.unparker.unpark();
         };
-        if desc.len != recv.region.len {
-            finish(REJECTED, Some(recv.region.len));
-            return Err(CollectiveError::InvalidUsage(format!(
-                "rank {} sent {} bytes (tag {:#x}) but rank {} expected {} bytes from it",
-                desc.src,
-                desc.len,
+        let expected = Expected {
+            len: recv.region.len,
+            block: self.block,
+        };
+        let blocks_differ = matches!((desc.block, self.block), (Some(a), Some(b)) if a != b);
+        if desc.len != recv.region.len || blocks_differ {
+            // Rejected, not copied: both ends fail, with the same words.
+            finish(REJECTED, Some(expected));
+            let me = self.me();
+            return Err(mismatch(
+                desc.src as usize,
+                me,
                 desc.tag,
-                self.me(),
-                recv.region.len
-            )));
+                (Some(desc.len), desc.block),
+                expected,
+                me,
+            ));
         }
         let dst = match self.locate_write(recv.region) {
             Ok(p) => p,
             Err(e) => {
-                finish(REJECTED, Some(recv.region.len));
+                finish(REJECTED, Some(expected));
                 return Err(e);
             }
         };
@@ -556,7 +572,7 @@ impl LocalSession<'_> {
             // A message to itself reads this rank's own buffers: they must not overlap.
             let (s, d) = (desc.ptr as usize, dst as usize);
             if desc.len > 0 && s < d + desc.len && d < s + desc.len {
-                finish(REJECTED, Some(recv.region.len));
+                finish(REJECTED, Some(expected));
                 return Err(CollectiveError::Internal(format!(
                     "message to self overlaps its destination {}",
                     recv.region
@@ -641,6 +657,7 @@ impl Session for LocalSession<'_> {
             tag,
             ptr: ptr.cast_const(),
             len: region.len,
+            block: self.block,
             arrival,
             session: self.id,
             token,

@@ -14,7 +14,7 @@ mod shared;
 
 pub(crate) use shared::{MAX_COMMS, SharedBackend};
 
-use halo_collectives::{Buffers, ExecOptions, Schedule, Transport, execute};
+use halo_collectives::{Buffers, CollectiveError, ExecOptions, Schedule, Transport, execute};
 
 /// The transport a communicator runs on.
 // One per communicator and never moved in a hot path: the variants' sizes do not matter.
@@ -59,4 +59,48 @@ fn run_on<T: Transport>(
     let out = execute(schedule, &mut session, opts);
     drop(session);
     out
+}
+
+/// What a receiver expected of a message it refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Expected {
+    /// The length of its receive.
+    pub(crate) len: usize,
+    /// The block size of its uniform call.
+    pub(crate) block: Option<usize>,
+}
+
+/// The error both ends of a message report when their views of it differ: the same
+/// words on the sender and the receiver, naming both ranks and both sizes. `sent` is
+/// the message's length (`None`: longer than expected, by how much the provider did
+/// not say) and the block size of the sender's uniform call.
+pub(crate) fn mismatch(
+    sender: usize,
+    receiver: usize,
+    tag: u64,
+    sent: (Option<usize>, Option<usize>),
+    expected: Expected,
+    me: usize,
+) -> CollectiveError {
+    let len = match sent.0 {
+        Some(n) => format!("{n} bytes"),
+        None => format!("more than {} bytes", expected.len),
+    };
+    let message = match (sent.1, expected.block) {
+        (Some(a), Some(b)) if a != b => format!(
+            "size mismatch: rank {sender} called the all-to-all with blocks of {a} bytes per \
+             rank but rank {receiver} with {b} bytes (the ranks passed different counts or \
+             element types; a message of {len} where {} were expected, tag {tag:#x})",
+            expected.len
+        ),
+        _ => format!(
+            "size mismatch: rank {sender} sent {len} (tag {tag:#x}) but rank {receiver} \
+             expected {} bytes from it (the ranks passed different counts or element types)",
+            expected.len
+        ),
+    };
+    CollectiveError::Mismatch {
+        peer: if me == sender { receiver } else { sender },
+        message,
+    }
 }

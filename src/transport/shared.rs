@@ -214,6 +214,10 @@ fn run_mapped<T: Transport>(
             peer: map.iter().position(|&w| w as usize == peer).unwrap_or(peer),
             message: format!("{message} (world rank {peer})"),
         },
+        CollectiveError::Mismatch { peer, message } => CollectiveError::Mismatch {
+            peer: map.iter().position(|&w| w as usize == peer).unwrap_or(peer),
+            message: format!("{message} (world rank {peer})"),
+        },
         other => other,
     })
 }

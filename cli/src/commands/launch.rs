@@ -164,8 +164,22 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<(), Failure> {
         Outcome::RankFailed {
             rank: Some(rank),
             code,
+            signal: Some(sig),
+        } => format!(
+            "rank {rank} was killed by signal {sig}{} (status {code}); the other ranks were \
+             terminated",
+            signal_name(sig)
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
+        Outcome::RankFailed {
+            rank: Some(rank),
+            code,
+            signal: None,
         } => format!("rank {rank} exited with status {code}; the other ranks were terminated"),
-        Outcome::RankFailed { rank: None, code } => format!("mpirun exited with status {code}"),
+        Outcome::RankFailed {
+            rank: None, code, ..
+        } => format!("mpirun exited with status {code}"),
         Outcome::TimedOut => format!(
             "timed out after {} s; every rank was killed",
             spec.timeout.map_or(0.0, |t| t.as_secs_f64())
@@ -175,4 +189,23 @@ pub(crate) fn run(args: &LaunchArgs) -> Result<(), Failure> {
         }
     };
     Err(Failure { message, code })
+}
+
+/// The name of a signal, for the usual fatal ones.
+fn signal_name(signal: i32) -> Option<&'static str> {
+    Some(match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        15 => "SIGTERM",
+        _ => return None,
+    })
 }

@@ -255,6 +255,8 @@ pub enum Outcome {
         rank: Option<usize>,
         /// Its status.
         code: i32,
+        /// The signal that ended it, when one did (a crash: 11 for SIGSEGV).
+        signal: Option<i32>,
     },
     /// The timeout passed; everything was killed.
     TimedOut,
@@ -431,6 +433,11 @@ fn job_env(bootstrap: SocketAddr, secret: &str) -> Vec<(&'static str, String)> {
         ("HALO_SECRET", secret.to_string()),
         ("MASTER_ADDR", bootstrap.ip().to_string()),
         ("MASTER_PORT", (bootstrap.port() - 1).to_string()),
+        // Crashes keep their signal: Intel's PSM library, which libfabric links, would
+        // otherwise catch SIGSEGV/SIGABRT/SIGTERM in every rank, write a backtrace file
+        // into its working directory and exit with status 1 (it reads this variable
+        // when it loads, before main; see transport::fabric::restore_crash_signals).
+        ("IPATH_NO_BACKTRACE", "1".to_string()),
     ]
 }
 
@@ -516,9 +523,14 @@ fn run_job(job: &mut Job, spec: &LaunchSpec, interrupt: &Interrupt, started: Ins
     job.drain_output(Duration::from_secs(2));
     match ended {
         Ended::AllSucceeded => Outcome::Success,
-        Ended::Failed { index, code } => Outcome::RankFailed {
+        Ended::Failed {
+            index,
+            code,
+            signal,
+        } => Outcome::RankFailed {
             rank: (!spec.mpi).then_some(index),
             code,
+            signal,
         },
         Ended::TimedOut => Outcome::TimedOut,
         Ended::Interrupted { signal } => Outcome::Interrupted { signal },

@@ -62,8 +62,13 @@ pub(crate) fn status_code(status: ExitStatus) -> i32 {
 pub(crate) enum Ended {
     /// Every process exited with status 0.
     AllSucceeded,
-    /// This process (index) failed first, with this status code.
-    Failed { index: usize, code: i32 },
+    /// This process (index) failed first, with this status code (and the signal
+    /// that ended it, if one did).
+    Failed {
+        index: usize,
+        code: i32,
+        signal: Option<i32>,
+    },
     /// The timeout passed.
     TimedOut,
     /// The interrupt fired with this signal.
@@ -172,7 +177,7 @@ impl Job {
     }
 
     /// Reaps whatever exited; returns the first failure seen in this pass (lowest index).
-    fn poll(&mut self) -> Option<(usize, i32)> {
+    fn poll(&mut self) -> Option<(usize, i32, Option<i32>)> {
         let mut failed = None;
         for (i, p) in self.procs.iter_mut().enumerate() {
             if p.status.is_some() {
@@ -183,7 +188,7 @@ impl Job {
                 remove_shm_of(&[p.pgid]);
                 tracing::debug!(index = i, pid = p.pgid, status = ?st, "process ended");
                 if !st.success() && failed.is_none() {
-                    failed = Some((i, status_code(st)));
+                    failed = Some((i, status_code(st), st.signal()));
                 }
             }
         }
@@ -198,8 +203,12 @@ impl Job {
     /// interrupt fires — whichever comes first.
     pub(crate) fn watch(&mut self, deadline: Option<Instant>, interrupt: &Interrupt) -> Ended {
         loop {
-            if let Some((index, code)) = self.poll() {
-                return Ended::Failed { index, code };
+            if let Some((index, code, signal)) = self.poll() {
+                return Ended::Failed {
+                    index,
+                    code,
+                    signal,
+                };
             }
             if self.all_done() {
                 return Ended::AllSucceeded;

@@ -8,7 +8,10 @@
 //! - `errors.c`: every invalid call returns its documented code and message, writes
 //!   nothing, and leaves the communicator usable;
 //! - `collectives.c`: send / receive, all-gather, all-reduce, split, and their errors;
-//! - `abort.c`: `haloCommAbort` from a watchdog thread stops a blocked collective.
+//! - `abort.c`: `haloCommAbort` from a watchdog thread stops a blocked collective;
+//! - `mismatch.c`: `haloAllToAll` with count 4 on rank 0 and 8 on the others fails on
+//!   every rank, with every algorithm (issue 11: ranks used to return success with
+//!   part of the receive buffer unwritten).
 //!
 //! The ranks are started the way `halo launch` starts them: `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `HALO_BOOTSTRAP_ADDR` and `HALO_SECRET` in the
@@ -92,6 +95,11 @@ fn program(name: &'static str) -> PathBuf {
             .arg("-L")
             .arg(&lib)
             .arg("-lhalo")
+            // DT_RPATH, not DT_RUNPATH: cargo test puts `target/<profile>` first in
+            // LD_LIBRARY_PATH, whose libhalo.so is whatever `cargo build` left there
+            // last, and a RUNPATH would lose to it (the programs then tested a stale
+            // library).
+            .arg("-Wl,--disable-new-dtags")
             .arg(format!("-Wl,-rpath,{}", lib.display())),
     );
     built.push((name, out.clone()));
@@ -323,6 +331,39 @@ fn invalid_calls_return_their_documented_codes() {
         .env("HALO_TIMEOUT_MS", "20000")
         .run(&dir);
     assert_all_ok(&ranks, "errors ok");
+}
+
+/// A uniform all-to-all with count 4 on rank 0 and 8 on the others: every rank fails
+/// (never `haloSuccess`), rank 0 and at least one other with `haloInvalidUsage`
+/// saying "size mismatch", the others as soon as they notice, with every algorithm.
+#[test]
+fn count_mismatch_fails_on_every_rank_with_every_algorithm() {
+    for alg in ["flat", "pairwise", "bruck", "halo", "halo2d"] {
+        let dir = scratch(&format!("mismatch-{alg}"));
+        let start = Instant::now();
+        let ranks = Job::new(4, &program("mismatch"))
+            .env("HALO_ALGO", alg)
+            .env("HALO_TOPOLOGY", "nodes:2x2")
+            .env("HALO_TIMEOUT_MS", "3000")
+            .limit(Duration::from_secs(30))
+            .run(&dir);
+        assert_all_ok(&ranks, "mismatch ok");
+        let codes: Vec<&str> = ranks
+            .iter()
+            .map(|r| {
+                r.stdout
+                    .split_once(": ")
+                    .and_then(|(_, rest)| rest.split(' ').next())
+                    .unwrap_or("?")
+            })
+            .collect();
+        eprintln!("{alg}: codes {codes:?} in {:?}", start.elapsed());
+        assert_eq!(codes[0], "5", "{alg}: rank 0: {ranks:#?}");
+        assert!(
+            codes[1..].contains(&"5"),
+            "{alg}: no other rank saw the mismatch: {ranks:#?}"
+        );
+    }
 }
 
 #[test]
