@@ -4,8 +4,8 @@ use super::Failure;
 use clap::Args;
 use halo::Communicator;
 use halo::topology::{fmt_bandwidth, fmt_seconds};
-use halo_cli::calibrate::{CalibrateOptions, calibrated_spec, measure, size_ladder, to_json};
-use halo_cli::plot::{fmt_bytes, parse_bytes};
+use halo_cli::calibrate::{CalibrateOptions, calibrated_spec, measure, to_json};
+use halo_cli::plot::fmt_bytes;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -35,28 +35,9 @@ pub(crate) struct CalibrateArgs {
     json: bool,
 }
 
-fn sizes(spec: &str) -> Result<Vec<usize>, Failure> {
-    let (lo, hi) = match spec.split_once(':') {
-        Some((a, b)) => (
-            parse_bytes(a).map_err(Failure::input)?,
-            parse_bytes(b).map_err(Failure::input)?,
-        ),
-        None => {
-            let v = parse_bytes(spec).map_err(Failure::input)?;
-            (v, v)
-        }
-    };
-    if lo == 0 || lo > hi {
-        return Err(Failure::input(format!(
-            "--sizes {spec}: need 0 < MIN <= MAX"
-        )));
-    }
-    Ok(size_ladder(lo, hi))
-}
-
 pub(crate) fn run(args: &CalibrateArgs) -> Result<(), Failure> {
     let opts = CalibrateOptions {
-        sizes: sizes(&args.sizes)?,
+        sizes: super::size_ladder_arg(&args.sizes)?,
         iters: args.iters,
         progress: !args.json && halo_cli::progress::on_terminal(),
     };

@@ -85,3 +85,25 @@ fn emit(text: &str) -> Result<(), Failure> {
         Err(e) => Err(Failure::other(format!("cannot write to stdout: {e}"))),
     }
 }
+
+/// `--sizes MIN:MAX` (or one size) as the ladder `MIN, 4 MIN, 16 MIN, ...` up to `MAX`
+/// (`halo simulate`, `halo calibrate`); sizes take K/M/G suffixes.
+fn size_ladder_arg(spec: &str) -> Result<Vec<usize>, Failure> {
+    use halo_cli::plot::parse_bytes;
+    let (lo, hi) = match spec.split_once(':') {
+        Some((a, b)) => (
+            parse_bytes(a).map_err(Failure::input)?,
+            parse_bytes(b).map_err(Failure::input)?,
+        ),
+        None => {
+            let v = parse_bytes(spec).map_err(Failure::input)?;
+            (v, v)
+        }
+    };
+    if lo == 0 || lo > hi {
+        return Err(Failure::input(format!(
+            "--sizes {spec}: need 0 < MIN <= MAX"
+        )));
+    }
+    Ok(halo_cli::calibrate::size_ladder(lo, hi))
+}

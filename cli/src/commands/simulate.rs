@@ -7,7 +7,7 @@ use halo::collectives::{
     simulate_all_to_all,
 };
 use halo::topology::{Level, Topology, fmt_seconds};
-use halo_cli::plot::{Series, fmt_bytes, line_plot, parse_bytes};
+use halo_cli::plot::{Series, fmt_bytes, line_plot};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -66,31 +66,6 @@ pub(crate) struct SimulateArgs {
     /// measured and simulated.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["plot", "algos", "sizes", "op"])]
     measured: Option<PathBuf>,
-}
-
-fn sizes(spec: &str) -> Result<Vec<usize>, Failure> {
-    let (lo, hi) = match spec.split_once(':') {
-        Some((a, b)) => (
-            parse_bytes(a).map_err(Failure::input)?,
-            parse_bytes(b).map_err(Failure::input)?,
-        ),
-        None => {
-            let v = parse_bytes(spec).map_err(Failure::input)?;
-            (v, v)
-        }
-    };
-    if lo == 0 || lo > hi {
-        return Err(Failure::input(format!(
-            "--sizes {spec}: need 0 < MIN <= MAX"
-        )));
-    }
-    let mut out = vec![lo];
-    let mut s = lo;
-    while s < hi {
-        s = s.saturating_mul(4).min(hi);
-        out.push(s);
-    }
-    Ok(out)
 }
 
 /// A lower bound of the simulator's memory per (source, destination) pair of ranks:
@@ -209,7 +184,7 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
             points: Vec::new(),
         })
         .collect();
-    let sizes = sizes(&args.sizes)?;
+    let sizes = super::size_ladder_arg(&args.sizes)?;
     let bar = halo_cli::progress::bar(
         sizes.len() * algos.len(),
         &format!("simulating {n} ranks"),
