@@ -5,8 +5,10 @@
 //! Rank 0 calls with 4 `u32` per peer (or `f32`), the others with 8 `u32` (or the
 //! same shape of `f64`). A rank that receives a message of the other size gets
 //! `InvalidUsage` (code 5) naming the peer and both sizes; a rank that only waits for
-//! what a failed rank would have forwarded gets `RemoteError` (the failed rank left)
-//! or `Timeout` — within the communicator's timeout, never a hang.
+//! what a failed rank would have sent or forwarded gets poison in its place and
+//! `InvalidUsage` naming that rank (in-process: asserted for all four ranks, at once).
+//! Over `tcp;ofi_rxm` such a rank may still see `RemoteError` (the failed rank left) or
+//! `Timeout` — within the communicator's timeout, never a hang, never `Ok`.
 //!
 //! - in-process transport (ranks as threads), every algorithm, `nodes:2x2`;
 //! - fabric transport with ranks as threads of this process (`tcp;ofi_rxm`: four
@@ -99,17 +101,23 @@ fn assert_every_rank_fails(what: &str, results: &[Result<(), Error>], types: boo
         if let Error::InvalidUsage { peer, message } = e {
             let peer = peer.unwrap_or_else(|| panic!("{what}: rank {r} names no peer: {message}"));
             assert!(peer < N && peer != r, "{what}: rank {r}: peer {peer}");
-            // Exactly one side of the pair is rank 0.
             assert!(
-                (r == 0) != (peer == 0),
-                "{what}: rank {r} blames rank {peer}: {message}"
-            );
-            assert!(
-                message.contains("size mismatch")
-                    && (message.contains(&format!("{small} bytes"))
-                        || message.contains(&format!("{large} bytes"))),
+                message.contains("size mismatch"),
                 "{what}: rank {r}: {message}"
             );
+            if !message.contains("failed this collective") {
+                // A message between the two sides: exactly one of them is rank 0, and
+                // a size is named. (The others name the rank that told them it failed.)
+                assert!(
+                    (r == 0) != (peer == 0),
+                    "{what}: rank {r} blames rank {peer}: {message}"
+                );
+                assert!(
+                    message.contains(&format!("{small} bytes"))
+                        || message.contains(&format!("{large} bytes")),
+                    "{what}: rank {r}: {message}"
+                );
+            }
         }
     }
     assert_eq!(
@@ -138,6 +146,10 @@ fn assert_every_rank_fails(what: &str, results: &[Result<(), Error>], types: boo
 // In-process transport
 // ---------------------------------------------------------------------------
 
+/// Every rank gets `InvalidUsage`, at once: the ranks hold their communicators (a
+/// barrier of threads after the call), so nobody learns it from a peer that left or
+/// from the timeout — the ranks a failed rank would have sent or forwarded to get
+/// poison in place of those messages.
 #[test]
 fn local_transport_every_algorithm_every_rank_fails() {
     let topo = Topology::preset(TOPOLOGY).unwrap();
@@ -145,15 +157,25 @@ fn local_transport_every_algorithm_every_rank_fails() {
         for alg in Algorithm::ALL {
             let timeout = Duration::from_secs(3);
             let start = Instant::now();
+            let held = std::sync::Barrier::new(N);
             let out = local::run(&topo, Emulation::off(), |comm| {
                 comm.set_timeout(timeout);
                 comm.set_algorithm(Some(alg));
-                mismatched_call(comm, types)
+                let r = mismatched_call(comm, types);
+                held.wait();
+                r
             });
             let what = format!("local {} types={types}", alg.name());
             assert_every_rank_fails(&what, &out, types, true);
+            for (r, res) in out.iter().enumerate() {
+                assert_eq!(
+                    res.as_ref().err().map(Error::code),
+                    Some(5),
+                    "{what}: rank {r}: {res:?}"
+                );
+            }
             assert!(
-                start.elapsed() < timeout + Duration::from_secs(2),
+                start.elapsed() < Duration::from_secs(1),
                 "{what}: took {:?}",
                 start.elapsed()
             );
@@ -211,15 +233,19 @@ fn fabric_threads(provider: Option<&str>, alg: Algorithm, types: bool) -> Vec<Re
     let root: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let id = UniqueId::new_on(root).unwrap();
     let start = Instant::now();
+    let held = std::sync::Barrier::new(N);
     let out: Vec<Result<(), Error>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..N)
             .map(|r| {
-                let (config, id) = (&config, &id);
+                let (config, id, held) = (&config, &id, &held);
                 s.spawn(move || {
                     let mut comm = Communicator::init_rank_with(id, N, r, config)
                         .unwrap_or_else(|e| panic!("rank {r} init: {e}"));
                     comm.set_algorithm(Some(alg));
-                    mismatched_call(&mut comm, types)
+                    let r = mismatched_call(&mut comm, types);
+                    // Hold the communicator until every rank has its result.
+                    held.wait();
+                    r
                 })
             })
             .collect();
@@ -305,7 +331,9 @@ fn rank_program() {
     );
 }
 
-fn processes(provider: Option<&str>, alg: Algorithm, types: bool) {
+/// One mismatched job of `N` processes; with `all_invalid_usage` every rank must get
+/// `InvalidUsage` (over `shm` the poison always arrives).
+fn processes(provider: Option<&str>, alg: Algorithm, types: bool, all_invalid_usage: bool) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(HALO);
     cmd.args(["launch", "--timeout", "60", "-n", &N.to_string(), "--"])
@@ -361,6 +389,15 @@ fn processes(provider: Option<&str>, alg: Algorithm, types: bool) {
         })
         .collect();
     assert_every_rank_fails(&what, &results, types, false);
+    if all_invalid_usage {
+        for (r, res) in results.iter().enumerate() {
+            assert_eq!(
+                res.as_ref().err().map(Error::code),
+                Some(5),
+                "{what}: rank {r}: {res:?}"
+            );
+        }
+    }
     assert!(
         start.elapsed() < Duration::from_secs(30),
         "{what}: took {:?}",
@@ -372,7 +409,7 @@ fn processes(provider: Option<&str>, alg: Algorithm, types: bool) {
 fn fabric_shm_processes_every_algorithm_every_rank_fails() {
     for types in [false, true] {
         for alg in Algorithm::ALL {
-            processes(None, alg, types);
+            processes(None, alg, types, true);
         }
     }
 }
@@ -380,6 +417,6 @@ fn fabric_shm_processes_every_algorithm_every_rank_fails() {
 #[test]
 fn fabric_tcp_processes_every_algorithm_every_rank_fails() {
     for alg in Algorithm::ALL {
-        processes(Some("tcp;ofi_rxm"), alg, false);
+        processes(Some("tcp;ofi_rxm"), alg, false, false);
     }
 }

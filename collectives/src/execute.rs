@@ -79,6 +79,17 @@ pub trait Session {
     /// Cancels an outstanding operation (no effect if it already completed).
     fn cancel(&mut self, token: u32) -> Result<()>;
 
+    /// After this rank's part of a collective failed with [`CollectiveError::Mismatch`]
+    /// (the ranks called with different sizes): tells `peer`, which waits for the
+    /// message `tag` from this rank that will now never be sent, so that it fails at
+    /// once with `Mismatch` naming this rank — and tells the ranks waiting for *it* in
+    /// turn — instead of at its timeout. Best effort, nothing to wait for; the default
+    /// does nothing.
+    fn post_poison(&mut self, peer: usize, tag: u64) -> Result<()> {
+        let _ = (peer, tag);
+        Ok(())
+    }
+
     /// Waits until something may have completed or `max` has passed. The default
     /// yields the processor; transports with a wait object block on it.
     fn wait(&mut self, max: Duration) -> Result<()> {
@@ -117,10 +128,34 @@ impl Default for ExecOptions<'_> {
 ///
 /// Returns an error naming the step and its peer when a step fails, when the
 /// timeout passes (the oldest pending step is named) or when the operation is aborted.
+/// After a [`CollectiveError::Mismatch`], every send this rank had not posted yet is
+/// replaced by [`Session::post_poison`], so that the ranks waiting for those messages
+/// fail now too.
 pub fn execute<S: Session + ?Sized>(
     schedule: &Schedule,
     session: &mut S,
     opts: &ExecOptions<'_>,
+) -> Result<()> {
+    let mut posted = vec![false; schedule.len()];
+    let out = run(schedule, session, opts, &mut posted);
+    if let Err(CollectiveError::Mismatch { .. }) = &out {
+        for (s, step) in schedule.steps().iter().enumerate() {
+            if let Step::Send { peer, tag, .. } = *step
+                && !posted[s]
+            {
+                // Best effort: the collective has failed already.
+                let _ = session.post_poison(peer as usize, tag);
+            }
+        }
+    }
+    out
+}
+
+fn run<S: Session + ?Sized>(
+    schedule: &Schedule,
+    session: &mut S,
+    opts: &ExecOptions<'_>,
+    posted: &mut [bool],
 ) -> Result<()> {
     let n = schedule.len();
     if n == 0 {
@@ -156,6 +191,7 @@ pub fn execute<S: Session + ?Sized>(
         // Post everything that is ready; copies complete at once.
         while let Some(s) = ready.pop() {
             let step = schedule.steps()[s as usize];
+            posted[s as usize] = true;
             let local_done = match step {
                 Step::Send { peer, tag, region } => {
                     session

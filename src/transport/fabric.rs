@@ -481,6 +481,17 @@ impl Endpoint {
             }
             _ => 0,
         }
+        .min(self.poison_data().wrapping_sub(1))
+    }
+
+    /// The completion data of a poison message: all ones in what the provider carries
+    /// (0 when it carries none: no poison then).
+    fn poison_data(&self) -> u64 {
+        match self.cq_data {
+            0 => 0,
+            8.. => u64::MAX,
+            n => (1u64 << (8 * n)) - 1,
+        }
     }
 
     fn needs_registration(&self) -> bool {
@@ -1056,6 +1067,9 @@ const NET: usize = 1;
 /// before the endpoints are closed under them.
 const CANCEL_DRAIN: Duration = Duration::from_millis(100);
 
+/// The token of poison messages (never a step of a schedule, never reported).
+const POISON_TOKEN: u32 = u32::MAX;
+
 /// How long a rank that found a size mismatch keeps delivering its outstanding sends
 /// before it closes its endpoints: the peers that called with another size then see
 /// the mismatch themselves (both ends name both sizes) instead of waiting for these
@@ -1140,6 +1154,9 @@ struct Deferred {
     /// The full tag (tag base included).
     tag: u64,
     since: Instant,
+    /// A poison message ([`Session::post_poison`]): no bytes, [`Endpoint::poison_data`]
+    /// as completion data.
+    poison: bool,
 }
 
 /// A process on this host: its id and its start time (clock ticks after boot, from
@@ -1759,6 +1776,10 @@ impl FabricTransport {
         if !is_send {
             // The sender may be waiting for its send to complete.
             self.ring(peer as usize);
+            let poison = self.eps[slot].as_ref().map_or(0, Endpoint::poison_data);
+            if en.flags & fi::FI_REMOTE_CQ_DATA != 0 && poison != 0 && en.data == poison {
+                return Err(super::poisoned(peer as usize, self.rank, tag));
+            }
             let block = (en.flags & fi::FI_REMOTE_CQ_DATA != 0)
                 .then(|| block_of(en.data))
                 .flatten();
@@ -2095,6 +2116,7 @@ impl FabricSession<'_> {
             region,
             tag,
             since: Instant::now(),
+            poison: false,
         };
         if self.t.backlog.iter().any(|b| b.peer == peer) || !self.try_post(&d)? {
             self.t.backlog.push(d);
@@ -2119,9 +2141,13 @@ impl FabricSession<'_> {
             )));
         };
         let ctx = self.t.take_ctx(d, route.ep);
-        let data = self.t.eps[route.ep as usize]
-            .as_ref()
-            .map_or(0, |e| e.block_data(self.t.block));
+        let data = self.t.eps[route.ep as usize].as_ref().map_or(0, |e| {
+            if d.poison {
+                e.poison_data()
+            } else {
+                e.block_data(self.t.block)
+            }
+        });
         let call = if d.is_send { CALL_TSEND } else { CALL_TRECV };
         // SAFETY: `ptr_ .. + region.len` lies in a buffer this session borrows until it
         // is dropped, and the drop cancels every operation and, if any is not back,
@@ -2320,6 +2346,31 @@ impl Session for FabricSession<'_> {
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
         let r = self.post(peer, token, false, region, tag);
         self.note(r)
+    }
+
+    fn post_poison(&mut self, peer: usize, tag: u64) -> CResult<()> {
+        let can = self
+            .t
+            .routes
+            .get(peer)
+            .and_then(|r| self.t.eps[r.ep as usize].as_ref())
+            .is_some_and(|e| e.poison_data() != 0);
+        if !can || peer == self.t.rank {
+            return Ok(());
+        }
+        let d = Deferred {
+            peer,
+            token: POISON_TOKEN,
+            is_send: true,
+            region: Region::new(Buf::Send, 0, 0),
+            tag: self.full_tag(tag)?,
+            since: Instant::now(),
+            poison: true,
+        };
+        if self.t.backlog.iter().any(|b| b.peer == peer) || !self.try_post(&d)? {
+            self.t.backlog.push(d);
+        }
+        Ok(())
     }
 
     fn copy(&mut self, src: Region, dst: Region) -> CResult<()> {

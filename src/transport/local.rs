@@ -31,7 +31,7 @@
 
 pub use super::emulation::Emulation;
 use super::emulation::LinkModel;
-use super::{Expected, mismatch};
+use super::{Expected, mismatch, poisoned};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crossbeam::queue::SegQueue;
@@ -66,6 +66,10 @@ struct Desc {
     len: usize,
     /// The block size of the sender's uniform call ([`Buffers::block`]).
     block: Option<usize>,
+    /// A poison message ([`Session::post_poison`]): no bytes (`ptr` is null), the
+    /// sender failed and will not send the real one. It may outlive the sender's
+    /// session (it points at nothing), so nobody waits for its claim.
+    poison: bool,
     /// Modelled arrival, ns since the cluster's epoch (0 without emulation).
     arrival: u64,
     /// The sender's session and the send's token, for the acknowledgement.
@@ -341,9 +345,13 @@ impl Transport for LocalTransport {
     }
 
     fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<LocalSession<'a>> {
-        // Forget descriptors their senders withdrew (a failed earlier collective).
+        // Forget descriptors their senders withdrew (a failed earlier collective), and
+        // poison of other collectives (the tag's sequence number wraps).
         self.unexpected.retain(|_, q| {
-            q.retain(|d| d.state.load(Ordering::Acquire) != WITHDRAWN);
+            q.retain(|d| {
+                d.state.load(Ordering::Acquire) != WITHDRAWN
+                    && !(d.poison && d.tag >> TAG_BITS != tag_base >> TAG_BITS)
+            });
             !q.is_empty()
         });
         let pool = std::mem::take(&mut self.pool);
@@ -352,6 +360,7 @@ impl Transport for LocalTransport {
             id,
             tag_base,
             block: bufs.block,
+            mismatch: false,
             send: (bufs.send.as_ptr(), bufs.send.len()),
             recv: (bufs.recv.as_mut_ptr(), bufs.recv.len()),
             scratch: (bufs.scratch.as_mut_ptr(), bufs.scratch.len()),
@@ -373,6 +382,9 @@ pub(crate) struct LocalSession<'a> {
     tag_base: u64,
     /// The block size of this call ([`Buffers::block`]).
     block: Option<usize>,
+    /// Whether this session failed on a size mismatch: its drop then sends poison in
+    /// place of the sends it withdraws ([`Session::post_poison`]).
+    mismatch: bool,
     send: (*const u8, usize),
     recv: (*mut u8, usize),
     scratch: (*mut u8, usize),
@@ -468,6 +480,7 @@ impl LocalSession<'_> {
             };
             self.pool.live_sends.retain(|(t, _)| *t != ack.token);
             if let Some(expected) = ack.rejected {
+                self.mismatch = true;
                 let me = self.me();
                 let d = &out.desc;
                 return Err(mismatch(
@@ -543,6 +556,11 @@ impl LocalSession<'_> {
             });
             sender.unparker.unpark();
         };
+        if desc.poison {
+            finish(DONE, None);
+            self.mismatch = true;
+            return Err(poisoned(desc.src as usize, self.me(), desc.tag));
+        }
         let expected = Expected {
             len: recv.region.len,
             block: self.block,
@@ -551,6 +569,7 @@ impl LocalSession<'_> {
         if desc.len != recv.region.len || blocks_differ {
             // Rejected, not copied: both ends fail, with the same words.
             finish(REJECTED, Some(expected));
+            self.mismatch = true;
             let me = self.me();
             return Err(mismatch(
                 desc.src as usize,
@@ -615,6 +634,24 @@ impl LocalSession<'_> {
         Ok(())
     }
 
+    /// Sends poison with the full tag `tag` to `peer` (see [`Desc::poison`]).
+    fn poison(&self, peer: usize, tag: u64) {
+        let mailbox = &self.ep.shared.mailboxes[peer];
+        mailbox.incoming.push(Arc::new(Desc {
+            src: self.ep.rank as u32,
+            tag,
+            ptr: std::ptr::null(),
+            len: 0,
+            block: None,
+            poison: true,
+            arrival: 0,
+            session: self.id,
+            token: u32::MAX,
+            state: AtomicU8::new(POSTED),
+        }));
+        mailbox.unparker.unpark();
+    }
+
     /// The first peer this session still waits on that has left, if any.
     /// Checks the peers of pending operations against `snapshot` (who had left when it
     /// was taken) or, without one, against who has left now.
@@ -658,6 +695,7 @@ impl Session for LocalSession<'_> {
             ptr: ptr.cast_const(),
             len: region.len,
             block: self.block,
+            poison: false,
             arrival,
             session: self.id,
             token,
@@ -676,6 +714,13 @@ impl Session for LocalSession<'_> {
         let mailbox = &shared.mailboxes[peer];
         mailbox.incoming.push(desc);
         mailbox.unparker.unpark();
+        Ok(())
+    }
+
+    fn post_poison(&mut self, peer: usize, tag: u64) -> CResult<()> {
+        self.check_peer(peer)?;
+        let tag = self.full_tag(tag)?;
+        self.poison(peer, tag);
         Ok(())
     }
 
@@ -826,8 +871,10 @@ fn wait_unclaimed(desc: &Desc) {
 impl Drop for LocalSession<'_> {
     fn drop(&mut self) {
         // No descriptor may outlive the buffers: withdraw what no receiver has claimed,
-        // wait for the copies already claimed.
-        for (_, out) in self.pool.sends.drain() {
+        // wait for the copies already claimed. After a size mismatch the receivers of
+        // the withdrawn sends get poison instead, so that they fail now too.
+        let sends: Vec<OutSend> = self.pool.sends.drain().map(|(_, o)| o).collect();
+        for out in sends {
             if out
                 .desc
                 .state
@@ -835,6 +882,8 @@ impl Drop for LocalSession<'_> {
                 .is_err()
             {
                 wait_unclaimed(&out.desc);
+            } else if self.mismatch {
+                self.poison(out.peer as usize, out.desc.tag);
             }
         }
         let mut pool = std::mem::take(&mut self.pool);

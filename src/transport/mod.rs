@@ -104,3 +104,16 @@ pub(crate) fn mismatch(
         message,
     }
 }
+
+/// The error of a rank that receives poison ([`halo_collectives::Session::post_poison`])
+/// from `sender` in place of the message `tag`.
+pub(crate) fn poisoned(sender: usize, me: usize, tag: u64) -> CollectiveError {
+    CollectiveError::Mismatch {
+        peer: sender,
+        message: format!(
+            "size mismatch: rank {sender} failed this collective because the ranks passed \
+             different counts or element types, and will not send the message (tag {tag:#x}) \
+             rank {me} waits for"
+        ),
+    }
+}

@@ -245,6 +245,11 @@ impl<S: Session> Session for Mapped<'_, S> {
         self.inner.post_send(w, tag, region, token)
     }
 
+    fn post_poison(&mut self, peer: usize, tag: u64) -> CResult<()> {
+        let w = self.world(peer)?;
+        self.inner.post_poison(w, tag)
+    }
+
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
         let w = self.world(peer)?;
         self.inner.post_recv(w, tag, region, token)
