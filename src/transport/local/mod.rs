@@ -1,0 +1,397 @@
+//! The in-process transport: ranks as threads of one process.
+//!
+//! [`LocalCluster::new`] creates the endpoints of `N` ranks over a [`Topology`];
+//! [`run`] spawns one thread per rank, each with its [`Communicator`], and collects
+//! what they return. Used by the tests, the benchmarks (`halo bench` without a
+//! cluster) and anyone who wants to see a collective's behaviour on one machine; with
+//! [`Emulation`] on, it also shows a cluster's *shape* (latency per link class, a NIC
+//! shared by a node's ranks).
+//!
+//! # How a message moves (zero extra copy, rendezvous)
+//!
+//! A send publishes a *descriptor* — the address and length of the sender's region,
+//! the tag and a state word — into the receiver's mailbox (a lock-free queue) and
+//! wakes the receiver. The receiver matches descriptors on (source, full tag) against
+//! its pre-posted receives (unexpected ones wait in a per-endpoint table, also across
+//! collectives), claims the descriptor, copies the bytes straight from the sender's
+//! buffer into its own region, marks the descriptor done and acknowledges it to the
+//! sender, whose send completes then. One copy per message, no intermediate buffer.
+//!
+//! Because a peer reads the sender's memory, a descriptor must never outlive the
+//! buffers it points into. A session borrows the buffers for its lifetime, and
+//! dropping it withdraws every descriptor no receiver has claimed (an atomic
+//! `posted -> withdrawn` transition the receiver respects) and waits for the copies
+//! already claimed, which are plain memory copies and finish promptly. The session
+//! type is private to the crate and only the [`Communicator`] opens sessions, always
+//! dropping them before its call returns, so no `mem::forget` can defeat that.
+//!
+//! A rank whose endpoint is dropped (its thread returned or panicked) is marked gone;
+//! peers waiting on it get [`crate::Error::RemoteError`] instead of waiting for the
+//! timeout.
+
+pub use super::emulation::Emulation;
+use super::emulation::LinkModel;
+use super::{Expected, mismatch, poisoned};
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crossbeam::queue::SegQueue;
+use crossbeam::sync::{Parker, Unparker};
+use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, TAG_BITS, Transport};
+use halo_topology::Topology;
+use std::collections::{HashMap, VecDeque};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+mod session;
+
+type CResult<T> = std::result::Result<T, CollectiveError>;
+
+/// Waits shorter than this yield the processor instead of sleeping.
+const YIELD_BELOW: Duration = Duration::from_micros(YIELD_BELOW_US);
+const YIELD_BELOW_US: u64 = 100;
+
+/// Descriptor states.
+const POSTED: u8 = 0;
+const CLAIMED: u8 = 1;
+const DONE: u8 = 2;
+const WITHDRAWN: u8 = 3;
+const REJECTED: u8 = 4;
+
+/// A send, as the receiver sees it.
+#[derive(Debug)]
+struct Desc {
+    src: u32,
+    tag: u64,
+    ptr: *const u8,
+    len: usize,
+    /// The block size of the sender's uniform call ([`Buffers::block`]).
+    block: Option<usize>,
+    /// A poison message ([`Session::post_poison`]): no bytes (`ptr` is null), the
+    /// sender failed and will not send the real one. It may outlive the sender's
+    /// session (it points at nothing), so nobody waits for its claim.
+    poison: bool,
+    /// Modelled arrival, ns since the cluster's epoch (0 without emulation).
+    arrival: u64,
+    /// The sender's session and the send's token, for the acknowledgement.
+    session: u64,
+    token: u32,
+    state: AtomicU8,
+}
+
+// SAFETY: `ptr` is only dereferenced by a receiver after it moved `state` from POSTED
+// to CLAIMED; the sender keeps the memory alive (its session borrows the buffer) until
+// the descriptor is DONE, REJECTED or WITHDRAWN, and its session's drop waits for a
+// CLAIMED descriptor to leave that state. The remaining fields are plain data and
+// atomics, so sharing the descriptor between threads is sound.
+unsafe impl Send for Desc {}
+// SAFETY: as for `Send`: all access to the memory behind `ptr` is ordered by `state`.
+unsafe impl Sync for Desc {}
+
+/// A receiver's answer to a send.
+#[derive(Debug, Clone, Copy)]
+struct Ack {
+    session: u64,
+    token: u32,
+    /// `None`: received; `Some(view)`: rejected, the receiver expected another message.
+    rejected: Option<Expected>,
+}
+
+/// What other ranks see of one endpoint.
+#[derive(Debug)]
+struct Mailbox {
+    incoming: SegQueue<Arc<Desc>>,
+    acks: SegQueue<Ack>,
+    unparker: Unparker,
+    alive: AtomicBool,
+}
+
+/// What every endpoint of a cluster shares.
+#[derive(Debug)]
+struct Shared {
+    topology: Arc<Topology>,
+    mailboxes: Box<[Mailbox]>,
+    model: Option<LinkModel>,
+    emulation: Emulation,
+    epoch: Instant,
+    sessions: AtomicU64,
+}
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Ranks of one process, connected by the in-process transport.
+///
+/// ```
+/// use halo::local::{Emulation, LocalCluster};
+/// use halo::topology::Topology;
+///
+/// let cluster = LocalCluster::new(Topology::preset("nodes:2x2").unwrap(), Emulation::off()).unwrap();
+/// let comms = cluster.into_communicators();
+/// assert_eq!(comms.len(), 4);
+/// ```
+#[derive(Debug)]
+pub struct LocalCluster {
+    shared: Arc<Shared>,
+    parkers: Vec<Parker>,
+}
+
+impl LocalCluster {
+    /// One endpoint per rank of `topology`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the emulation's figures are not finite and non-negative.
+    pub fn new(topology: Topology, emulation: Emulation) -> Result<Self> {
+        emulation.check().map_err(Error::invalid_argument)?;
+        let n = topology.size();
+        let parkers: Vec<Parker> = (0..n).map(|_| Parker::new()).collect();
+        let mailboxes = parkers
+            .iter()
+            .map(|p| Mailbox {
+                incoming: SegQueue::new(),
+                acks: SegQueue::new(),
+                unparker: p.unparker().clone(),
+                alive: AtomicBool::new(true),
+            })
+            .collect();
+        let model = emulation
+            .enabled
+            .then(|| LinkModel::new(&topology, &emulation));
+        Ok(LocalCluster {
+            shared: Arc::new(Shared {
+                topology: Arc::new(topology),
+                mailboxes,
+                model,
+                emulation,
+                epoch: Instant::now(),
+                sessions: AtomicU64::new(1),
+            }),
+            parkers,
+        })
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.parkers.len()
+    }
+
+    /// The topology the ranks are placed in.
+    pub fn topology(&self) -> &Topology {
+        &self.shared.topology
+    }
+
+    /// The link emulation.
+    pub fn emulation(&self) -> Emulation {
+        self.shared.emulation
+    }
+
+    /// The modelled time of one message of `bytes` from `src` to `dst` on an idle
+    /// network (zero without emulation).
+    ///
+    /// # Panics
+    /// If `src` or `dst` is not a rank of the cluster.
+    pub fn modelled_time(&self, src: usize, dst: usize, bytes: usize) -> Duration {
+        match &self.shared.model {
+            Some(m) => m.idle_time(&self.shared.topology, src, dst, bytes),
+            None => Duration::ZERO,
+        }
+    }
+
+    /// One communicator per rank, in rank order. Move each to its own thread.
+    pub fn into_communicators(self) -> Vec<Communicator> {
+        let shared = self.shared;
+        self.parkers
+            .into_iter()
+            .enumerate()
+            .map(|(rank, parker)| {
+                let transport = LocalTransport {
+                    rank,
+                    shared: Arc::clone(&shared),
+                    parker,
+                    unexpected: HashMap::new(),
+                    pool: SessionPool::default(),
+                };
+                Communicator::from_local(transport, Arc::clone(&shared.topology))
+            })
+            .collect()
+    }
+}
+
+/// Runs `f` on every rank of `topology`, one thread per rank, each with its own
+/// [`Communicator`], and returns what each rank returned, in rank order.
+///
+/// A rank that panics yields [`Error::InternalError`] naming the rank and the panic;
+/// its peers see it gone ([`Error::RemoteError`]) instead of waiting for it.
+///
+/// ```
+/// use halo::local::{self, Emulation};
+/// use halo::topology::Topology;
+///
+/// let topo = Topology::preset("nodes:2x2").unwrap();
+/// let out = local::run(&topo, Emulation::off(), |comm| {
+///     let me = comm.rank() as u32;
+///     let send: Vec<u32> = (0..comm.size() as u32).map(|q| me * 10 + q).collect();
+///     let mut recv = vec![0u32; comm.size()];
+///     comm.all_to_all(&send, &mut recv)?;
+///     Ok(recv)
+/// });
+/// assert_eq!(out[1].as_ref().unwrap(), &vec![1, 11, 21, 31]);
+/// ```
+pub fn run<R, F>(topology: &Topology, emulation: Emulation, f: F) -> Vec<Result<R>>
+where
+    R: Send,
+    F: Fn(&mut Communicator) -> Result<R> + Sync,
+{
+    let cluster = match LocalCluster::new(topology.clone(), emulation) {
+        Ok(c) => c,
+        Err(e) => return (0..topology.size()).map(|_| Err(e.clone())).collect(),
+    };
+    let comms = cluster.into_communicators();
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut comm)| {
+                std::thread::Builder::new()
+                    .name(format!("halo-rank-{rank}"))
+                    .spawn_scoped(s, move || f(&mut comm))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| match h {
+                Ok(h) => h.join().unwrap_or_else(|p| {
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a non-string payload".into());
+                    Err(Error::internal(format!("rank {rank} panicked: {what}")))
+                }),
+                Err(e) => Err(Error::SystemError {
+                    message: format!("cannot start the thread of rank {rank}: {e}"),
+                }),
+            })
+            .collect()
+    })
+}
+
+/// Collections a session needs, kept between sessions so that steady state does not
+/// allocate them again.
+#[derive(Debug, Default)]
+struct SessionPool {
+    posted: HashMap<(u32, u64), PostedRecv>,
+    sends: HashMap<u32, OutSend>,
+    arriving: Vec<(u64, (u32, u64))>,
+    ready: Vec<u32>,
+    live_sends: Vec<(u32, Region)>,
+    gone: Vec<bool>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PostedRecv {
+    region: Region,
+    token: u32,
+}
+
+#[derive(Debug)]
+struct OutSend {
+    desc: Arc<Desc>,
+    peer: u32,
+}
+
+/// One rank's endpoint of a [`LocalCluster`]: implements the collectives' transport.
+#[derive(Debug)]
+pub(crate) struct LocalTransport {
+    rank: usize,
+    shared: Arc<Shared>,
+    parker: Parker,
+    /// Descriptors that arrived before their receive was posted, by (source, full tag).
+    unexpected: HashMap<(u32, u64), VecDeque<Arc<Desc>>>,
+    pool: SessionPool,
+}
+
+impl LocalTransport {
+    pub(crate) fn emulation(&self) -> Emulation {
+        self.shared.emulation
+    }
+}
+
+impl Drop for LocalTransport {
+    fn drop(&mut self) {
+        let me = &self.shared.mailboxes[self.rank];
+        me.alive.store(false, Ordering::Release);
+        for (q, m) in self.shared.mailboxes.iter().enumerate() {
+            if q != self.rank {
+                m.unparker.unpark();
+            }
+        }
+    }
+}
+
+impl Transport for LocalTransport {
+    type Session<'a> = LocalSession<'a>;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.shared.mailboxes.len()
+    }
+
+    fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<LocalSession<'a>> {
+        // Forget descriptors their senders withdrew (a failed earlier collective), and
+        // poison of other collectives (the tag's sequence number wraps).
+        self.unexpected.retain(|_, q| {
+            q.retain(|d| {
+                d.state.load(Ordering::Acquire) != WITHDRAWN
+                    && !(d.poison && d.tag >> TAG_BITS != tag_base >> TAG_BITS)
+            });
+            !q.is_empty()
+        });
+        let pool = std::mem::take(&mut self.pool);
+        let id = self.shared.sessions.fetch_add(1, Ordering::Relaxed);
+        Ok(LocalSession {
+            id,
+            tag_base,
+            block: bufs.block,
+            mismatch: false,
+            send: (bufs.send.as_ptr(), bufs.send.len()),
+            recv: (bufs.recv.as_mut_ptr(), bufs.recv.len()),
+            scratch: (bufs.scratch.as_mut_ptr(), bufs.scratch.len()),
+            ep: self,
+            pool,
+            _bufs: PhantomData,
+        })
+    }
+}
+
+/// One collective's use of the caller's buffers on a [`LocalTransport`].
+///
+/// The buffers are held as raw pointers taken once at [`Transport::begin`]: peers read
+/// send regions through descriptors while this rank writes other regions, so no
+/// reference to a whole buffer may be created again while the session lives.
+#[derive(Debug)]
+pub(crate) struct LocalSession<'a> {
+    id: u64,
+    tag_base: u64,
+    /// The block size of this call ([`Buffers::block`]).
+    block: Option<usize>,
+    /// Whether this session failed on a size mismatch: its drop then sends poison in
+    /// place of the sends it withdraws ([`Session::post_poison`]).
+    mismatch: bool,
+    send: (*const u8, usize),
+    recv: (*mut u8, usize),
+    scratch: (*mut u8, usize),
+    ep: &'a mut LocalTransport,
+    pool: SessionPool,
+    /// The session borrows the caller's buffers for `'a`.
+    _bufs: PhantomData<(&'a [u8], &'a mut [u8], &'a mut [u8])>,
+}
