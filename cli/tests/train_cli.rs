@@ -36,6 +36,10 @@ fn the_default_run_halves_its_loss() {
                 "32 sequences of 32 tokens"
             );
             assert!(s["tokens_per_s"].as_f64().unwrap() > 0.0);
+            for k in ["compute_s", "all_to_all_s", "p2p_s", "all_reduce_s"] {
+                assert!(s[k].as_f64().is_some_and(|v| v >= 0.0), "{k} in {s}");
+            }
+            assert!(s["all_to_all_s"].as_f64().unwrap() > 0.0, "EP 4 dispatches");
             let l = s["loss"].as_f64().expect("a loss field");
             assert!(l.is_finite());
             l

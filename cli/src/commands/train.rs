@@ -21,6 +21,9 @@ use serde::Serialize;
 /// The task is class-conditioned random successor chains (halo-moe's `Task`): every
 /// target follows from the sequence so far, so the loss can fall from ln V towards zero.
 /// A step's data depends on the seed and the global batch only, never on the layout.
+/// Each step prints rank 0's loss, tokens/s and time split (compute, all-to-all,
+/// point-to-point, all-reduce; blocking calls, so waiting for peers — the pipeline
+/// bubble — counts in the communication it waits in).
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  halo train\n  \
     halo train --model tiny --pp 2 --ep 4 --microbatches 8 --steps 100 --json\n  \
@@ -69,6 +72,11 @@ struct StepLine {
     tokens: usize,
     seconds: f64,
     tokens_per_s: f64,
+    /// Rank 0's time split (seconds); communication includes waiting for peers.
+    compute_s: f64,
+    all_to_all_s: f64,
+    p2p_s: f64,
+    all_reduce_s: f64,
 }
 
 fn input(e: impl std::fmt::Display) -> Failure {
@@ -172,13 +180,25 @@ pub(crate) fn run(a: &TrainArgs) -> Result<(), Failure> {
                         tokens: report.tokens,
                         seconds,
                         tokens_per_s: report.tokens as f64 / seconds.max(1e-12),
+                        compute_s: report.times.compute.as_secs_f64(),
+                        all_to_all_s: report.times.all_to_all.as_secs_f64(),
+                        p2p_s: report.times.p2p.as_secs_f64(),
+                        all_reduce_s: report.times.all_reduce.as_secs_f64(),
                     };
                     if a.json {
                         print_line(&serde_json::to_string(&line).unwrap_or_default());
                     } else {
+                        let ms = |x: f64| x * 1e3;
                         print_line(&format!(
-                            "step {:>5}  loss {:>8.4}  tokens/s {:>10.0}",
-                            line.step, line.loss, line.tokens_per_s
+                            "step {:>5}  loss {:>8.4}  tokens/s {:>8.0}  ms: compute {:>6.1} \
+                             all-to-all {:>6.1} p2p {:>6.1} all-reduce {:>5.1}",
+                            line.step,
+                            line.loss,
+                            line.tokens_per_s,
+                            ms(line.compute_s),
+                            ms(line.all_to_all_s),
+                            ms(line.p2p_s),
+                            ms(line.all_reduce_s)
                         ));
                     }
                 }

@@ -43,6 +43,7 @@ mod moe_layer;
 mod pipeline;
 
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use halo::{Communicator, ReduceOp};
 use halo_moe::{Adam, GroupId};
@@ -59,6 +60,32 @@ pub struct StepReport {
     pub loss: f64,
     /// Tokens of the global batch.
     pub tokens: usize,
+    /// Where this rank's time went.
+    pub times: StepTimes,
+}
+
+/// This rank's time in one step, by kind. Communication times are those of the blocking
+/// calls, so they include waiting for the peers: a stage's pipeline bubble shows in `p2p`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// The whole step.
+    pub total: Duration,
+    /// Everything but communication (the model's pieces, gathers and scatters).
+    pub compute: Duration,
+    /// Count exchanges, dispatches and combines on the EP communicator.
+    pub all_to_all: Duration,
+    /// Stage-to-stage sends and receives (including waiting for the neighbour stage).
+    pub p2p: Duration,
+    /// Gradient and loss all-reduces.
+    pub all_reduce: Duration,
+}
+
+/// Runs `f`, adding its wall time to `acc`.
+fn timed<T>(acc: &mut Duration, f: impl FnOnce() -> T) -> T {
+    let t0 = Instant::now();
+    let out = f();
+    *acc += t0.elapsed();
+    out
 }
 
 /// One rank's executor: its place in the mesh and the step's shape.
@@ -203,6 +230,8 @@ impl Executor {
                 }
             })
             .collect();
+        let t0 = Instant::now();
+        let mut times = StepTimes::default();
         model.zero_grads();
         let ctx = pipeline::Stage {
             layers: self.layers.clone(),
@@ -211,12 +240,19 @@ impl Executor {
             rows: per * seq,
             normaliser,
         };
-        let local_loss = pipeline::one_f_one_b(&mut self.mesh, &ctx, model, &micro)?;
-        self.reduce_gradients(model)?;
-        let loss = self.reduce_loss(local_loss)?;
+        let local_loss = pipeline::one_f_one_b(&mut self.mesh, &ctx, model, &micro, &mut times)?;
+        let mut ar = Duration::ZERO;
+        timed(&mut ar, || self.reduce_gradients(model))?;
+        let loss = timed(&mut ar, || self.reduce_loss(local_loss))?;
+        times.all_reduce = ar;
+        times.total = t0.elapsed();
+        times.compute = times
+            .total
+            .saturating_sub(times.all_to_all + times.p2p + times.all_reduce);
         Ok(StepReport {
             loss,
             tokens: tokens.len(),
+            times,
         })
     }
 

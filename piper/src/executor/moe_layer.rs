@@ -12,6 +12,7 @@ use halo_moe::{Routing, gather_slots, gather_tokens, scatter_slots};
 
 use super::compute::StageCompute;
 use super::pipeline::Stage;
+use super::{StepTimes, timed};
 use crate::error::{PiperError, Result};
 
 /// Who sends what to whom in one block's dispatch (the same for its backward).
@@ -114,14 +115,17 @@ pub(super) fn forward<C: StageCompute>(
     model: &C,
     layer: usize,
     x: &[f32],
+    times: &mut StepTimes,
 ) -> Result<(Vec<f32>, LayerTape<C>)> {
     let (d, k) = (st.hidden, model.top_k());
     let (h, u, dense) = model.dense_forward(layer, x)?;
     let (routing, router) = model.router_forward(layer, &u)?;
     let rows = u.len() / d;
-    let plan = plan(ep, st, model.experts(), &routing)?;
+    let plan = timed(&mut times.all_to_all, || {
+        plan(ep, st, model.experts(), &routing)
+    })?;
     let send = gather_tokens(&u, d, k, &plan.send_slots)?;
-    let recv = dispatch(ep, &plan, &send, d)?;
+    let recv = timed(&mut times.all_to_all, || dispatch(ep, &plan, &send, d))?;
     let mut out_recv = vec![0.0f32; recv.len()];
     let mut experts = Vec::with_capacity(plan.expert_rows.len());
     for (j, rows_j) in plan.expert_rows.iter().enumerate() {
@@ -134,7 +138,7 @@ pub(super) fn forward<C: StageCompute>(
         scatter_slots(&y, d, rows_j, &mut out_recv)?;
         experts.push(Some(es));
     }
-    let back = combine(ep, &plan, &out_recv, d)?;
+    let back = timed(&mut times.all_to_all, || combine(ep, &plan, &out_recv, d))?;
     let mut expert_out = vec![0.0f32; rows * k * d];
     scatter_slots(&back, d, &plan.send_slots, &mut expert_out)?;
     let (out, combine) = model.combine_forward(&h, &routing.gates, &expert_out)?;
@@ -158,12 +162,13 @@ pub(super) fn backward<C: StageCompute>(
     layer: usize,
     tape: LayerTape<C>,
     d_out: &[f32],
+    times: &mut StepTimes,
 ) -> Result<Vec<f32>> {
     let d = st.hidden;
     let plan = &tape.dispatch;
     let cg = model.combine_backward(tape.combine, d_out)?;
     let send = gather_slots(&cg.d_expert_out, d, &plan.send_slots)?;
-    let recv = dispatch(ep, plan, &send, d)?;
+    let recv = timed(&mut times.all_to_all, || dispatch(ep, plan, &send, d))?;
     let mut din_recv = vec![0.0f32; recv.len()];
     for (j, (rows_j, es)) in plan.expert_rows.iter().zip(tape.experts).enumerate() {
         let Some(es) = es else { continue };
@@ -171,7 +176,7 @@ pub(super) fn backward<C: StageCompute>(
         let dxe = model.expert_backward(layer, st.local_experts.start + j, es, &dy)?;
         scatter_slots(&dxe, d, rows_j, &mut din_recv)?;
     }
-    let back = combine(ep, plan, &din_recv, d)?;
+    let back = timed(&mut times.all_to_all, || combine(ep, plan, &din_recv, d))?;
     let mut d_expert_in = vec![0.0f32; cg.d_expert_out.len()];
     scatter_slots(&back, d, &plan.send_slots, &mut d_expert_in)?;
     let d_router = model.router_backward(layer, tape.router, &cg.d_gates)?;

@@ -14,6 +14,7 @@ use halo::Communicator;
 use super::compute::StageCompute;
 use super::mesh::Mesh;
 use super::moe_layer::{self, LayerTape};
+use super::{StepTimes, timed};
 use crate::error::Result;
 
 /// One micro-batch of this rank's data.
@@ -91,6 +92,7 @@ fn forward<C: StageCompute>(
     model: &C,
     mb: MicroBatch<'_>,
     x: Option<Vec<f32>>,
+    times: &mut StepTimes,
 ) -> Result<(Option<Vec<f32>>, f64, Tape<C>)> {
     let mut x = match x {
         Some(x) => x,
@@ -98,7 +100,7 @@ fn forward<C: StageCompute>(
     };
     let mut layers = Vec::with_capacity(st.layers.len());
     for l in st.layers.clone() {
-        let (out, tape) = moe_layer::forward(&mut mesh.ep, st, model, l, &x)?;
+        let (out, tape) = moe_layer::forward(&mut mesh.ep, st, model, l, &x, times)?;
         layers.push(tape);
         x = out;
     }
@@ -127,6 +129,7 @@ fn backward<C: StageCompute>(
     mb: MicroBatch<'_>,
     tape: Tape<C>,
     dy: Option<Vec<f32>>,
+    times: &mut StepTimes,
 ) -> Result<Option<Vec<f32>>> {
     let mut dx = match (tape.head, dy) {
         (Some(hs), _) => model.head_backward(hs)?,
@@ -138,7 +141,7 @@ fn backward<C: StageCompute>(
         }
     };
     for (l, lt) in st.layers.clone().zip(tape.layers).rev() {
-        dx = moe_layer::backward(&mut mesh.ep, st, model, l, lt, &dx)?;
+        dx = moe_layer::backward(&mut mesh.ep, st, model, l, lt, &dx, times)?;
     }
     if mesh.is_first() {
         model.embed_backward(mb.tokens, &dx)?;
@@ -155,6 +158,7 @@ pub(super) fn one_f_one_b<C: StageCompute>(
     st: &Stage,
     model: &mut C,
     micro: &[MicroBatch<'_>],
+    times: &mut StepTimes,
 ) -> Result<f64> {
     let m_total = micro.len();
     let pp_size = mesh.layout().pp;
@@ -171,38 +175,42 @@ pub(super) fn one_f_one_b<C: StageCompute>(
         let x = if first {
             None
         } else {
-            Some(recv_forward(&mut mesh.pp, len)?)
+            Some(timed(&mut times.p2p, || recv_forward(&mut mesh.pp, len))?)
         };
-        let (y, l, tape) = forward(mesh, st, model, *mb, x)?;
+        let (y, l, tape) = forward(mesh, st, model, *mb, x, times)?;
         loss += l;
         tapes[m] = Some(tape);
         if let Some(y) = y {
-            send_forward(&mut mesh.pp, &y)?;
+            timed(&mut times.p2p, || send_forward(&mut mesh.pp, &y))?;
         }
     }
 
     // Steady state: one forward, one backward.
     let mut x_in = if remaining > 0 && !first {
-        Some(recv_forward(&mut mesh.pp, len)?)
+        Some(timed(&mut times.p2p, || recv_forward(&mut mesh.pp, len))?)
     } else {
         None
     };
     for i in 0..remaining {
         let fm = warmup + i;
-        let (y, l, tape) = forward(mesh, st, model, micro[fm], x_in.take())?;
+        let (y, l, tape) = forward(mesh, st, model, micro[fm], x_in.take(), times)?;
         loss += l;
         tapes[fm] = Some(tape);
         let dy = match y {
-            Some(y) if !last => Some(send_forward_recv_backward(&mut mesh.pp, &y)?),
+            Some(y) if !last => Some(timed(&mut times.p2p, || {
+                send_forward_recv_backward(&mut mesh.pp, &y)
+            })?),
             _ => None,
         };
         let tape = tapes[i].take().ok_or_else(|| missing_tape(i))?;
-        let dx = backward(mesh, st, model, micro[i], tape, dy)?;
+        let dx = backward(mesh, st, model, micro[i], tape, dy, times)?;
         if let Some(dx) = dx {
             if i + 1 == remaining {
-                send_backward(&mut mesh.pp, &dx)?;
+                timed(&mut times.p2p, || send_backward(&mut mesh.pp, &dx))?;
             } else {
-                x_in = Some(send_backward_recv_forward(&mut mesh.pp, &dx)?);
+                x_in = Some(timed(&mut times.p2p, || {
+                    send_backward_recv_forward(&mut mesh.pp, &dx)
+                })?);
             }
         }
     }
@@ -212,11 +220,11 @@ pub(super) fn one_f_one_b<C: StageCompute>(
         let dy = if last {
             None
         } else {
-            Some(recv_backward(&mut mesh.pp, len)?)
+            Some(timed(&mut times.p2p, || recv_backward(&mut mesh.pp, len))?)
         };
         let tape = tapes[bm].take().ok_or_else(|| missing_tape(bm))?;
-        if let Some(dx) = backward(mesh, st, model, micro[bm], tape, dy)? {
-            send_backward(&mut mesh.pp, &dx)?;
+        if let Some(dx) = backward(mesh, st, model, micro[bm], tape, dy, times)? {
+            timed(&mut times.p2p, || send_backward(&mut mesh.pp, &dx))?;
         }
     }
     Ok(loss)
