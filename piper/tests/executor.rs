@@ -31,11 +31,15 @@ fn adam_config() -> AdamConfig {
 /// What one rank returns: loss, its groups' gradients, its groups' parameters after Adam.
 type RankOut = (f64, Vec<(GroupId, Vec<f32>)>, Vec<(GroupId, Vec<f32>)>);
 
-fn run_layout(layout: MeshLayout, microbatches: usize) -> Vec<Result<RankOut, PiperError>> {
+fn run_layout(
+    topology: &str,
+    layout: MeshLayout,
+    microbatches: usize,
+) -> Vec<Result<RankOut, PiperError>> {
     let cfg = config();
     let task = Task::new(&cfg, TaskConfig::default()).unwrap();
     let batch = task.batch(0, SEQUENCES);
-    let topo = Topology::preset(&format!("flat:{}", layout.ranks())).unwrap();
+    let topo = Topology::preset(topology).unwrap();
     local::run(&topo, Emulation::off(), |world| {
         let mut one = || -> Result<RankOut, PiperError> {
             let mut model = ReferenceModel::new(MoeParams::init(&cfg, SEED)?)?;
@@ -83,8 +87,13 @@ fn kind(id: GroupId) -> &'static str {
     }
 }
 
-/// Checks one layout; returns a line for the summary.
+/// Checks one layout on `flat:N`; returns a line for the summary.
 fn check_layout(layout: MeshLayout, microbatches: usize) -> String {
+    check_layout_on(&format!("flat:{}", layout.ranks()), layout, microbatches)
+}
+
+/// Checks one layout on a topology preset; returns a line for the summary.
+fn check_layout_on(topology: &str, layout: MeshLayout, microbatches: usize) -> String {
     let cfg = config();
     let task = Task::new(&cfg, TaskConfig::default()).unwrap();
     let batch = task.batch(0, SEQUENCES);
@@ -95,9 +104,9 @@ fn check_layout(layout: MeshLayout, microbatches: usize) -> String {
     let mut adam = Adam::new(adam_config()).unwrap();
     adam.step(&mut params, &ref_grads).unwrap();
 
-    let outs = run_layout(layout, microbatches);
+    let outs = run_layout(topology, layout, microbatches);
     let name = format!(
-        "PP {} x EP {} x DP {}, M {}",
+        "PP {} x EP {} x DP {}, M {} on {topology}",
         layout.pp, layout.ep, layout.dp, microbatches
     );
     let mut seen = std::collections::BTreeSet::new();
@@ -188,6 +197,8 @@ fn every_layout_matches_the_single_rank_reference() {
         },
         4,
     ));
+    // On a two-level machine: each stage's EP group is one node.
+    lines.push(check_layout_on("nodes:2x4", MeshLayout::new(2, 4), 4));
     for l in &lines {
         println!("{l}");
     }
