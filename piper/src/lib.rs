@@ -5,8 +5,8 @@
 //! parallel layout of an MoE training job before it runs: how much memory every
 //! pipeline stage needs, how long the expert all-to-all takes on the machine's
 //! topology, how busy the GPUs will be, and which pipeline x expert-parallel layout is
-//! best. This crate holds that model; the pipeline executor and expert migration will
-//! live here too.
+//! best. This crate holds that model and the pipeline executor that runs a layout with
+//! HALO's communicators; expert migration will live here too.
 //!
 //! - [`model`]: [`ModelConfig`], the presets and the model file format;
 //! - [`resource`]: the equations (parameters, memory per stage, all-to-all and
