@@ -65,6 +65,61 @@ pub enum PiperError {
         /// The smallest machine of the same kind that fits, as a sentence.
         smallest: String,
     },
+    /// The executor's mesh does not use exactly the ranks of the world communicator.
+    #[error(
+        "layout PP {pp} x EP {ep} x DP {dp} needs {needed} ranks, but the world communicator has {world}"
+    )]
+    MeshSize {
+        /// Pipeline stages.
+        pp: usize,
+        /// Expert-parallel group size.
+        ep: usize,
+        /// Data-parallel replicas.
+        dp: usize,
+        /// `pp * ep * dp`.
+        needed: usize,
+        /// Ranks of the world communicator.
+        world: usize,
+    },
+    /// The expert-parallel group size does not divide the experts of a block.
+    #[error("EP {ep} does not divide the {experts} experts of each block")]
+    EpNotDividingExperts {
+        /// Expert-parallel group size.
+        ep: usize,
+        /// Experts per block.
+        experts: usize,
+    },
+    /// More pipeline stages than blocks: some stage would have no block.
+    #[error("PP {pp} exceeds the model's {layers} blocks (every stage needs at least one)")]
+    PpExceedsLayers {
+        /// Pipeline stages.
+        pp: usize,
+        /// Blocks of the model.
+        layers: usize,
+    },
+    /// The global batch does not split evenly over the data ranks and micro-batches.
+    #[error(
+        "the global batch of {sequences} sequences does not split into EP {ep} x DP {dp} x {microbatches} micro-batches of whole sequences"
+    )]
+    BatchSplit {
+        /// Sequences in the global batch.
+        sequences: usize,
+        /// Expert-parallel group size.
+        ep: usize,
+        /// Data-parallel replicas.
+        dp: usize,
+        /// Micro-batches per step.
+        microbatches: usize,
+    },
+    /// A communication call of the executor failed.
+    #[error("executor communication: {0}")]
+    Comm(#[from] halo::Error),
+    /// The reference model rejected its input.
+    #[error("model: {0}")]
+    Model(#[from] halo_moe::MoeError),
+    /// A caller-supplied compute implementation failed.
+    #[error("compute: {0}")]
+    Compute(String),
 }
 
 impl PiperError {
@@ -90,6 +145,10 @@ impl PiperError {
                 | PiperError::Parse { .. }
                 | PiperError::Io { .. }
                 | PiperError::Topology(_)
+                | PiperError::MeshSize { .. }
+                | PiperError::EpNotDividingExperts { .. }
+                | PiperError::PpExceedsLayers { .. }
+                | PiperError::BatchSplit { .. }
         )
     }
 }

@@ -5,8 +5,8 @@
 //! parallel layout of an MoE training job before it runs: how much memory every
 //! pipeline stage needs, how long the expert all-to-all takes on the machine's
 //! topology, how busy the GPUs will be, and which pipeline x expert-parallel layout is
-//! best. This crate holds that model; the pipeline executor and expert migration will
-//! live here too.
+//! best. This crate holds that model and the pipeline executor that runs a layout with
+//! HALO's communicators; expert migration will live here too.
 //!
 //! - [`model`]: [`ModelConfig`], the presets and the model file format;
 //! - [`resource`]: the equations (parameters, memory per stage, all-to-all and
@@ -14,7 +14,9 @@
 //! - [`profile`]: hardware profiles (peak, memory, attention and GEMM throughput);
 //! - [`predict`]: step time and MFU of one layout, the all-to-all simulated with
 //!   HALO's simulator on the machine's topology;
-//! - [`plan`](mod@plan): the PP x EP x DP search.
+//! - [`plan`](mod@plan): the PP x EP x DP search;
+//! - [`executor`]: the pipeline executor (PP x EP x DP mesh of HALO communicators, 1F1B,
+//!   MoE layers dispatching with `all_to_all_v`), exact against `halo-moe`'s reference.
 //!
 //! ```
 //! use halo_piper::{ModelConfig, resource};
@@ -26,6 +28,7 @@
 //! docs/PLANNING.md has the equations with their sources and worked examples.
 
 mod error;
+pub mod executor;
 pub mod model;
 pub mod plan;
 pub mod predict;
@@ -33,6 +36,7 @@ pub mod profile;
 pub mod resource;
 
 pub use error::{PiperError, Result};
+pub use executor::{Executor, MeshLayout, ReferenceModel, StageCompute, StepReport, StepTimes};
 pub use model::ModelConfig;
 pub use plan::{Constraint, Plan, Planned, Rejected, plan};
 pub use predict::{Layout, Machine, Prediction, Predictor, Workload};

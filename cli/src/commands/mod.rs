@@ -7,6 +7,7 @@ mod launch;
 mod plan;
 mod simulate;
 mod topo;
+mod train;
 
 use clap::{Parser, Subcommand};
 use std::io::Write as _;
@@ -36,6 +37,8 @@ enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Piper's resource model: parameters, memory per stage, migration cost, PP x EP layouts.
     Plan(plan::PlanArgs),
+    /// Train the reference MoE model with the Piper pipeline executor (ranks as threads).
+    Train(train::TrainArgs),
 }
 
 /// A failed command: what to print after `error: ` and the exit status.
@@ -73,6 +76,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
         Command::Simulate(args) => simulate::run(&args),
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Train(args) => train::run(&args),
     }
 }
 

@@ -1,0 +1,311 @@
+//! The embedded Piper pipeline executor: one training step of an MoE transformer over a
+//! PP x EP (x DP) mesh of HALO communicators, 1F1B over M micro-batches.
+//!
+//! - [`mesh`]: the layout and the sub-communicators ([`Mesh`]).
+//! - [`compute`]: what the executor asks of a model ([`StageCompute`]) and the reference
+//!   implementation ([`ReferenceModel`], over `halo-moe`).
+//! - `pipeline` (private): the 1F1B schedule and the stage-to-stage exchanges.
+//! - `moe_layer` (private): routing, count exchange, dispatch and combine with
+//!   `all_to_all_v` on the stage's EP communicator, and their backward.
+//!
+//! # A step
+//!
+//! Every rank is given the same global batch (whole sequences). Sequence block
+//! `(micro-batch m, replica d, EP index e)` of `B / (M * DP * EP)` sequences, blocks in
+//! that order, is what rank `(stage, d, e)` processes as its micro-batch `m`. Stage 0
+//! embeds it, each stage runs its blocks (contiguous, see [`MeshLayout::stage_layers`]),
+//! the last stage computes the loss normalised by the global batch's token count, so that
+//! the parts' losses and gradients sum to the single-rank reference's. Then the
+//! replicated groups (embedding, dense, router, head) are summed over the EP group and the
+//! DP group, the experts' over the DP group; each expert's gradient stays on the rank that
+//! owns the expert (EP index `e` owns experts `e * E/EP .. (e+1) * E/EP` of each block of
+//! its stage).
+//!
+//! # Exactness
+//!
+//! An expert receives its rows ordered by (source EP rank, token), micro-batches in order,
+//! which is the token order of the global batch: with DP = 1 its gradient accumulates in
+//! the reference's order and is bit-for-bit the reference's. The replicated groups are sums
+//! over ranks of partial sums, so they agree with the reference to rounding
+//! (`piper/tests/executor.rs` measures it).
+//!
+//! # Blocking version
+//!
+//! This version uses blocking calls only; the stage-to-stage exchanges are Megatron's
+//! combined `send_forward_recv_backward` / `send_backward_recv_forward` on
+//! [`halo::Communicator::send_recv`], so the rendezvous transport cannot deadlock. Each
+//! communication call is one function in `pipeline` or `moe_layer`, so that overlapping
+//! (non-blocking) forms can replace them there.
+
+pub mod compute;
+pub mod mesh;
+mod moe_layer;
+mod pipeline;
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use halo::{Communicator, ReduceOp};
+use halo_moe::{Adam, GroupId};
+
+pub use compute::{ReferenceModel, StageCompute};
+pub use mesh::{Mesh, MeshLayout};
+
+use crate::error::{PiperError, Result};
+
+/// What one training step reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// The global batch's mean loss (the same on every rank).
+    pub loss: f64,
+    /// Tokens of the global batch.
+    pub tokens: usize,
+    /// Where this rank's time went.
+    pub times: StepTimes,
+}
+
+/// This rank's time in one step, by kind. Communication times are those of the blocking
+/// calls, so they include waiting for the peers: a stage's pipeline bubble shows in `p2p`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// The whole step.
+    pub total: Duration,
+    /// Everything but communication (the model's pieces, gathers and scatters).
+    pub compute: Duration,
+    /// Count exchanges, dispatches and combines on the EP communicator.
+    pub all_to_all: Duration,
+    /// Stage-to-stage sends and receives (including waiting for the neighbour stage).
+    pub p2p: Duration,
+    /// Gradient and loss all-reduces.
+    pub all_reduce: Duration,
+}
+
+/// Runs `f`, adding its wall time to `acc`.
+fn timed<T>(acc: &mut Duration, f: impl FnOnce() -> T) -> T {
+    let t0 = Instant::now();
+    let out = f();
+    *acc += t0.elapsed();
+    out
+}
+
+/// One rank's executor: its place in the mesh and the step's shape.
+#[derive(Debug)]
+pub struct Executor {
+    mesh: Mesh,
+    microbatches: usize,
+    layers: Range<usize>,
+    local_experts: Range<usize>,
+    hidden: usize,
+    seq: usize,
+}
+
+impl Executor {
+    /// Builds the mesh from `world` (collective: every rank calls it with the same
+    /// arguments) for `model`'s shape, running `microbatches` micro-batches per step.
+    ///
+    /// # Errors
+    /// As [`Mesh::new`]; [`PiperError::Invalid`] when `microbatches` is 0.
+    pub fn new<C: StageCompute>(
+        world: &mut Communicator,
+        layout: MeshLayout,
+        microbatches: usize,
+        model: &C,
+    ) -> Result<Self> {
+        if microbatches == 0 {
+            return Err(PiperError::invalid(
+                "layout",
+                "microbatches",
+                "must be at least 1",
+            ));
+        }
+        let mesh = Mesh::new(world, layout, model.layers(), model.experts())?;
+        let layers = layout.stage_layers(mesh.stage(), model.layers());
+        let per = model.experts() / layout.ep;
+        let local_experts = mesh.ep_index() * per..(mesh.ep_index() + 1) * per;
+        Ok(Executor {
+            mesh,
+            microbatches,
+            layers,
+            local_experts,
+            hidden: model.hidden(),
+            seq: model.seq(),
+        })
+    }
+
+    /// The mesh (this rank's coordinates and communicators).
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// Blocks of this rank's stage.
+    pub fn layers(&self) -> Range<usize> {
+        self.layers.clone()
+    }
+
+    /// Experts of each of its blocks this rank owns.
+    pub fn local_experts(&self) -> Range<usize> {
+        self.local_experts.clone()
+    }
+
+    /// The parameter groups whose parameters and gradients this rank holds: its stage's
+    /// replicated groups (embedding on the first stage, dense and router of its blocks,
+    /// head on the last) and its experts of its blocks, in [`GroupId`] order.
+    pub fn owned_groups(&self) -> Vec<GroupId> {
+        let mut ids = self.replicated_groups();
+        for layer in self.layers.clone() {
+            for expert in self.local_experts.clone() {
+                ids.push(GroupId::Expert { layer, expert });
+            }
+        }
+        ids.sort();
+        ids
+    }
+
+    fn replicated_groups(&self) -> Vec<GroupId> {
+        let mut ids = Vec::new();
+        if self.mesh.is_first() {
+            ids.push(GroupId::Embed);
+        }
+        for l in self.layers.clone() {
+            ids.push(GroupId::Dense(l));
+            ids.push(GroupId::Router(l));
+        }
+        if self.mesh.is_last() {
+            ids.push(GroupId::Head);
+        }
+        ids
+    }
+
+    /// Sequences of the global batch this rank processes as micro-batch `m`.
+    fn part(&self, m: usize, per: usize) -> Range<usize> {
+        let l = self.mesh.layout();
+        let block = (m * l.dp + self.mesh.dp_index()) * l.ep + self.mesh.ep_index();
+        block * per..(block + 1) * per
+    }
+
+    /// One forward and backward pass of the global batch `tokens` / `targets` (whole
+    /// sequences, the same on every rank): zeroes the model's gradients, runs 1F1B over the
+    /// micro-batches, and reduces the replicated gradients. Collective over the mesh.
+    ///
+    /// # Errors
+    /// [`PiperError::BatchSplit`] when the batch does not split into EP x DP x M parts of
+    /// whole sequences (on every rank, before any communication);
+    /// [`PiperError::Model`] / [`PiperError::Compute`] from the model;
+    /// [`PiperError::Comm`] from the library (its timeouts apply, so a failed peer is an
+    /// error here, not a hang).
+    pub fn step<C: StageCompute>(
+        &mut self,
+        model: &mut C,
+        tokens: &[u32],
+        targets: &[u32],
+    ) -> Result<StepReport> {
+        let l = self.mesh.layout();
+        let seq = self.seq;
+        if targets.len() != tokens.len() {
+            return Err(PiperError::invalid(
+                "batch",
+                "targets",
+                format!("{} targets for {} tokens", targets.len(), tokens.len()),
+            ));
+        }
+        let sequences = tokens.len() / seq;
+        let parts = l.ep * l.dp * self.microbatches;
+        if !tokens.len().is_multiple_of(seq) || sequences == 0 || !sequences.is_multiple_of(parts) {
+            return Err(PiperError::BatchSplit {
+                sequences,
+                ep: l.ep,
+                dp: l.dp,
+                microbatches: self.microbatches,
+            });
+        }
+        let per = sequences / parts;
+        let normaliser = tokens.len() as f32;
+        let micro: Vec<pipeline::MicroBatch<'_>> = (0..self.microbatches)
+            .map(|m| {
+                let r = self.part(m, per);
+                let t = r.start * seq..r.end * seq;
+                pipeline::MicroBatch {
+                    tokens: &tokens[t.clone()],
+                    targets: &targets[t],
+                }
+            })
+            .collect();
+        let t0 = Instant::now();
+        let mut times = StepTimes::default();
+        model.zero_grads();
+        let ctx = pipeline::Stage {
+            layers: self.layers.clone(),
+            local_experts: self.local_experts.clone(),
+            hidden: self.hidden,
+            rows: per * seq,
+            normaliser,
+        };
+        let local_loss = pipeline::one_f_one_b(&mut self.mesh, &ctx, model, &micro, &mut times)?;
+        let mut ar = Duration::ZERO;
+        timed(&mut ar, || self.reduce_gradients(model))?;
+        let loss = timed(&mut ar, || self.reduce_loss(local_loss))?;
+        times.all_reduce = ar;
+        times.total = t0.elapsed();
+        times.compute = times
+            .total
+            .saturating_sub(times.all_to_all + times.p2p + times.all_reduce);
+        Ok(StepReport {
+            loss,
+            tokens: tokens.len(),
+            times,
+        })
+    }
+
+    /// Sums the replicated groups over the EP and DP groups and the experts over the DP
+    /// group.
+    fn reduce_gradients<C: StageCompute>(&mut self, model: &mut C) -> Result<()> {
+        for id in self.replicated_groups() {
+            let g = model.grads_mut(id)?;
+            if self.mesh.ep.size() > 1 {
+                self.mesh.ep.all_reduce_in_place(g, ReduceOp::Sum)?;
+            }
+            if let Some(dp) = self.mesh.dp.as_mut() {
+                dp.all_reduce_in_place(g, ReduceOp::Sum)?;
+            }
+        }
+        if let Some(dp) = self.mesh.dp.as_mut() {
+            for layer in self.layers.clone() {
+                for expert in self.local_experts.clone() {
+                    let g = model.grads_mut(GroupId::Expert { layer, expert })?;
+                    dp.all_reduce_in_place(g, ReduceOp::Sum)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The last stage's loss summed over its EP and DP ranks, then given to every stage.
+    fn reduce_loss(&mut self, local: f64) -> Result<f64> {
+        let mut v = [local];
+        if self.mesh.ep.size() > 1 {
+            self.mesh.ep.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+        }
+        if let Some(dp) = self.mesh.dp.as_mut() {
+            dp.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+        }
+        if self.mesh.pp.size() > 1 {
+            self.mesh.pp.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+        }
+        Ok(v[0])
+    }
+
+    /// Applies `adam` to every group this rank owns ([`Executor::owned_groups`]), with the
+    /// gradients of the last [`Executor::step`]. Needs no communication: replicas hold
+    /// equal gradients after the step's all-reduces, so they stay equal.
+    ///
+    /// # Errors
+    /// [`PiperError::Model`] from the optimizer; errors of the model's
+    /// [`StageCompute::params_and_grads`].
+    pub fn adam_step<C: StageCompute>(&self, model: &mut C, adam: &mut Adam) -> Result<()> {
+        for id in self.owned_groups() {
+            let (p, g) = model.params_and_grads(id)?;
+            adam.step_group(id, p, g)?;
+        }
+        Ok(())
+    }
+}

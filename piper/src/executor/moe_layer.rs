@@ -1,0 +1,185 @@
+//! One block on one micro-batch: dense part, routing, count exchange, dispatch of the
+//! token rows to the experts' ranks with `all_to_all_v`, the local experts, the reverse
+//! `all_to_all_v` (combine), and the backward of all of it in reverse.
+//!
+//! Send order: experts in id order (so destination ranks in order, since EP index `q` owns
+//! the consecutive experts `q * E/EP ..`), each expert's slots in token order. Receive
+//! order: source ranks in order, each source's rows by local expert. A local expert runs
+//! on its rows gathered by (source rank, token): the token order of the micro-batch.
+
+use halo::{Communicator, Partition};
+use halo_moe::{Routing, gather_slots, gather_tokens, scatter_slots};
+
+use super::compute::StageCompute;
+use super::pipeline::Stage;
+use super::{StepTimes, timed};
+use crate::error::{PiperError, Result};
+
+/// Who sends what to whom in one block's dispatch (the same for its backward).
+#[derive(Debug)]
+struct Dispatch {
+    /// Slot indices (`token * top_k + j`) in send order.
+    send_slots: Vec<usize>,
+    /// Elements sent to each EP rank.
+    send_counts: Vec<usize>,
+    /// Elements received from each EP rank.
+    recv_counts: Vec<usize>,
+    /// Per local expert: its rows in the receive buffer, by (source rank, token).
+    expert_rows: Vec<Vec<usize>>,
+    /// Rows received in all.
+    recv_rows: usize,
+}
+
+/// Saved state of one block's forward on one micro-batch.
+pub(super) struct LayerTape<C: StageCompute> {
+    dense: C::DenseState,
+    router: C::RouterState,
+    combine: C::CombineState,
+    dispatch: Dispatch,
+    /// Per local expert: its saved state (`None` when it got no rows).
+    experts: Vec<Option<C::ExpertState>>,
+}
+
+/// Routing -> send order and counts; exchanges the per-expert counts with a uniform
+/// all-to-all so each rank knows what it receives.
+fn plan(ep: &mut Communicator, st: &Stage, experts: usize, routing: &Routing) -> Result<Dispatch> {
+    let p = ep.size();
+    let per = st.local_experts.len();
+    let d = st.hidden;
+    let counts = routing.counts(experts);
+    let mut send_slots = Vec::with_capacity(routing.experts.len());
+    for e in 0..experts {
+        send_slots.extend(routing.slots_of(e));
+    }
+    let send_counts: Vec<usize> = (0..p)
+        .map(|q| counts[q * per..(q + 1) * per].iter().sum::<usize>() * d)
+        .collect();
+    let mine: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
+    let mut theirs = vec![0u64; experts];
+    ep.all_to_all(&mine, &mut theirs)?;
+    // theirs[src * per + j]: rows from `src` for local expert j.
+    let mut expert_rows = vec![Vec::new(); per];
+    let mut at = 0usize;
+    let mut recv_counts = Vec::with_capacity(p);
+    for src in 0..p {
+        let start = at;
+        for (j, rows) in expert_rows.iter_mut().enumerate() {
+            let n = usize::try_from(theirs[src * per + j]).map_err(|_| {
+                PiperError::Compute(format!(
+                    "rank {src} announced {} rows",
+                    theirs[src * per + j]
+                ))
+            })?;
+            rows.extend(at..at + n);
+            at += n;
+        }
+        recv_counts.push((at - start) * d);
+    }
+    Ok(Dispatch {
+        send_slots,
+        send_counts,
+        recv_counts,
+        expert_rows,
+        recv_rows: at,
+    })
+}
+
+/// Sends rows in send order to the experts' ranks; returns the receive buffer.
+fn dispatch(ep: &mut Communicator, dp: &Dispatch, send: &[f32], d: usize) -> Result<Vec<f32>> {
+    let mut recv = vec![0.0f32; dp.recv_rows * d];
+    ep.all_to_all_v(
+        send,
+        &Partition::packed(&dp.send_counts),
+        &mut recv,
+        &Partition::packed(&dp.recv_counts),
+    )?;
+    Ok(recv)
+}
+
+/// The reverse of [`dispatch`]: rows in receive order go back to their sources.
+fn combine(ep: &mut Communicator, dp: &Dispatch, back: &[f32], d: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0.0f32; dp.send_slots.len() * d];
+    ep.all_to_all_v(
+        back,
+        &Partition::packed(&dp.recv_counts),
+        &mut out,
+        &Partition::packed(&dp.send_counts),
+    )?;
+    Ok(out)
+}
+
+/// Forward of block `layer` on `x`; returns its output and saved state.
+pub(super) fn forward<C: StageCompute>(
+    ep: &mut Communicator,
+    st: &Stage,
+    model: &C,
+    layer: usize,
+    x: &[f32],
+    times: &mut StepTimes,
+) -> Result<(Vec<f32>, LayerTape<C>)> {
+    let (d, k) = (st.hidden, model.top_k());
+    let (h, u, dense) = model.dense_forward(layer, x)?;
+    let (routing, router) = model.router_forward(layer, &u)?;
+    let rows = u.len() / d;
+    let plan = timed(&mut times.all_to_all, || {
+        plan(ep, st, model.experts(), &routing)
+    })?;
+    let send = gather_tokens(&u, d, k, &plan.send_slots)?;
+    let recv = timed(&mut times.all_to_all, || dispatch(ep, &plan, &send, d))?;
+    let mut out_recv = vec![0.0f32; recv.len()];
+    let mut experts = Vec::with_capacity(plan.expert_rows.len());
+    for (j, rows_j) in plan.expert_rows.iter().enumerate() {
+        if rows_j.is_empty() {
+            experts.push(None);
+            continue;
+        }
+        let xin = gather_slots(&recv, d, rows_j)?;
+        let (y, es) = model.expert_forward(layer, st.local_experts.start + j, &xin)?;
+        scatter_slots(&y, d, rows_j, &mut out_recv)?;
+        experts.push(Some(es));
+    }
+    let back = timed(&mut times.all_to_all, || combine(ep, &plan, &out_recv, d))?;
+    let mut expert_out = vec![0.0f32; rows * k * d];
+    scatter_slots(&back, d, &plan.send_slots, &mut expert_out)?;
+    let (out, combine) = model.combine_forward(&h, &routing.gates, &expert_out)?;
+    Ok((
+        out,
+        LayerTape {
+            dense,
+            router,
+            combine,
+            dispatch: plan,
+            experts,
+        },
+    ))
+}
+
+/// Backward of block `layer` from `d_out`; returns `d_x`.
+pub(super) fn backward<C: StageCompute>(
+    ep: &mut Communicator,
+    st: &Stage,
+    model: &mut C,
+    layer: usize,
+    tape: LayerTape<C>,
+    d_out: &[f32],
+    times: &mut StepTimes,
+) -> Result<Vec<f32>> {
+    let d = st.hidden;
+    let plan = &tape.dispatch;
+    let cg = model.combine_backward(tape.combine, d_out)?;
+    let send = gather_slots(&cg.d_expert_out, d, &plan.send_slots)?;
+    let recv = timed(&mut times.all_to_all, || dispatch(ep, plan, &send, d))?;
+    let mut din_recv = vec![0.0f32; recv.len()];
+    for (j, (rows_j, es)) in plan.expert_rows.iter().zip(tape.experts).enumerate() {
+        let Some(es) = es else { continue };
+        let dy = gather_slots(&recv, d, rows_j)?;
+        let dxe = model.expert_backward(layer, st.local_experts.start + j, es, &dy)?;
+        scatter_slots(&dxe, d, rows_j, &mut din_recv)?;
+    }
+    let back = timed(&mut times.all_to_all, || combine(ep, plan, &din_recv, d))?;
+    let mut d_expert_in = vec![0.0f32; cg.d_expert_out.len()];
+    scatter_slots(&back, d, &plan.send_slots, &mut d_expert_in)?;
+    let d_router = model.router_backward(layer, tape.router, &cg.d_gates)?;
+    let du = model.moe_input_backward(&d_router, &d_expert_in)?;
+    model.dense_backward(layer, tape.dense, &cg.d_h, &du)
+}

@@ -1,0 +1,517 @@
+//! The executor against the single-rank reference: for every PP x EP layout with PP, EP in
+//! {1, 2, 4} on at most 8 ranks (threads), and M in {1, 4}, one training step's loss and
+//! every gradient group equal `halo_moe::forward_backward`'s, and one Adam step gives equal
+//! parameters. Bad layouts are the same clear error on every rank.
+
+use halo::local::{self, Emulation};
+use halo::topology::Topology;
+use halo_moe::{Adam, AdamConfig, GroupId, MoeConfig, MoeParams, Task, TaskConfig};
+use halo_piper::{Executor, MeshLayout, PiperError, ReferenceModel, StageCompute};
+
+const SEED: u64 = 7;
+/// Global batch: 16 sequences, so it splits over EP (up to 4) x DP x M (up to 4).
+const SEQUENCES: usize = 16;
+/// Bound on the relative error max|a - b| / max|b| of every group.
+const TOLERANCE: f64 = 1e-5;
+
+fn config() -> MoeConfig {
+    // `tiny` with shorter sequences to keep the 17 layouts quick.
+    MoeConfig {
+        seq: 16,
+        ..MoeConfig::tiny()
+    }
+}
+
+/// Adam's defaults (lr 1e-3). Adam's first step is about `lr * sign(g)` per element, so
+/// gradients equal to rounding give parameters equal to `lr` times rounding.
+fn adam_config() -> AdamConfig {
+    AdamConfig::default()
+}
+
+/// What one rank returns: loss, its groups' gradients, its groups' parameters after Adam.
+type RankOut = (f64, Vec<(GroupId, Vec<f32>)>, Vec<(GroupId, Vec<f32>)>);
+
+fn run_layout(
+    topology: &str,
+    layout: MeshLayout,
+    microbatches: usize,
+) -> Vec<Result<RankOut, PiperError>> {
+    let cfg = config();
+    let task = Task::new(&cfg, TaskConfig::default()).unwrap();
+    let batch = task.batch(0, SEQUENCES);
+    let topo = Topology::preset(topology).unwrap();
+    local::run(&topo, Emulation::off(), |world| {
+        let mut one = || -> Result<RankOut, PiperError> {
+            let mut model = ReferenceModel::new(MoeParams::init(&cfg, SEED)?)?;
+            let mut exec = Executor::new(world, layout, microbatches, &model)?;
+            let report = exec.step(&mut model, &batch.tokens, &batch.targets)?;
+            let ids = exec.owned_groups();
+            let grads = ids
+                .iter()
+                .map(|&id| Ok((id, model.grads().group(id)?.to_vec())))
+                .collect::<Result<Vec<_>, PiperError>>()?;
+            let mut adam = Adam::new(adam_config())?;
+            exec.adam_step(&mut model, &mut adam)?;
+            let params = ids
+                .iter()
+                .map(|&id| Ok((id, model.params().group(id)?.to_vec())))
+                .collect::<Result<Vec<_>, PiperError>>()?;
+            Ok((report.loss, grads, params))
+        };
+        Ok(one())
+    })
+    .into_iter()
+    .map(|r| r.expect("the rank's thread returned a library error"))
+    .collect()
+}
+
+/// max|a - b| / max|b| (0 when both are all zeros).
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from((x - y).abs()))
+        .fold(0.0, f64::max);
+    let scale = b.iter().map(|y| f64::from(y.abs())).fold(0.0, f64::max);
+    if diff == 0.0 { 0.0 } else { diff / scale }
+}
+
+fn kind(id: GroupId) -> &'static str {
+    match id {
+        GroupId::Embed => "embed",
+        GroupId::Dense(_) => "dense",
+        GroupId::Router(_) => "router",
+        GroupId::Expert { .. } => "expert",
+        GroupId::Head => "head",
+    }
+}
+
+/// Checks one layout on `flat:N`; returns a line for the summary.
+fn check_layout(layout: MeshLayout, microbatches: usize) -> String {
+    check_layout_on(&format!("flat:{}", layout.ranks()), layout, microbatches)
+}
+
+/// Checks one layout on a topology preset; returns a line for the summary.
+fn check_layout_on(topology: &str, layout: MeshLayout, microbatches: usize) -> String {
+    let cfg = config();
+    let task = Task::new(&cfg, TaskConfig::default()).unwrap();
+    let batch = task.batch(0, SEQUENCES);
+    let mut params = MoeParams::init(&cfg, SEED).unwrap();
+    let n = batch.tokens.len() as f32;
+    let (ref_loss, ref_grads) =
+        halo_moe::forward_backward(&params, &batch.tokens, &batch.targets, n).unwrap();
+    let mut adam = Adam::new(adam_config()).unwrap();
+    adam.step(&mut params, &ref_grads).unwrap();
+
+    let outs = run_layout(topology, layout, microbatches);
+    let name = format!(
+        "PP {} x EP {} x DP {}, M {} on {topology}",
+        layout.pp, layout.ep, layout.dp, microbatches
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    let mut loss_err = 0.0f64;
+    // (kind) -> (max grad rel err, max param rel err, all bitwise)
+    let mut worst: std::collections::BTreeMap<&str, (f64, f64, bool)> = Default::default();
+    for (rank, out) in outs.into_iter().enumerate() {
+        let (loss, grads, after) = out.unwrap_or_else(|e| panic!("{name}: rank {rank}: {e}"));
+        let le = (loss - ref_loss).abs() / ref_loss.abs();
+        loss_err = loss_err.max(le);
+        assert!(
+            le <= TOLERANCE,
+            "{name}: rank {rank}: loss {loss} vs reference {ref_loss} (relative {le:e})"
+        );
+        for ((id, g), (id2, p)) in grads.iter().zip(&after) {
+            assert_eq!(id, id2);
+            seen.insert(*id);
+            let ge = rel_err(g, ref_grads.group(*id).unwrap());
+            let pe = rel_err(p, params.group(*id).unwrap());
+            assert!(
+                ge <= TOLERANCE,
+                "{name}: rank {rank}: gradient of {id}: relative error {ge:e}"
+            );
+            if pe > TOLERANCE {
+                // Adam's first step is lr * g / (|g| + eps) per element: where |g| is near
+                // eps, it amplifies the gradients' rounding. Accept what that conditioning
+                // allows: lr * |g - g_ref| / (min(|g|, |g_ref|) + eps), plus f32 rounding.
+                let (gr, pr) = (ref_grads.group(*id).unwrap(), params.group(*id).unwrap());
+                let c = adam_config();
+                for i in 0..p.len() {
+                    let allowed = c.lr * (g[i] - gr[i]).abs()
+                        / (g[i].abs().min(gr[i].abs()) + c.eps)
+                        + 1e-6 * (pr[i].abs() + c.lr);
+                    assert!(
+                        (p[i] - pr[i]).abs() <= allowed,
+                        "{name}: rank {rank}: {id}[{i}] after Adam: {} vs {} (gradient {} vs {})",
+                        p[i],
+                        pr[i],
+                        g[i],
+                        gr[i]
+                    );
+                }
+            }
+            let w = worst.entry(kind(*id)).or_insert((0.0, 0.0, true));
+            w.0 = w.0.max(ge);
+            w.1 = w.1.max(pe);
+            w.2 &= g == ref_grads.group(*id).unwrap();
+        }
+    }
+    // Every group of the model is placed on some rank.
+    assert_eq!(
+        seen.len(),
+        ref_grads.group_ids().len(),
+        "{name}: groups placed"
+    );
+    let parts: Vec<String> = worst
+        .iter()
+        .map(|(k, (g, p, bit))| {
+            if *bit {
+                format!("{k} bitwise (params {p:.1e})")
+            } else {
+                format!("{k} {g:.1e} (params {p:.1e})")
+            }
+        })
+        .collect();
+    format!("{name}: loss {loss_err:.1e}, {}", parts.join(", "))
+}
+
+#[test]
+fn every_layout_matches_the_single_rank_reference() {
+    let mut lines = Vec::new();
+    for pp in [1, 2, 4] {
+        for ep in [1, 2, 4] {
+            if pp * ep > 8 {
+                continue;
+            }
+            for m in [1, 4] {
+                lines.push(check_layout(MeshLayout::new(pp, ep), m));
+            }
+        }
+    }
+    // With data parallelism too.
+    lines.push(check_layout(
+        MeshLayout {
+            pp: 2,
+            ep: 2,
+            dp: 2,
+        },
+        4,
+    ));
+    // On a two-level machine: each stage's EP group is one node.
+    lines.push(check_layout_on("nodes:2x4", MeshLayout::new(2, 4), 4));
+    for l in &lines {
+        println!("{l}");
+    }
+}
+
+/// Runs a bad layout on `ranks` threads and returns every rank's error.
+fn bad_layout(ranks: usize, layout: MeshLayout, cfg: &MoeConfig) -> Vec<PiperError> {
+    let topo = Topology::preset(&format!("flat:{ranks}")).unwrap();
+    local::run(&topo, Emulation::off(), |world| {
+        let model = ReferenceModel::new(MoeParams::init(cfg, SEED).unwrap()).unwrap();
+        Ok(Executor::new(world, layout, 1, &model).err())
+    })
+    .into_iter()
+    .map(|r| r.unwrap().expect("a bad layout must be refused"))
+    .collect()
+}
+
+#[test]
+fn bad_layouts_are_clear_errors_on_every_rank() {
+    let cfg = config();
+    let errs = bad_layout(8, MeshLayout::new(3, 1), &cfg);
+    assert_eq!(errs.len(), 8);
+    for e in &errs {
+        assert!(
+            matches!(
+                e,
+                PiperError::MeshSize {
+                    pp: 3,
+                    ep: 1,
+                    dp: 1,
+                    needed: 3,
+                    world: 8
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "layout PP 3 x EP 1 x DP 1 needs 3 ranks, but the world communicator has 8"
+        );
+    }
+    let errs = bad_layout(6, MeshLayout::new(2, 3), &cfg);
+    assert_eq!(errs.len(), 6);
+    for e in &errs {
+        assert!(
+            matches!(e, PiperError::EpNotDividingExperts { ep: 3, experts: 8 }),
+            "{e}"
+        );
+    }
+    let errs = bad_layout(8, MeshLayout::new(8, 1), &cfg);
+    assert_eq!(errs.len(), 8);
+    for e in &errs {
+        assert!(
+            matches!(e, PiperError::PpExceedsLayers { pp: 8, layers: 4 }),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_batch_that_does_not_split_is_refused_on_every_rank() {
+    let cfg = config();
+    let task = Task::new(&cfg, TaskConfig::default()).unwrap();
+    let batch = task.batch(0, 6); // 6 sequences over EP 4 x M 1
+    let topo = Topology::preset("flat:8").unwrap();
+    let errs: Vec<PiperError> = local::run(&topo, Emulation::off(), |world| {
+        let mut model = ReferenceModel::new(MoeParams::init(&cfg, SEED).unwrap()).unwrap();
+        let mut exec = Executor::new(world, MeshLayout::new(2, 4), 1, &model).unwrap();
+        Ok(exec.step(&mut model, &batch.tokens, &batch.targets).err())
+    })
+    .into_iter()
+    .map(|r| r.unwrap().expect("an uneven batch must be refused"))
+    .collect();
+    for e in &errs {
+        assert!(
+            matches!(
+                e,
+                PiperError::BatchSplit {
+                    sequences: 6,
+                    ep: 4,
+                    dp: 1,
+                    microbatches: 1
+                }
+            ),
+            "{e}"
+        );
+    }
+}
+
+/// The reference model, except that one rank's expert fails in block 1's forward: a model
+/// brought by the caller, through the same trait.
+struct FailingExpert {
+    inner: ReferenceModel,
+    fail: bool,
+}
+
+impl StageCompute for FailingExpert {
+    type DenseState = <ReferenceModel as StageCompute>::DenseState;
+    type RouterState = <ReferenceModel as StageCompute>::RouterState;
+    type ExpertState = <ReferenceModel as StageCompute>::ExpertState;
+    type CombineState = <ReferenceModel as StageCompute>::CombineState;
+    type HeadState = <ReferenceModel as StageCompute>::HeadState;
+    fn hidden(&self) -> usize {
+        self.inner.hidden()
+    }
+    fn seq(&self) -> usize {
+        self.inner.seq()
+    }
+    fn layers(&self) -> usize {
+        self.inner.layers()
+    }
+    fn experts(&self) -> usize {
+        self.inner.experts()
+    }
+    fn top_k(&self) -> usize {
+        self.inner.top_k()
+    }
+    fn embed_forward(&self, tokens: &[u32]) -> Result<Vec<f32>, PiperError> {
+        self.inner.embed_forward(tokens)
+    }
+    fn embed_backward(&mut self, tokens: &[u32], d_x: &[f32]) -> Result<(), PiperError> {
+        self.inner.embed_backward(tokens, d_x)
+    }
+    fn dense_forward(
+        &self,
+        layer: usize,
+        x: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>, Self::DenseState), PiperError> {
+        self.inner.dense_forward(layer, x)
+    }
+    fn dense_backward(
+        &mut self,
+        layer: usize,
+        state: Self::DenseState,
+        d_h: &[f32],
+        d_u: &[f32],
+    ) -> Result<Vec<f32>, PiperError> {
+        self.inner.dense_backward(layer, state, d_h, d_u)
+    }
+    fn router_forward(
+        &self,
+        layer: usize,
+        u: &[f32],
+    ) -> Result<(halo_moe::Routing, Self::RouterState), PiperError> {
+        self.inner.router_forward(layer, u)
+    }
+    fn router_backward(
+        &mut self,
+        layer: usize,
+        state: Self::RouterState,
+        d_gates: &[f32],
+    ) -> Result<Vec<f32>, PiperError> {
+        self.inner.router_backward(layer, state, d_gates)
+    }
+    fn expert_forward(
+        &self,
+        layer: usize,
+        expert: usize,
+        x: &[f32],
+    ) -> Result<(Vec<f32>, Self::ExpertState), PiperError> {
+        if self.fail && layer == 1 {
+            return Err(PiperError::Compute(format!(
+                "injected failure of layer {layer} expert {expert}"
+            )));
+        }
+        self.inner.expert_forward(layer, expert, x)
+    }
+    fn expert_backward(
+        &mut self,
+        layer: usize,
+        expert: usize,
+        state: Self::ExpertState,
+        d_y: &[f32],
+    ) -> Result<Vec<f32>, PiperError> {
+        self.inner.expert_backward(layer, expert, state, d_y)
+    }
+    fn combine_forward(
+        &self,
+        h: &[f32],
+        gates: &[f32],
+        expert_out: &[f32],
+    ) -> Result<(Vec<f32>, Self::CombineState), PiperError> {
+        self.inner.combine_forward(h, gates, expert_out)
+    }
+    fn combine_backward(
+        &self,
+        state: Self::CombineState,
+        d_out: &[f32],
+    ) -> Result<halo_moe::CombineGrads, PiperError> {
+        self.inner.combine_backward(state, d_out)
+    }
+    fn moe_input_backward(
+        &self,
+        d_router: &[f32],
+        d_expert_in: &[f32],
+    ) -> Result<Vec<f32>, PiperError> {
+        self.inner.moe_input_backward(d_router, d_expert_in)
+    }
+    fn head_forward(
+        &self,
+        x: &[f32],
+        targets: &[u32],
+        normaliser: f32,
+    ) -> Result<(f64, Self::HeadState), PiperError> {
+        self.inner.head_forward(x, targets, normaliser)
+    }
+    fn head_backward(&mut self, state: Self::HeadState) -> Result<Vec<f32>, PiperError> {
+        self.inner.head_backward(state)
+    }
+    fn grads_mut(&mut self, id: GroupId) -> Result<&mut [f32], PiperError> {
+        self.inner.grads_mut(id)
+    }
+    fn params_and_grads(&mut self, id: GroupId) -> Result<(&mut [f32], &[f32]), PiperError> {
+        self.inner.params_and_grads(id)
+    }
+    fn zero_grads(&mut self) {
+        self.inner.zero_grads();
+    }
+}
+
+/// One rank's model fails mid-step (block 1 of stage 0, PP 2 x EP 4): that rank reports
+/// its error, every other rank a communication error naming a departed peer, none hangs.
+#[test]
+fn a_rank_failing_mid_step_is_an_error_on_every_rank() {
+    let cfg = config();
+    let task = Task::new(&cfg, TaskConfig::default()).unwrap();
+    let batch = task.batch(0, SEQUENCES);
+    let topo = Topology::preset("flat:8").unwrap();
+    let t0 = std::time::Instant::now();
+    let out: Vec<Option<PiperError>> = local::run(&topo, Emulation::off(), |world| {
+        world.set_timeout(std::time::Duration::from_secs(5));
+        let mut model = FailingExpert {
+            inner: ReferenceModel::new(MoeParams::init(&cfg, SEED).unwrap()).unwrap(),
+            fail: world.rank() == 2,
+        };
+        let mut exec = Executor::new(world, MeshLayout::new(2, 4), 4, &model).unwrap();
+        Ok(exec.step(&mut model, &batch.tokens, &batch.targets).err())
+    })
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect();
+    let took = t0.elapsed();
+    for (rank, e) in out.iter().enumerate() {
+        let e = e
+            .as_ref()
+            .unwrap_or_else(|| panic!("rank {rank} finished a step whose peer failed"));
+        eprintln!("rank {rank}: {e}");
+        if rank == 2 {
+            assert!(
+                matches!(e, PiperError::Compute(m) if m.contains("injected failure")),
+                "{e}"
+            );
+        } else {
+            assert!(matches!(e, PiperError::Comm(_)), "rank {rank}: {e}");
+        }
+    }
+    // The peers see the failed rank gone at once, before the 5 s timeout.
+    assert!(took.as_secs() < 5, "took {took:?}");
+}
+
+/// Five training steps (Adam state carried across steps): the executor's losses follow the
+/// reference's — bitwise with EP = 1, within 1e-4 relative with EP = 4 (rounding of the
+/// gradient all-reduce, carried through the updates).
+#[test]
+fn five_steps_follow_the_reference() {
+    let cfg = config();
+    let task = Task::new(&cfg, TaskConfig::default()).unwrap();
+    let steps = 5u64;
+    let mut params = MoeParams::init(&cfg, SEED).unwrap();
+    let mut adam = Adam::new(adam_config()).unwrap();
+    let mut reference = Vec::new();
+    for step in 0..steps {
+        let b = task.batch(step, SEQUENCES);
+        let n = b.tokens.len() as f32;
+        let (loss, grads) = halo_moe::forward_backward(&params, &b.tokens, &b.targets, n).unwrap();
+        reference.push(loss);
+        adam.step(&mut params, &grads).unwrap();
+    }
+    for (layout, tol) in [(MeshLayout::new(2, 1), 0.0), (MeshLayout::new(2, 4), 1e-4)] {
+        let topo = Topology::preset(&format!("flat:{}", layout.ranks())).unwrap();
+        let out = local::run(&topo, Emulation::off(), |world| {
+            let mut one = || -> Result<Vec<f64>, PiperError> {
+                let mut model = ReferenceModel::new(MoeParams::init(&cfg, SEED)?)?;
+                let mut exec = Executor::new(world, layout, 4, &model)?;
+                let mut adam = Adam::new(adam_config())?;
+                let mut losses = Vec::new();
+                for step in 0..steps {
+                    let b = task.batch(step, SEQUENCES);
+                    losses.push(exec.step(&mut model, &b.tokens, &b.targets)?.loss);
+                    exec.adam_step(&mut model, &mut adam)?;
+                }
+                Ok(losses)
+            };
+            Ok(one())
+        });
+        let mut worst = 0.0f64;
+        for (rank, r) in out.into_iter().enumerate() {
+            let losses = r.unwrap().unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+            assert_eq!(losses.len(), reference.len());
+            for (step, (a, b)) in losses.iter().zip(&reference).enumerate() {
+                let e = (a - b).abs() / b.abs();
+                worst = worst.max(e);
+                assert!(
+                    e <= tol,
+                    "PP {} x EP {}: rank {rank}: step {step}: loss {a} vs {b} ({e:e})",
+                    layout.pp,
+                    layout.ep
+                );
+            }
+        }
+        println!(
+            "PP {} x EP {}: {steps} steps, worst loss relative error {worst:e}",
+            layout.pp, layout.ep
+        );
+    }
+}
