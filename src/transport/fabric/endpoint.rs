@@ -349,6 +349,8 @@ impl FabricEndpoint {
     /// The remote completion data that carries a call's uniform block size with each
     /// message ([`Buffers::block`] + 1, cut to what the provider carries; 0: none), so
     /// that the receiver can tell a peer that called with another count or type.
+    ///
+    /// [`Buffers::block`]: halo_collectives::Buffers::block
     pub(super) fn block_data(&self, block: Option<usize>) -> u64 {
         match block {
             Some(b) if self.cq_data > 0 => {

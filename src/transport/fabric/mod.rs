@@ -77,6 +77,8 @@
 //!
 //! The bootstrap card and the exchange that brings a transport up live in
 //! `crate::bootstrap` (`card.rs`, `job.rs`).
+//!
+//! [`Session::wait`]: halo_collectives::Session::wait
 
 mod bell;
 mod completion;
