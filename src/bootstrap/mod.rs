@@ -21,11 +21,21 @@
 //!   which keeps jobs apart but is not a secret against other users of the machine.
 //! - **MPI** (cargo feature `mpi`, through the `mpi` crate): `exchange_mpi` gathers
 //!   the payloads with `MPI_Allgatherv` over an MPI communicator the caller initialised.
+//!
+//! The payload is a rank's *card* (`card.rs`: what it holds, encoded as JSON and
+//! checked field by field before use); `job.rs` brings a fabric job up around the
+//! exchange: the address the network provider binds, the cards, the job's topology,
+//! and the transport connected to every peer.
 
+mod card;
 mod env;
+mod job;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod rendezvous;
+
+pub(crate) use card::hex;
+pub(crate) use job::establish;
 
 pub use env::{DEFAULT_BOOTSTRAP_PORT, EnvBootstrap, EnvSource};
 #[cfg(feature = "mpi")]
@@ -156,13 +166,13 @@ pub fn default_bootstrap_ip() -> Result<IpAddr> {
     if let Ok(v) = std::env::var("HALO_BOOTSTRAP_ADDR") {
         return parse_host_port(&v, 0).map(|a| a.ip());
     }
-    let ifs = if_addrs::get_if_addrs()
+    let ifs = crate::transport::sys::interfaces()
         .map_err(|e| sys_err(format!("cannot list network interfaces: {e}")))?;
     if let Ok(name) = std::env::var("HALO_SOCKET_IFNAME") {
         return ifs
             .iter()
-            .find(|i| i.name == name && i.ip().is_ipv4())
-            .map(|i| i.ip())
+            .find(|i| i.name == name && i.ip.is_ipv4())
+            .map(|i| i.ip)
             .ok_or_else(|| {
                 Error::invalid_argument(format!(
                     "HALO_SOCKET_IFNAME={name}: no such interface with an IPv4 address"
@@ -171,8 +181,8 @@ pub fn default_bootstrap_ip() -> Result<IpAddr> {
     }
     Ok(ifs
         .iter()
-        .find(|i| !i.is_loopback() && i.ip().is_ipv4())
-        .map(|i| i.ip())
+        .find(|i| !i.loopback && i.ip.is_ipv4())
+        .map(|i| i.ip)
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
 }
 

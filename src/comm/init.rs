@@ -2,10 +2,11 @@
 //! [`UniqueId`], or from the launcher's environment.
 
 use super::Communicator;
+use crate::bootstrap::establish;
 use crate::bootstrap::{EnvBootstrap, EnvSource, UniqueId, bootstrap_timeout, exchange};
 use crate::error::{Error, Result};
 use crate::transport::Backend;
-use crate::transport::fabric::{FabricConfig, establish};
+use crate::transport::fabric::FabricConfig;
 use halo_collectives::Algorithm;
 use std::sync::Arc;
 use std::time::Duration;

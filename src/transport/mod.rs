@@ -5,12 +5,15 @@
 //! - [`fabric`]: ranks as processes over libfabric (`shm` within a host, `tcp;ofi_rxm`
 //!   or `cxi` between hosts).
 //! - `shared`: either of them shared by a communicator and its sub-communicators.
+//! - `sys`: safe wrappers over the system calls the library needs elsewhere
+//!   (the host's network interfaces, for the bootstrap).
 
 mod emulation;
 pub(crate) mod fabric;
 pub mod local;
 mod raw;
 mod shared;
+pub(crate) mod sys;
 
 pub(crate) use shared::{MAX_COMMS, SharedBackend};
 

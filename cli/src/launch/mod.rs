@@ -436,7 +436,7 @@ fn job_env(bootstrap: SocketAddr, secret: &str) -> Vec<(&'static str, String)> {
         // Crashes keep their signal: Intel's PSM library, which libfabric links, would
         // otherwise catch SIGSEGV/SIGABRT/SIGTERM in every rank, write a backtrace file
         // into its working directory and exit with status 1 (it reads this variable
-        // when it loads, before main; see transport::fabric::restore_crash_signals).
+        // when it loads, before main; see halo's transport/fabric/signals.rs).
         ("IPATH_NO_BACKTRACE", "1".to_string()),
     ]
 }

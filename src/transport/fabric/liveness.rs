@@ -1,0 +1,111 @@
+//! Same-host peers' processes, from `/proc` (to notice one that ended), and the stale
+//! `shm` regions of killed processes in `/dev/shm`.
+
+use std::time::Duration;
+
+/// A process on this host: its id and its start time (clock ticks after boot, from
+/// `/proc/PID/stat`), which tells a reused process id apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Proc {
+    /// The process id.
+    pub(crate) pid: u32,
+    /// Its start time, in clock ticks after boot.
+    pub(crate) start: u64,
+}
+
+/// State (field 3) and start time (field 22) of a process, from `/proc/PID/stat`.
+fn proc_stat(path: &str) -> std::io::Result<(u8, u64)> {
+    let s = std::fs::read_to_string(path)?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "unexpected stat format");
+    // The command name (field 2) is in parentheses and may hold anything.
+    let (_, rest) = s.rsplit_once(')').ok_or_else(bad)?;
+    let mut fields = rest.split_whitespace();
+    let state = fields
+        .next()
+        .and_then(|f| f.bytes().next())
+        .ok_or_else(bad)?;
+    let start = fields
+        .nth(18)
+        .and_then(|f| f.parse::<u64>().ok())
+        .ok_or_else(bad)?;
+    Ok((state, start))
+}
+
+/// When this process started, from `/proc/self/stat` and the boot time in `/proc/stat`
+/// (10 ms resolution).
+fn process_start() -> Option<std::time::SystemTime> {
+    let (_, ticks) = proc_stat("/proc/self/stat").ok()?;
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // USER_HZ is 100 on every Linux that reports /proc times this way.
+    Some(
+        std::time::UNIX_EPOCH
+            + Duration::from_secs(btime)
+            + Duration::from_millis(ticks.saturating_mul(10)),
+    )
+}
+
+/// Removes `/dev/shm/PID:N:M` — the regions the `shm` provider names after the
+/// process id — that an earlier process with this process's id left behind (killed
+/// before it could remove them; they are older than this process). With one in place
+/// the provider cannot create this process's region: `fi_enable` fails with `EBUSY`.
+/// Once per process, before its first `shm` endpoint.
+pub(super) fn remove_stale_shm_regions() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Some(start) = process_start() else {
+            return;
+        };
+        let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+            return;
+        };
+        let prefix = format!("{}:", std::process::id());
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let ours = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(&prefix))
+                .is_some_and(|rest| {
+                    !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit() || c == ':')
+                });
+            let older = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t < start);
+            if ours && older {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => tracing::info!(
+                        "removed {}, left by an earlier process with this process id",
+                        entry.path().display()
+                    ),
+                    Err(e) => tracing::debug!("cannot remove {}: {e}", entry.path().display()),
+                }
+            }
+        }
+    });
+}
+
+/// This process as peers on the same host can watch it: its PID namespace and
+/// [`Proc`]. `None` when `/proc` does not show this process under its own id (a
+/// `/proc` of another PID namespace), so that nobody watches the wrong process.
+pub(crate) fn this_process() -> Option<(String, Proc)> {
+    let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    let pid = std::process::id();
+    let (_, start) = proc_stat("/proc/self/stat").ok()?;
+    let (_, seen) = proc_stat(&format!("/proc/{pid}/stat")).ok()?;
+    (seen == start).then(|| (ns.to_string_lossy().into_owned(), Proc { pid, start }))
+}
+
+/// Whether a watched process has ended: gone, a zombie, or its id taken by another
+/// process. `false` when that cannot be told.
+pub(super) fn has_ended(p: Proc) -> bool {
+    match proc_stat(&format!("/proc/{}/stat", p.pid)) {
+        Ok((state, start)) => start != p.start || matches!(state, b'Z' | b'X' | b'x'),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
