@@ -1,59 +1,18 @@
 //! `halo topo`, run as a program.
 
 use halo_topology::Topology;
+mod run_halo;
+
+use run_halo::{fails_with, ok, stderr, stdout};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn halo(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_halo"))
-        .args(args)
-        .env_remove("HALO_DEBUG")
-        .output()
-        .expect("run halo")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8(o.stdout.clone()).expect("UTF-8 stdout")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8(o.stderr.clone()).expect("UTF-8 stderr")
-}
-
-#[track_caller]
-fn ok(args: &[&str]) -> String {
-    let o = halo(args);
-    assert!(
-        o.status.success(),
-        "halo {args:?}: {:?}\n{}",
-        o.status,
-        stderr(&o)
-    );
-    stdout(&o)
-}
-
-/// Runs `halo` expecting exit status 2; returns stderr.
-#[track_caller]
 fn fails_with_2(args: &[&str]) -> String {
-    let o = halo(args);
-    let err = stderr(&o);
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "halo {args:?}\nstdout: {}\nstderr: {err}",
-        stdout(&o)
-    );
-    assert!(!err.contains("panicked"), "{err}");
-    err
+    fails_with(2, args)
 }
 
 fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("cli_topo")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    run_halo::scratch("cli_topo", test)
 }
 
 #[test]

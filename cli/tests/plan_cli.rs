@@ -1,34 +1,12 @@
 //! `halo plan`, run as a program: JSON fields, values, and exit status 2 on bad input.
 
+mod run_halo;
+
+use run_halo::{halo, ok, stderr, stdout};
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-fn halo(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_halo"))
-        .args(args)
-        .env_remove("HALO_DEBUG")
-        .output()
-        .expect("run halo")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8(o.stdout.clone()).expect("UTF-8 stdout")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8(o.stderr.clone()).expect("UTF-8 stderr")
-}
-
-#[track_caller]
-fn ok(args: &[&str]) -> String {
-    let o = halo(args);
-    assert!(
-        o.status.success(),
-        "halo {args:?}: {:?}\n{}",
-        o.status,
-        stderr(&o)
-    );
-    stdout(&o)
+fn scratch(test: &str) -> PathBuf {
+    run_halo::scratch("plan_cli", test)
 }
 
 #[track_caller]
@@ -50,15 +28,6 @@ fn fails_with(code: i32, args: &[&str]) -> String {
     assert!(!err.contains("panicked"), "{err}");
     assert!(stdout(&o).is_empty(), "nothing on stdout on failure");
     err
-}
-
-fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("plan_cli")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]

@@ -1,19 +1,9 @@
 //! `halo train`, run as a program: the default run (tiny, PP 2 x EP 4, 8 micro-batches,
 //! 100 steps) halves its loss; bad layouts exit with status 2 naming the numbers.
 
-use std::process::{Command, Output};
+mod run_halo;
 
-fn halo(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_halo"))
-        .args(args)
-        .env_remove("HALO_DEBUG")
-        .output()
-        .expect("run halo")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8(o.stderr.clone()).expect("UTF-8 stderr")
-}
+use run_halo::{halo, stderr};
 
 #[test]
 fn the_default_run_halves_its_loss() {
