@@ -4,7 +4,7 @@
 //! call returns `Error::Aborted` at once, and so does every later call.
 //!
 //! ```sh
-//! cargo run --example abort_watchdog
+//! cargo run -p halo --example abort_watchdog
 //! ```
 
 use halo::Error;

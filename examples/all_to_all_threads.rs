@@ -2,7 +2,7 @@
 //! topology of 2 nodes x 4 ranks, with the algorithm chosen automatically.
 //!
 //! ```sh
-//! cargo run --example all_to_all_threads
+//! cargo run -p halo --example all_to_all_threads
 //! ```
 
 use halo::local::{self, Emulation};

@@ -3,7 +3,7 @@
 //! (the pipeline's point-to-point partners); each sums its members' ranks.
 //!
 //! ```sh
-//! cargo run --example split
+//! cargo run -p halo --example split
 //! ```
 
 use halo::ReduceOp;
