@@ -61,6 +61,8 @@ pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use halo_collectives as collectives;
 pub use halo_collectives::{AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm};
+#[doc(hidden)]
+pub use transport::fabric::decode_card_for_fuzzing;
 pub use transport::fabric::{FabricConfig, FabricProgress};
 pub use transport::local;
 pub use transport::local::{Emulation, LocalCluster};
