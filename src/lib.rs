@@ -53,6 +53,8 @@ pub mod select;
 mod transport;
 
 pub use bootstrap::UniqueId;
+#[doc(hidden)]
+pub use bootstrap::decode_card_for_fuzzing;
 pub use comm::{
     AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, Partition, ReduceOp,
     Reducible,

@@ -34,6 +34,8 @@ mod job;
 mod mpi;
 mod rendezvous;
 
+#[doc(hidden)]
+pub use card::decode_card_for_fuzzing;
 pub(crate) use card::hex;
 pub(crate) use job::establish;
 
