@@ -12,6 +12,7 @@
 //! max M`, and exits 1 when any byte was wrong or a call failed.
 
 use halo::{Algorithm, Communicator, Partition, ReduceOp};
+use halo_moe::SplitMix64;
 use std::time::{Duration, Instant};
 
 /// Largest count per pair (u32 elements).
@@ -19,26 +20,10 @@ const MAX_COUNT: usize = 2048;
 /// The ranks agree on stopping every this many calls.
 const AGREE_EVERY: u64 = 16;
 
-/// A small deterministic generator (splitmix64): every rank draws the same numbers.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Element `i` of the block rank `from` sends to rank `to` in call `call`.
 fn value(call: u64, from: usize, to: usize, i: usize) -> u32 {
-    let mut r = Rng(call ^ ((from as u64) << 40) ^ ((to as u64) << 20) ^ i as u64);
-    r.next() as u32
+    let mut r = SplitMix64::new(call ^ ((from as u64) << 40) ^ ((to as u64) << 20) ^ i as u64);
+    r.next_u64() as u32
 }
 
 /// Resident memory in KiB (`VmRSS`).
@@ -76,20 +61,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut rss_start, mut rss_max) = (0u64, 0u64);
     loop {
         // The same draw on every rank: the whole count matrix and the layouts.
-        let mut rng = Rng(0x5eed ^ calls.wrapping_mul(0x1_0000_0001));
+        let mut rng = SplitMix64::new(0x5eed ^ calls.wrapping_mul(0x1_0000_0001));
         let counts: Vec<Vec<usize>> = (0..n)
             .map(|_| {
                 (0..n)
                     .map(|_| match rng.below(4) {
                         0 => 0,
                         1 => rng.below(8) as usize,
-                        _ => rng.below(MAX_COUNT as u64 + 1) as usize,
+                        _ => rng.below(MAX_COUNT as u32 + 1) as usize,
                     })
                     .collect()
             })
             .collect();
         let gap = rng.below(4) as usize;
-        let algorithm = algorithms[rng.below(algorithms.len() as u64) as usize];
+        let algorithm = algorithms[rng.below(algorithms.len() as u32) as usize];
         // Send: blocks in rank order with `gap` elements between them.
         let scounts: Vec<usize> = (0..n).map(|q| counts[me][q]).collect();
         let rcounts: Vec<usize> = (0..n).map(|q| counts[q][me]).collect();

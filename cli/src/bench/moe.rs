@@ -19,6 +19,9 @@
 //! destination) for one row of a benchmark sweep.
 
 use halo::{Error, Result};
+// The routing's random numbers: SplitMix64, pure integer arithmetic, so the benchmark's
+// traffic is the same on every platform and version.
+use halo_moe::SplitMix64 as SplitMix;
 
 /// The router's parameters (`halo bench alltoallv --experts --topk --skew --tokens --hidden`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -53,30 +56,10 @@ impl Default for MoeShape {
     }
 }
 
-/// splitmix64: a small, well-known generator, enough for routing decisions (written
-/// here rather than pulling a crate for a dozen lines; its output is part of the
-/// benchmark's definition and must not change with a dependency's version).
-#[derive(Debug, Clone)]
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in 0..n (n > 0).
-    fn below(&mut self, n: usize) -> usize {
-        (self.unit() * n as f64) as usize % n
-    }
+/// Uniform in 0..n (n > 0) from 53 random bits (the benchmark's definition; not
+/// `SplitMix64::below`, whose multiply-shift would change the sampled routes).
+fn below(rng: &mut SplitMix, n: usize) -> usize {
+    (rng.next_f64() * n as f64) as usize % n
 }
 
 impl MoeShape {
@@ -113,9 +96,9 @@ impl MoeShape {
     /// Popularity weights per expert (sum 1): Zipf over a fixed permutation.
     pub fn popularity(&self) -> Vec<f64> {
         let mut order: Vec<usize> = (0..self.experts).collect();
-        let mut rng = SplitMix(self.seed ^ 0x5045_524d);
+        let mut rng = SplitMix::new(self.seed ^ 0x5045_524d);
         for i in (1..order.len()).rev() {
-            order.swap(i, rng.below(i + 1));
+            order.swap(i, below(&mut rng, i + 1));
         }
         let mut w = vec![0.0; self.experts];
         for (j, &e) in order.iter().enumerate() {
@@ -137,7 +120,7 @@ impl MoeShape {
         let pop = self.popularity();
         (0..n)
             .map(|src| {
-                let mut rng = SplitMix(self.seed ^ (src as u64).wrapping_mul(0x9e37_79b9));
+                let mut rng = SplitMix::new(self.seed ^ (src as u64).wrapping_mul(0x9e37_79b9));
                 let mut row = vec![0u64; n];
                 let mut chosen = Vec::with_capacity(self.topk);
                 for _ in 0..tokens {
@@ -145,7 +128,7 @@ impl MoeShape {
                     // Weighted sampling without replacement: draw from the remaining mass.
                     let mut left = 1.0;
                     for _ in 0..self.topk {
-                        let mut x = rng.unit() * left;
+                        let mut x = rng.next_f64() * left;
                         let mut pick = None;
                         for (e, &p) in pop.iter().enumerate() {
                             if chosen.contains(&e) {
