@@ -2,6 +2,7 @@
 //! written as SVG or PNG with `plotters` (used by `halo simulate` and the benchmarks).
 
 use halo::{Error, Result};
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -25,16 +26,48 @@ const COLOURS: [RGBColor; 7] = [
 ];
 
 /// Writes a log-log line plot of `series` to `path`: SVG, or PNG when the file name
-/// ends in `.png`.
+/// ends in `.png`. The x axis is bytes per peer.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] when no point is positive; [`Error::SystemError`] when
 /// the file cannot be written.
 pub fn line_plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Result<()> {
-    let pts = series
-        .iter()
-        .flat_map(|s| s.points.iter())
-        .filter(|p| p.0 > 0.0 && p.1 > 0.0);
+    let axes = Axes {
+        title,
+        x_label: "bytes per peer",
+        y_label,
+        log_x: true,
+    };
+    plot(path, &axes, series)
+}
+
+/// Writes a plot of `series` against a step count (a linear x axis; a log y axis) to
+/// `path`: SVG, or PNG when the file name ends in `.png`. Used for training curves
+/// (loss per step, imbalance per step).
+///
+/// # Errors
+/// As [`line_plot`].
+pub fn step_plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Result<()> {
+    let axes = Axes {
+        title,
+        x_label: "step",
+        y_label,
+        log_x: false,
+    };
+    plot(path, &axes, series)
+}
+
+/// A plot's texts and x scale (the y scale is always logarithmic).
+struct Axes<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    log_x: bool,
+}
+
+fn plot(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<()> {
+    let positive = |p: &&(f64, f64)| (p.0 > 0.0 || !axes.log_x) && p.1 > 0.0;
+    let pts = series.iter().flat_map(|s| s.points.iter()).filter(positive);
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in pts {
         x0 = x0.min(x);
@@ -55,16 +88,14 @@ pub fn line_plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> 
     let drawn = if png {
         draw(
             BitMapBackend::new(path, (900, 560)).into_drawing_area(),
-            title,
-            y_label,
+            axes,
             series,
             bounds,
         )
     } else {
         draw(
             SVGBackend::new(path, (900, 560)).into_drawing_area(),
-            title,
-            y_label,
+            axes,
             series,
             bounds,
         )
@@ -83,7 +114,6 @@ const FONT_PATHS: [&str; 4] = [
     "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
-
 /// Registers the plots' font once per process (`HALO_PLOT_FONT` names another file).
 /// plotters draws text with `ab_glyph`, which needs the font's bytes for the rest of
 /// the process, so they are kept.
@@ -114,28 +144,58 @@ fn load_font() -> Result<()> {
 
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, plotters::coord::Shift>,
-    title: &str,
-    y_label: &str,
+    axes: &Axes<'_>,
     series: &[Series],
     (x0, x1, y0, y1): Bounds,
 ) -> std::result::Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(
-            (x0 / 1.5..x1 * 1.5).log_scale(),
-            (y0 / 1.5..y1 * 1.5).log_scale(),
-        )
-        .map_err(e)?;
+    let y = (y0 / 1.5..y1 * 1.5).log_scale();
+    if axes.log_x {
+        let chart = ChartBuilder::on(&root)
+            .caption(axes.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d((x0 / 1.5..x1 * 1.5).log_scale(), y)
+            .map_err(e)?;
+        lines(chart, axes, series, &|x| fmt_axis_bytes(*x), true)?;
+    } else {
+        let pad = ((x1 - x0) * 0.02).max(0.5);
+        let chart = ChartBuilder::on(&root)
+            .caption(axes.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0 - pad..x1 + pad, y)
+            .map_err(e)?;
+        lines(chart, axes, series, &|x| format!("{x:.0}"), false)?;
+    }
+    root.present().map_err(e)?;
+    Ok(())
+}
+
+/// The mesh, the series (with point markers when `markers`) and the legend of a chart
+/// whose coordinates are f64 on both axes, whatever their scales.
+fn lines<'a, DB, X, Y>(
+    mut chart: ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    axes: &Axes<'_>,
+    series: &[Series],
+    x_format: &dyn Fn(&f64) -> String,
+    markers: bool,
+) -> std::result::Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     chart
         .configure_mesh()
-        .x_desc("bytes per peer")
-        .y_desc(y_label)
-        .x_label_formatter(&|x| fmt_axis_bytes(*x))
+        .x_desc(axes.x_label)
+        .y_desc(axes.y_label)
+        .x_label_formatter(x_format)
+        .y_label_formatter(&|y| fmt_value(*y))
         .draw()
         .map_err(e)?;
     for (i, s) in series.iter().enumerate() {
@@ -144,26 +204,50 @@ fn draw<DB: DrawingBackend>(
             .points
             .iter()
             .copied()
-            .filter(|p| p.0 > 0.0 && p.1 > 0.0)
+            .filter(|p| (p.0 > 0.0 || !axes.log_x) && p.1 > 0.0)
             .collect();
         chart
             .draw_series(LineSeries::new(data.clone(), c.stroke_width(2)))
             .map_err(e)?
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
-        chart
-            .draw_series(data.into_iter().map(|p| Circle::new(p, 3, c.filled())))
-            .map_err(e)?;
+        if markers {
+            chart
+                .draw_series(data.into_iter().map(|p| Circle::new(p, 3, c.filled())))
+                .map_err(e)?;
+        }
     }
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(if axes.log_x {
+            SeriesLabelPosition::UpperLeft
+        } else {
+            SeriesLabelPosition::UpperRight
+        })
         .draw()
         .map_err(e)?;
-    root.present().map_err(e)?;
     Ok(())
+}
+
+/// A y tick with at most three significant digits (`0.6`, `12.5`, `1.2e5`), where the
+/// default formatter prints a float's rounding noise (`0.6000000000001`).
+fn fmt_value(y: f64) -> String {
+    if y == 0.0 {
+        return "0".to_string();
+    }
+    let mag = y.abs().log10().floor();
+    if !(-3.0..5.0).contains(&mag) {
+        return format!("{y:.1e}");
+    }
+    let decimals = (2.0 - mag).max(0.0) as usize;
+    let t = format!("{y:.decimals$}");
+    if t.contains('.') {
+        t.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        t
+    }
 }
 
 /// An axis tick of a log scale, whose ticks fall on powers of ten: `100 B`, `10 kB`,

@@ -1,9 +1,50 @@
 //! `halo train`, run as a program: the default run (tiny, PP 2 x EP 4, 8 micro-batches,
-//! 100 steps) halves its loss; bad layouts exit with status 2 naming the numbers.
+//! 100 steps) halves its loss; bad layouts exit with status 2 naming the numbers; the
+//! same steps as processes under `halo launch` give the same losses as threads, and one
+//! step as processes matches the single-rank reference (`halo-piper`'s `exactness`
+//! example); the loss plot, emulated hosts and the planned layout.
 
 mod run_halo;
 
-use run_halo::{halo, stderr};
+use run_halo::{halo, ok, scratch, stderr, stdout};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const HALO: &str = env!("CARGO_BIN_EXE_halo");
+
+/// The JSON objects of `halo train --json`'s stdout (a `[R] ` prefix of `halo launch`
+/// removed).
+fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines()
+        .map(|l| l.strip_prefix("[0] ").unwrap_or(l))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+fn losses(steps: &[serde_json::Value]) -> Vec<f64> {
+    steps
+        .iter()
+        .map(|s| s["loss"].as_f64().expect("loss"))
+        .collect()
+}
+
+/// `target/<profile>/examples/exactness` of `halo-piper`, built when missing.
+fn exactness_example() -> PathBuf {
+    let profile_dir = Path::new(HALO).parent().expect("target/<profile>");
+    let exe = profile_dir.join("examples").join("exactness");
+    if !exe.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "halo-piper", "--examples"])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(status.success(), "{cmd:?} failed");
+    }
+    exe
+}
 
 #[test]
 fn the_default_run_halves_its_loss() {
@@ -78,4 +119,128 @@ fn bad_layouts_exit_2_naming_the_numbers() {
             "halo {args:?}: stderr {err:?} lacks {want:?}"
         );
     }
+}
+
+#[test]
+fn one_step_as_processes_matches_the_single_rank_reference() {
+    let exe = exactness_example();
+    for layout in [
+        ["2", "4", "1", "4"],
+        ["4", "2", "1", "1"],
+        ["1", "4", "2", "4"],
+    ] {
+        let mut args = vec!["launch", "-n", "8", "--", exe.to_str().unwrap()];
+        args.extend(layout);
+        let o = Command::new(HALO)
+            .args(&args)
+            .env("HALO_TIMEOUT_MS", "30000")
+            .env_remove("HALO_DEBUG")
+            .output()
+            .expect("run halo launch");
+        let out = stdout(&o);
+        assert!(
+            o.status.success(),
+            "{args:?}: {:?}\n{out}\n{}",
+            o.status,
+            stderr(&o)
+        );
+        let oks = out.lines().filter(|l| l.ends_with(": ok")).count();
+        assert_eq!(oks, 8, "every rank matches the reference:\n{out}");
+        eprintln!("{}", out.lines().next().unwrap_or_default());
+    }
+}
+
+#[test]
+fn processes_under_halo_launch_give_the_threads_losses() {
+    let args = [
+        "train",
+        "--pp",
+        "2",
+        "--ep",
+        "2",
+        "--microbatches",
+        "2",
+        "--steps",
+        "3",
+        "--json",
+    ];
+    let threads = json_lines(&ok(&args));
+    let mut launched = vec!["launch", "-n", "4", "--", HALO];
+    launched.extend(args);
+    let o = Command::new(HALO)
+        .args(&launched)
+        .env("HALO_TIMEOUT_MS", "30000")
+        .env_remove("HALO_DEBUG")
+        .output()
+        .expect("run halo launch");
+    assert!(o.status.success(), "{:?}\n{}", o.status, stderr(&o));
+    let procs = json_lines(&stdout(&o));
+    assert_eq!(procs.len(), 3, "rank 0 prints one line per step");
+    // The same arithmetic in the same order: the losses are bit-for-bit equal.
+    assert_eq!(losses(&procs), losses(&threads));
+}
+
+#[test]
+fn emulated_hosts_a_loss_plot_and_the_time_split() {
+    let dir = scratch("train_cli", "plot");
+    let svg = dir.join("loss.svg");
+    let out = ok(&[
+        "train",
+        "--hosts",
+        "2",
+        "--steps",
+        "4",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("on nodes:2x4 (threads, link emulation x1)"),
+        "{out}"
+    );
+    assert!(out.contains("loss curve: "), "{out}");
+    // The end-of-run table: one row per rank, stage 0 holding two micro-batches in flight.
+    let rows: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.contains("rank stage ep dp"))
+        .skip(1)
+        .collect();
+    assert_eq!(rows.len(), 8, "{out}");
+    let text = std::fs::read_to_string(&svg).expect("the plot was written");
+    assert!(text.starts_with("<svg"), "an SVG file");
+    assert!(text.contains("loss"), "the y axis is labelled");
+    // JSON rows carry the idle time and the activation peak.
+    let rows = json_lines(&ok(&["train", "--steps", "2", "--json"]));
+    for r in &rows {
+        for k in [
+            "idle_s",
+            "p2p_s",
+            "compute_s",
+            "all_to_all_s",
+            "all_reduce_s",
+        ] {
+            assert!(r[k].as_f64().is_some_and(|v| v >= 0.0), "{k} in {r}");
+        }
+        assert!(r["activation_bytes"].as_u64().is_some_and(|v| v > 0), "{r}");
+    }
+}
+
+#[test]
+fn the_planner_chooses_the_layout() {
+    let out = ok(&[
+        "train",
+        "--auto-layout",
+        "--topology",
+        "nodes:2x4",
+        "--steps",
+        "2",
+    ]);
+    let banner = out.lines().next().unwrap_or_default();
+    assert!(banner.contains("(planned) on nodes:2x4"), "{banner}");
+    let err = halo(&["train", "--auto-layout", "--steps", "1"]);
+    assert_eq!(err.status.code(), Some(2));
+    assert!(
+        stderr(&err).contains("--auto-layout needs --topology"),
+        "{}",
+        stderr(&err)
+    );
 }

@@ -36,7 +36,10 @@ pub mod profile;
 pub mod resource;
 
 pub use error::{PiperError, Result};
-pub use executor::{Executor, MeshLayout, ReferenceModel, StageCompute, StepReport, StepTimes};
+pub use executor::{
+    ActivationPeak, Executor, Footprint, MeshLayout, ReferenceModel, StageCompute, StepReport,
+    StepTimes,
+};
 pub use model::ModelConfig;
 pub use plan::{Constraint, Plan, Planned, Rejected, plan};
 pub use predict::{Layout, Machine, Prediction, Predictor, Workload};

@@ -322,6 +322,25 @@ impl ModelConfig {
     }
 }
 
+impl From<&halo_moe::MoeConfig> for ModelConfig {
+    /// The resource model's view of a `halo-moe` reference model (named `reference`):
+    /// the same layers, sizes, experts and vocabulary, no shared experts.
+    fn from(c: &halo_moe::MoeConfig) -> Self {
+        ModelConfig {
+            name: "reference".to_string(),
+            layers: c.layers as u64,
+            hidden: c.hidden as u64,
+            heads: c.heads as u64,
+            experts: c.experts as u64,
+            shared_experts: 0,
+            top_k: c.top_k as u64,
+            expert_ffn: c.ffn as u64,
+            expert_matrices: c.expert_matrices as u64,
+            vocab: Some(c.vocab as u64),
+        }
+    }
+}
+
 /// The Piper paper's weak-scaling family: d = 5120, d_ffn = 20480, L = 32, k = 2, E
 /// experts, with **plain two-matrix FFN experts** and 40 heads (head size 128; the
 /// paper does not state H, and no parameter count depends on it). Two matrices are

@@ -187,13 +187,6 @@ fn algorithms(list: &[String]) -> Result<Vec<BenchAlgo>, Failure> {
     Ok(out)
 }
 
-/// Whether a launcher started this process as one rank of a job.
-fn launched() -> bool {
-    ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-}
-
 fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, Failure> {
     check_iterations(args)?;
     let timeout = timeout(
@@ -230,7 +223,7 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
 
 pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
     let op: Op = args.op.parse().map_err(Failure::input)?;
-    let in_process = args.threads || !launched();
+    let in_process = args.threads || !halo_cli::launch::launched();
     let opts = options(args, op, in_process)?;
     // What run_ranks would refuse, refused before a job bootstraps for nothing.
     if op == Op::AllToAllV {

@@ -1,33 +1,51 @@
 //! `halo train`: trains `halo-moe`'s reference model on its synthetic task with the Piper
-//! executor (crate `halo-piper`), ranks as threads on an in-process cluster.
+//! executor (crate `halo-piper`): ranks as threads on an in-process cluster, or as the
+//! processes of a job started by `halo launch` (or another launcher).
 //!
 //! Self-contained: everything the command needs is in this file.
 
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use super::Failure;
 use clap::Args;
+use halo::Communicator;
 use halo::local::{self, Emulation};
+use halo_cli::plot::{Series, step_plot};
 use halo_moe::{Adam, AdamConfig, MoeConfig, MoeParams, Task, TaskConfig};
-use halo_piper::{Executor, MeshLayout, PiperError, ReferenceModel};
+use halo_piper::predict::Workload;
+use halo_piper::{
+    Executor, HardwareProfile, MemoryOptions, MeshLayout, ModelConfig, PiperError, ReferenceModel,
+    plan,
+};
 use halo_topology::Topology;
+use indicatif::ProgressBar;
 use serde::Serialize;
 
 /// Train the reference MoE model (halo-moe) on its synthetic task with the Piper pipeline
-/// executor: PP x EP (x DP) ranks as threads, 1F1B over micro-batches, tokens dispatched
-/// to the experts with HALO's all-to-all-v.
+/// executor: PP x EP (x DP) ranks, 1F1B over micro-batches, tokens dispatched to the
+/// experts with HALO's all-to-all-v.
+///
+/// Without a launcher the ranks are threads of this process (no cluster needed); started
+/// by `halo launch -n P` (or mpirun, srun, torchrun) every process is one rank and the
+/// layout must use all P of them. `--hosts H` runs the threads as H emulated hosts
+/// (topology nodes:HxR, link emulation on); `halo launch --hosts H` does it with real
+/// processes in network namespaces.
 ///
 /// The task is class-conditioned random successor chains (halo-moe's `Task`): every
 /// target follows from the sequence so far, so the loss can fall from ln V towards zero.
 /// A step's data depends on the seed and the global batch only, never on the layout.
-/// Each step prints rank 0's loss, tokens/s and time split (compute, all-to-all,
-/// point-to-point, all-reduce; blocking calls, so waiting for peers — the pipeline
-/// bubble — counts in the communication it waits in).
+/// Each step prints the loss, tokens/s and rank 0's time split: compute, all-to-all,
+/// point-to-point transfer, all-reduce, and idle (waiting for the neighbour stage: the
+/// pipeline bubble). At the end, every rank's peak activation memory and idle share.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  halo train\n  \
-    halo train --model tiny --pp 2 --ep 4 --microbatches 8 --steps 100 --json\n  \
-    halo train --pp 1 --ep 2 --dp 2 --microbatches 2 --steps 20")]
+    halo train --model tiny --pp 2 --ep 4 --microbatches 8 --steps 100 --plot loss.svg\n  \
+    halo train --pp 1 --ep 2 --dp 2 --microbatches 2 --steps 20 --json\n  \
+    halo train --auto-layout --topology nodes:2x4 --hosts 2\n  \
+    halo launch -n 8 -- halo train --pp 2 --ep 4\n  \
+    halo launch -n 8 --hosts 4 --host-rate 1gbit -- halo train --pp 2 --ep 4")]
 pub(crate) struct TrainArgs {
     /// Model preset of halo-moe: tiny or small.
     #[arg(long, default_value = "tiny")]
@@ -44,6 +62,14 @@ pub(crate) struct TrainArgs {
     /// Micro-batches per step (1F1B).
     #[arg(long, default_value_t = 8)]
     microbatches: usize,
+    /// Take PP, EP, DP and the micro-batches from the planner (`halo plan layout`): its
+    /// best predicted layout for this model, batch and topology (--profile's hardware).
+    #[arg(long)]
+    auto_layout: bool,
+    /// Hardware profile the planner predicts with (--auto-layout): mi250x-gcd, h100-sxm
+    /// or a file.
+    #[arg(long, default_value = "mi250x-gcd")]
+    profile: String,
     /// Sequences per step (global batch); default EP x DP x micro-batches.
     #[arg(long)]
     batch: Option<usize>,
@@ -56,9 +82,24 @@ pub(crate) struct TrainArgs {
     /// Adam's learning rate.
     #[arg(long, default_value_t = 3e-3)]
     lr: f32,
-    /// Topology the threads run on (a preset such as nodes:2x4); default flat:PP*EP*DP.
+    /// Topology the threads run on (a preset such as nodes:2x4); default flat:PP*EP*DP,
+    /// or nodes:HxR with --hosts H.
     #[arg(long)]
     topology: Option<String>,
+    /// Threads only: run the ranks as H emulated hosts (topology nodes:HxR unless
+    /// --topology is given) with link emulation on.
+    #[arg(long)]
+    hosts: Option<usize>,
+    /// Threads only: delay every message to the topology's modelled time, times SCALE
+    /// (default 1 when given without a value; on with --hosts).
+    #[arg(long, num_args = 0..=1, default_missing_value = "1")]
+    emulate: Option<f64>,
+    /// Run as threads even when started by a launcher.
+    #[arg(long)]
+    threads: bool,
+    /// Write the loss curve to this file at the end (SVG, or PNG for a .png name).
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// One JSON object per step per line instead of text.
     #[arg(long)]
     json: bool,
@@ -72,11 +113,27 @@ struct StepLine {
     tokens: usize,
     seconds: f64,
     tokens_per_s: f64,
-    /// Rank 0's time split (seconds); communication includes waiting for peers.
+    /// Rank 0's time split (seconds); they add up to its step time.
     compute_s: f64,
     all_to_all_s: f64,
     p2p_s: f64,
+    idle_s: f64,
     all_reduce_s: f64,
+    /// Rank 0's peak of saved activations in the step.
+    activation_bytes: usize,
+}
+
+/// One rank's figures over the whole run.
+#[derive(Debug, Clone, Copy, Default)]
+struct RankSummary {
+    stage: usize,
+    ep_index: usize,
+    dp_index: usize,
+    peak_bytes: usize,
+    expert_bytes: usize,
+    in_flight: usize,
+    idle_s: f64,
+    total_s: f64,
 }
 
 fn input(e: impl std::fmt::Display) -> Failure {
@@ -97,36 +154,47 @@ fn print_line(text: &str) {
     let _ = writeln!(out, "{text}").and_then(|()| out.flush());
 }
 
-pub(crate) fn run(a: &TrainArgs) -> Result<(), Failure> {
+/// Everything a rank needs, decided before any communication.
+struct Setup {
+    cfg: MoeConfig,
+    layout: MeshLayout,
+    microbatches: usize,
+    batch: usize,
+    task: Task,
+    adam: AdamConfig,
+}
+
+/// Resolves the model, the layout (given or planned) and the batch for `ranks` ranks
+/// on `topo`; every check that needs no communication.
+fn setup(a: &TrainArgs, topo: &Topology) -> Result<Setup, Failure> {
     let cfg = MoeConfig::preset(&a.model).map_err(input)?;
-    let layout = MeshLayout {
-        pp: a.pp,
-        ep: a.ep,
-        dp: a.dp,
-    };
     if a.steps == 0 {
         return Err(input("--steps must be at least 1"));
     }
     if a.microbatches == 0 {
         return Err(input("--microbatches must be at least 1"));
     }
-    let topo_name = a
-        .topology
-        .clone()
-        .unwrap_or_else(|| format!("flat:{}", layout.ranks().max(1)));
-    let topo = Topology::preset(&topo_name).map_err(input)?;
-    // Every check that needs no communication, before starting any thread.
+    let (layout, microbatches) = if a.auto_layout {
+        planned_layout(a, &cfg, topo)?
+    } else {
+        let l = MeshLayout {
+            pp: a.pp,
+            ep: a.ep,
+            dp: a.dp,
+        };
+        (l, a.microbatches)
+    };
     layout
         .validate(topo.size(), cfg.layers, cfg.experts)
         .map_err(piper)?;
-    let batch = a.batch.unwrap_or(layout.ep * layout.dp * a.microbatches);
-    let parts = layout.ep * layout.dp * a.microbatches;
+    let batch = a.batch.unwrap_or(layout.ep * layout.dp * microbatches);
+    let parts = layout.ep * layout.dp * microbatches;
     if batch == 0 || !batch.is_multiple_of(parts) {
         return Err(piper(PiperError::BatchSplit {
             sequences: batch,
             ep: layout.ep,
             dp: layout.dp,
-            microbatches: a.microbatches,
+            microbatches,
         }));
     }
     let task = Task::new(
@@ -137,83 +205,349 @@ pub(crate) fn run(a: &TrainArgs) -> Result<(), Failure> {
         },
     )
     .map_err(input)?;
-    let adam_cfg = AdamConfig {
+    let adam = AdamConfig {
         lr: a.lr,
         ..AdamConfig::default()
     };
-    Adam::new(adam_cfg.clone()).map_err(input)?;
-    if !a.json {
-        print_line(&format!(
-            "halo train: {} (L {}, E {}, k {}, d {}), PP {} x EP {} x DP {} on {topo_name}, \
-             {} micro-batches, {batch} sequences of {} tokens per step, seed {}",
-            a.model,
-            cfg.layers,
-            cfg.experts,
-            cfg.top_k,
-            cfg.hidden,
-            layout.pp,
-            layout.ep,
-            layout.dp,
-            a.microbatches,
-            cfg.seq,
-            a.seed
+    Adam::new(adam.clone()).map_err(input)?;
+    Ok(Setup {
+        cfg,
+        layout,
+        microbatches,
+        batch,
+        task,
+        adam,
+    })
+}
+
+/// The planner's best layout for this model on `topo` (`halo plan layout`), with the
+/// batch of `--batch` or, by default, 8 sequences per rank.
+fn planned_layout(
+    a: &TrainArgs,
+    cfg: &MoeConfig,
+    topo: &Topology,
+) -> Result<(MeshLayout, usize), Failure> {
+    let model = ModelConfig::from(cfg);
+    let profile = HardwareProfile::resolve(&a.profile).map_err(piper)?;
+    let batch = a.batch.unwrap_or(8 * topo.size());
+    let workload = Workload {
+        batch: batch as u64,
+        seq: cfg.seq as u64,
+        options: MemoryOptions::default(),
+    };
+    let p = plan(topo, &model, &workload, &profile).map_err(piper)?;
+    let best = p
+        .layouts
+        .iter()
+        .map(|l| l.layout)
+        .find(|l| {
+            let parts = l.ep * l.dp * l.microbatches;
+            batch as u64 % parts == 0
+        })
+        .ok_or_else(|| {
+            input(format!(
+                "--auto-layout: the planner found no layout for {} ranks whose EP x DP x M \
+                 divides the batch of {batch} sequences",
+                topo.size()
+            ))
+        })?;
+    Ok((
+        MeshLayout {
+            pp: best.pp as usize,
+            ep: best.ep as usize,
+            dp: best.dp as usize,
+        },
+        best.microbatches as usize,
+    ))
+}
+
+/// Trains on one rank; rank 0 reports each step through `report`. Returns the losses
+/// and this rank's summary.
+fn train_rank(
+    world: &mut Communicator,
+    s: &Setup,
+    seed: u64,
+    steps: u64,
+    report: &(dyn Fn(StepLine) + Sync),
+) -> Result<(Vec<f64>, RankSummary), PiperError> {
+    let rank = world.rank();
+    let mut model = ReferenceModel::new(MoeParams::init(&s.cfg, seed)?)?;
+    let mut exec = Executor::new(world, s.layout, s.microbatches, &model)?;
+    let mut adam = Adam::new(s.adam.clone())?;
+    let mut losses = Vec::with_capacity(steps as usize);
+    let mesh = exec.mesh();
+    let mut sum = RankSummary {
+        stage: mesh.stage(),
+        ep_index: mesh.ep_index(),
+        dp_index: mesh.dp_index(),
+        ..RankSummary::default()
+    };
+    for step in 0..steps {
+        let data = s.task.batch(step, s.batch);
+        let t0 = Instant::now();
+        let r = exec.step(&mut model, &data.tokens, &data.targets)?;
+        exec.adam_step(&mut model, &mut adam)?;
+        let seconds = t0.elapsed().as_secs_f64();
+        losses.push(r.loss);
+        if r.activations.bytes > sum.peak_bytes {
+            sum.peak_bytes = r.activations.bytes;
+            sum.expert_bytes = r.activations.expert_bytes;
+            sum.in_flight = r.activations.in_flight;
+        }
+        sum.idle_s += r.times.idle.as_secs_f64();
+        sum.total_s += r.times.total.as_secs_f64();
+        if rank == 0 {
+            report(StepLine {
+                step: step + 1,
+                loss: r.loss,
+                tokens: r.tokens,
+                seconds,
+                tokens_per_s: r.tokens as f64 / seconds.max(1e-12),
+                compute_s: r.times.compute.as_secs_f64(),
+                all_to_all_s: r.times.all_to_all.as_secs_f64(),
+                p2p_s: r.times.p2p.as_secs_f64(),
+                idle_s: r.times.idle.as_secs_f64(),
+                all_reduce_s: r.times.all_reduce.as_secs_f64(),
+                activation_bytes: r.activations.bytes,
+            });
+        }
+    }
+    Ok((losses, sum))
+}
+
+/// Every rank's summary at rank 0 (an all-gather over the world).
+fn gather_summaries(
+    world: &mut Communicator,
+    mine: RankSummary,
+) -> Result<Vec<RankSummary>, PiperError> {
+    let send = [
+        mine.stage as f64,
+        mine.ep_index as f64,
+        mine.dp_index as f64,
+        mine.peak_bytes as f64,
+        mine.expert_bytes as f64,
+        mine.in_flight as f64,
+        mine.idle_s,
+        mine.total_s,
+    ];
+    let mut recv = vec![0.0f64; send.len() * world.size()];
+    world.all_gather(&send, &mut recv)?;
+    Ok(recv
+        .chunks_exact(send.len())
+        .map(|c| RankSummary {
+            stage: c[0] as usize,
+            ep_index: c[1] as usize,
+            dp_index: c[2] as usize,
+            peak_bytes: c[3] as usize,
+            expert_bytes: c[4] as usize,
+            in_flight: c[5] as usize,
+            idle_s: c[6],
+            total_s: c[7],
+        })
+        .collect())
+}
+
+fn step_text(line: &StepLine) -> String {
+    let ms = |x: f64| x * 1e3;
+    format!(
+        "step {:>5}  loss {:>8.4}  tokens/s {:>8.0}  ms: compute {:>6.1} all-to-all {:>6.1} \
+         p2p {:>5.1} idle {:>6.1} all-reduce {:>5.1}",
+        line.step,
+        line.loss,
+        line.tokens_per_s,
+        ms(line.compute_s),
+        ms(line.all_to_all_s),
+        ms(line.p2p_s),
+        ms(line.idle_s),
+        ms(line.all_reduce_s)
+    )
+}
+
+fn summary_text(s: &Setup, ranks: &[RankSummary]) -> String {
+    let pp = s.layout.pp as f64;
+    let m = s.microbatches as f64;
+    let mut out = format!(
+        "per rank: peak saved activations and idle share (bubble; 1F1B's ideal \
+         (PP-1)/(M+PP-1) = {:.3})\n  rank stage ep dp  peak KiB  experts KiB  in flight  idle",
+        (pp - 1.0) / (m + pp - 1.0)
+    );
+    for (r, x) in ranks.iter().enumerate() {
+        out.push_str(&format!(
+            "\n  {r:>4} {:>5} {:>2} {:>2} {:>9.1} {:>12.1} {:>10} {:>5.3}",
+            x.stage,
+            x.ep_index,
+            x.dp_index,
+            x.peak_bytes as f64 / 1024.0,
+            x.expert_bytes as f64 / 1024.0,
+            x.in_flight,
+            x.idle_s / x.total_s.max(1e-12)
         ));
     }
-    let results = local::run(&topo, Emulation::off(), |world| {
-        let rank = world.rank();
-        let one = |world: &mut halo::Communicator| -> Result<Vec<f64>, PiperError> {
-            let mut model = ReferenceModel::new(MoeParams::init(&cfg, a.seed)?)?;
-            let mut exec = Executor::new(world, layout, a.microbatches, &model)?;
-            let mut adam = Adam::new(adam_cfg.clone())?;
-            let mut losses = Vec::with_capacity(a.steps as usize);
-            for step in 0..a.steps {
-                let data = task.batch(step, batch);
-                let t0 = Instant::now();
-                let report = exec.step(&mut model, &data.tokens, &data.targets)?;
-                exec.adam_step(&mut model, &mut adam)?;
-                let seconds = t0.elapsed().as_secs_f64();
-                losses.push(report.loss);
-                if rank == 0 {
-                    let line = StepLine {
-                        step: step + 1,
-                        loss: report.loss,
-                        tokens: report.tokens,
-                        seconds,
-                        tokens_per_s: report.tokens as f64 / seconds.max(1e-12),
-                        compute_s: report.times.compute.as_secs_f64(),
-                        all_to_all_s: report.times.all_to_all.as_secs_f64(),
-                        p2p_s: report.times.p2p.as_secs_f64(),
-                        all_reduce_s: report.times.all_reduce.as_secs_f64(),
-                    };
-                    if a.json {
-                        print_line(&serde_json::to_string(&line).unwrap_or_default());
-                    } else {
-                        let ms = |x: f64| x * 1e3;
-                        print_line(&format!(
-                            "step {:>5}  loss {:>8.4}  tokens/s {:>8.0}  ms: compute {:>6.1} \
-                             all-to-all {:>6.1} p2p {:>6.1} all-reduce {:>5.1}",
-                            line.step,
-                            line.loss,
-                            line.tokens_per_s,
-                            ms(line.compute_s),
-                            ms(line.all_to_all_s),
-                            ms(line.p2p_s),
-                            ms(line.all_reduce_s)
-                        ));
-                    }
-                }
+    out
+}
+
+pub(crate) fn run(a: &TrainArgs) -> Result<(), Failure> {
+    if a.emulate.is_some_and(|x| !(x.is_finite() && x >= 0.0)) {
+        return Err(input("--emulate takes a finite scale >= 0"));
+    }
+    let in_process = a.threads || !halo_cli::launch::launched();
+    if in_process {
+        run_threads(a)
+    } else {
+        if a.hosts.is_some() || a.emulate.is_some() || a.topology.is_some() {
+            return Err(input(
+                "--hosts, --emulate and --topology are for threads; under a launcher the job's \
+                 processes are the ranks (emulated hosts: halo launch --hosts H)",
+            ));
+        }
+        run_process(a)
+    }
+}
+
+/// The threads' topology: --topology, else nodes:HxR with --hosts H, else flat:P.
+fn thread_topology(a: &TrainArgs) -> Result<(String, Topology), Failure> {
+    let ranks = if a.auto_layout {
+        None
+    } else {
+        Some((a.pp * a.ep * a.dp).max(1))
+    };
+    let name = match (&a.topology, a.hosts, ranks) {
+        (Some(t), _, _) => t.clone(),
+        (None, Some(h), Some(p)) => {
+            if h == 0 || !p.is_multiple_of(h) {
+                return Err(input(format!(
+                    "--hosts {h} does not divide the {p} ranks of PP x EP x DP"
+                )));
             }
-            Ok(losses)
-        };
-        Ok(one(world))
+            format!("nodes:{h}x{}", p / h)
+        }
+        (None, None, Some(p)) => format!("flat:{p}"),
+        (None, _, None) => {
+            return Err(input(
+                "--auto-layout needs --topology (the machine the planner places the ranks on)",
+            ));
+        }
+    };
+    let topo = Topology::preset(&name).map_err(input)?;
+    Ok((name, topo))
+}
+
+fn banner(a: &TrainArgs, s: &Setup, place: &str) -> String {
+    let l = s.layout;
+    format!(
+        "halo train: {} (L {}, E {}, k {}, d {}), PP {} x EP {} x DP {}{} on {place}, \
+         {} micro-batches, {} sequences of {} tokens per step, seed {}",
+        a.model,
+        s.cfg.layers,
+        s.cfg.experts,
+        s.cfg.top_k,
+        s.cfg.hidden,
+        l.pp,
+        l.ep,
+        l.dp,
+        if a.auto_layout { " (planned)" } else { "" },
+        s.microbatches,
+        s.batch,
+        s.cfg.seq,
+        a.seed
+    )
+}
+
+/// Prints a step (JSON or text, above the bar) and advances the bar.
+fn reporter<'a>(a: &'a TrainArgs, bar: &'a ProgressBar) -> impl Fn(StepLine) + Sync + 'a {
+    move |line: StepLine| {
+        if a.json {
+            print_line(&serde_json::to_string(&line).unwrap_or_default());
+        } else if bar.is_hidden() {
+            print_line(&step_text(&line));
+        } else {
+            bar.println(step_text(&line));
+        }
+        bar.inc(1);
+    }
+}
+
+fn finish(a: &TrainArgs, s: &Setup, losses: &[f64], ranks: &[RankSummary]) -> Result<(), Failure> {
+    if let Some(path) = &a.plot {
+        let series = [Series {
+            name: format!(
+                "PP {} x EP {} x DP {}, M {}",
+                s.layout.pp, s.layout.ep, s.layout.dp, s.microbatches
+            ),
+            points: losses
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| ((i + 1) as f64, l))
+                .collect(),
+        }];
+        step_plot(
+            path,
+            &format!("halo train: {} on the synthetic task", a.model),
+            "loss",
+            &series,
+        )
+        .map_err(|e| Failure::other(e.to_string()))?;
+        if !a.json {
+            print_line(&format!("loss curve: {}", path.display()));
+        }
+    }
+    if !a.json {
+        if let (Some(first), Some(last)) = (losses.first(), losses.last()) {
+            print_line(&format!(
+                "loss {first:.4} -> {last:.4} over {} steps",
+                losses.len()
+            ));
+        }
+        print_line(&summary_text(s, ranks));
+    }
+    Ok(())
+}
+
+fn run_threads(a: &TrainArgs) -> Result<(), Failure> {
+    let (topo_name, topo) = thread_topology(a)?;
+    if topo.size() > halo_cli::limits::MAX_THREAD_RANKS {
+        return Err(input(format!(
+            "{topo_name}: {} ranks, but threads run at most {}; run larger jobs as processes \
+             (halo launch)",
+            topo.size(),
+            halo_cli::limits::MAX_THREAD_RANKS
+        )));
+    }
+    let s = setup(a, &topo)?;
+    let emulation = match (a.emulate, a.hosts) {
+        (Some(scale), _) => Emulation::on().scaled(scale),
+        (None, Some(_)) => Emulation::on(),
+        (None, None) => Emulation::off(),
+    };
+    let place = if emulation.enabled {
+        format!("{topo_name} (threads, link emulation x{})", emulation.scale)
+    } else {
+        format!("{topo_name} (threads)")
+    };
+    if !a.json {
+        print_line(&banner(a, &s, &place));
+    }
+    let bar = halo_cli::progress::bar(
+        a.steps as usize,
+        "training",
+        !a.json && a.steps >= 20 && halo_cli::progress::on_terminal(),
+    );
+    let report = reporter(a, &bar);
+    let results = local::run(&topo, emulation, |world| {
+        let out = train_rank(world, &s, a.seed, a.steps, &report).and_then(|(losses, sum)| {
+            let all = gather_summaries(world, sum)?;
+            Ok((losses, all))
+        });
+        Ok(out)
     });
+    bar.finish_and_clear();
     // The first rank's own error is the most telling; a library error (a peer gone) next.
     let mut first_err = None;
-    let mut losses = None;
+    let mut done = None;
     for r in results {
         match r {
-            Ok(Ok(l)) => {
-                losses.get_or_insert(l);
+            Ok(Ok(x)) => {
+                done.get_or_insert(x);
             }
             Ok(Err(e)) => {
                 first_err.get_or_insert(piper(e));
@@ -226,14 +560,33 @@ pub(crate) fn run(a: &TrainArgs) -> Result<(), Failure> {
     if let Some(e) = first_err {
         return Err(e);
     }
-    let losses = losses.unwrap_or_default();
-    if !a.json
-        && let (Some(first), Some(last)) = (losses.first(), losses.last())
-    {
-        print_line(&format!(
-            "loss {first:.4} -> {last:.4} over {} steps",
-            losses.len()
+    let (losses, ranks) = done.unwrap_or_default();
+    finish(a, &s, &losses, &ranks)
+}
+
+fn run_process(a: &TrainArgs) -> Result<(), Failure> {
+    let mut world = Communicator::init_from_env().map_err(|e| Failure::other(e.to_string()))?;
+    let topo = world.topology().clone();
+    let s = setup(a, &topo)?;
+    let rank = world.rank();
+    if rank == 0 && !a.json {
+        print_line(&banner(
+            a,
+            &s,
+            &format!("{} processes ({})", world.size(), topo.name()),
         ));
+    }
+    let bar = halo_cli::progress::bar(
+        a.steps as usize,
+        "training",
+        rank == 0 && !a.json && a.steps >= 20 && halo_cli::progress::on_terminal(),
+    );
+    let report = reporter(a, &bar);
+    let (losses, sum) = train_rank(&mut world, &s, a.seed, a.steps, &report).map_err(piper)?;
+    let ranks = gather_summaries(&mut world, sum).map_err(piper)?;
+    bar.finish_and_clear();
+    if rank == 0 {
+        finish(a, &s, &losses, &ranks)?;
     }
     Ok(())
 }

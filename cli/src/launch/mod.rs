@@ -688,3 +688,11 @@ fn launch_emulated(
         warnings,
     })
 }
+
+/// Whether a launcher (`halo launch`, mpirun, srun, torchrun) started this process as one
+/// rank of a job: one of `RANK`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID` is set.
+pub fn launched() -> bool {
+    ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}

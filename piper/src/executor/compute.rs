@@ -13,6 +13,30 @@ use halo_moe::{
 
 use crate::error::{PiperError, Result};
 
+/// Bytes a saved forward state holds: what the executor adds up to measure a stage's
+/// activation memory (the peak is reported per step, [`super::ActivationPeak`]).
+pub trait Footprint {
+    /// Bytes of activations kept for the backward.
+    fn bytes(&self) -> usize;
+}
+
+macro_rules! footprint_of_saved {
+    ($($t:ty),*) => {$(
+        impl Footprint for $t {
+            fn bytes(&self) -> usize {
+                <$t>::bytes(self)
+            }
+        }
+    )*};
+}
+footprint_of_saved!(
+    DenseSaved,
+    RouterSaved,
+    ExpertSaved,
+    CombineSaved,
+    HeadSaved
+);
+
 /// The compute of one MoE transformer, in the pieces the executor places.
 ///
 /// Buffers are row-major `f32`, `rows x hidden` (see the `halo-moe` crate docs for the
@@ -20,15 +44,15 @@ use crate::error::{PiperError, Result};
 /// `expert` the expert's id within its block.
 pub trait StageCompute {
     /// Saved state of a block's dense (attention) part.
-    type DenseState;
+    type DenseState: Footprint;
     /// Saved state of a router.
-    type RouterState;
+    type RouterState: Footprint;
     /// Saved state of one expert on one batch of rows.
-    type ExpertState;
+    type ExpertState: Footprint;
     /// Saved state of a combine.
-    type CombineState;
+    type CombineState: Footprint;
     /// Saved state of the head and loss.
-    type HeadState;
+    type HeadState: Footprint;
 
     /// Hidden size (elements per activation row).
     fn hidden(&self) -> usize;

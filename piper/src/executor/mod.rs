@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use halo::{Communicator, ReduceOp};
 use halo_moe::{Adam, GroupId};
 
-pub use compute::{ReferenceModel, StageCompute};
+pub use compute::{Footprint, ReferenceModel, StageCompute};
 pub use mesh::{Mesh, MeshLayout};
 
 use crate::error::{PiperError, Result};
@@ -62,10 +62,27 @@ pub struct StepReport {
     pub tokens: usize,
     /// Where this rank's time went.
     pub times: StepTimes,
+    /// This rank's peak of saved activations during the step.
+    pub activations: ActivationPeak,
 }
 
-/// This rank's time in one step, by kind. Communication times are those of the blocking
-/// calls, so they include waiting for the peers: a stage's pipeline bubble shows in `p2p`.
+/// The most bytes of saved forward state (activations kept for the backward) this rank
+/// held at once in a step, measured by adding up the model's saved states
+/// ([`compute::Footprint`]) as 1F1B stores and consumes them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ActivationPeak {
+    /// Bytes at the peak.
+    pub bytes: usize,
+    /// Of which the local experts' saved states.
+    pub expert_bytes: usize,
+    /// Micro-batches in flight at the peak.
+    pub in_flight: usize,
+}
+
+/// This rank's time in one step, by kind; the kinds add up to `total`. Communication
+/// times are those of the blocking calls, so all-to-all and all-reduce include waiting
+/// for the peers; the point-to-point calls are split into transfer (`p2p`) and waiting
+/// for the neighbour stage (`idle`, the pipeline bubble): see `pipeline`'s `P2pClock`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTimes {
     /// The whole step.
@@ -74,8 +91,12 @@ pub struct StepTimes {
     pub compute: Duration,
     /// Count exchanges, dispatches and combines on the EP communicator.
     pub all_to_all: Duration,
-    /// Stage-to-stage sends and receives (including waiting for the neighbour stage).
+    /// Stage-to-stage sends and receives: the transfer (each call's kind at the
+    /// fastest call of that kind in the step).
     pub p2p: Duration,
+    /// Stage-to-stage calls beyond their transfer time: waiting for the neighbour stage,
+    /// the pipeline bubble.
+    pub idle: Duration,
     /// Gradient and loss all-reduces.
     pub all_reduce: Duration,
 }
@@ -240,7 +261,8 @@ impl Executor {
             rows: per * seq,
             normaliser,
         };
-        let local_loss = pipeline::one_f_one_b(&mut self.mesh, &ctx, model, &micro, &mut times)?;
+        let (local_loss, activations) =
+            pipeline::one_f_one_b(&mut self.mesh, &ctx, model, &micro, &mut times)?;
         let mut ar = Duration::ZERO;
         timed(&mut ar, || self.reduce_gradients(model))?;
         let loss = timed(&mut ar, || self.reduce_loss(local_loss))?;
@@ -248,11 +270,12 @@ impl Executor {
         times.total = t0.elapsed();
         times.compute = times
             .total
-            .saturating_sub(times.all_to_all + times.p2p + times.all_reduce);
+            .saturating_sub(times.all_to_all + times.p2p + times.idle + times.all_reduce);
         Ok(StepReport {
             loss,
             tokens: tokens.len(),
             times,
+            activations,
         })
     }
 

@@ -40,6 +40,16 @@ pub(super) struct LayerTape<C: StageCompute> {
     experts: Vec<Option<C::ExpertState>>,
 }
 
+impl<C: StageCompute> LayerTape<C> {
+    /// Bytes this tape keeps: (experts' saved states, everything else).
+    pub(super) fn bytes(&self) -> (usize, usize) {
+        use super::compute::Footprint;
+        let experts = self.experts.iter().flatten().map(Footprint::bytes).sum();
+        let rest = self.dense.bytes() + self.router.bytes() + self.combine.bytes();
+        (experts, rest)
+    }
+}
+
 /// Routing -> send order and counts; exchanges the per-expert counts with a uniform
 /// all-to-all so each rank knows what it receives.
 fn plan(ep: &mut Communicator, st: &Stage, experts: usize, routing: &Routing) -> Result<Dispatch> {

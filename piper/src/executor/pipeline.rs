@@ -8,13 +8,14 @@
 //! point-to-point every send meets a receive that is already posted.
 
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use halo::Communicator;
 
-use super::compute::StageCompute;
+use super::compute::{Footprint, StageCompute};
 use super::mesh::Mesh;
 use super::moe_layer::{self, LayerTape};
-use super::{StepTimes, timed};
+use super::{ActivationPeak, StepTimes};
 use crate::error::Result;
 
 /// One micro-batch of this rank's data.
@@ -39,6 +40,97 @@ pub(super) struct Stage {
 struct Tape<C: StageCompute> {
     layers: Vec<LayerTape<C>>,
     head: Option<C::HeadState>,
+}
+
+impl<C: StageCompute> Tape<C> {
+    /// Bytes kept: (experts' saved states, everything else).
+    fn bytes(&self) -> (usize, usize) {
+        let head = self.head.as_ref().map_or(0, Footprint::bytes);
+        self.layers
+            .iter()
+            .map(LayerTape::bytes)
+            .fold((0, head), |(e, r), (e2, r2)| (e + e2, r + r2))
+    }
+}
+
+/// The saved forward states of the micro-batches in flight, with the peak of their bytes.
+struct Tapes<C: StageCompute> {
+    held: Vec<Option<(Tape<C>, (usize, usize))>>,
+    live: (usize, usize),
+    peak: ActivationPeak,
+}
+
+impl<C: StageCompute> Tapes<C> {
+    fn new(m: usize) -> Self {
+        Tapes {
+            held: (0..m).map(|_| None).collect(),
+            live: (0, 0),
+            peak: ActivationPeak::default(),
+        }
+    }
+
+    fn put(&mut self, m: usize, tape: Tape<C>) {
+        let b = tape.bytes();
+        self.live = (self.live.0 + b.0, self.live.1 + b.1);
+        self.held[m] = Some((tape, b));
+        let in_flight = self.held.iter().flatten().count();
+        let total = self.live.0 + self.live.1;
+        if total > self.peak.bytes {
+            self.peak = ActivationPeak {
+                bytes: total,
+                expert_bytes: self.live.0,
+                in_flight,
+            };
+        }
+    }
+
+    fn take(&mut self, m: usize) -> Result<Tape<C>> {
+        let (tape, b) = self.held[m].take().ok_or_else(|| missing_tape(m))?;
+        self.live = (self.live.0 - b.0, self.live.1 - b.1);
+        Ok(tape)
+    }
+}
+
+/// Times of the point-to-point calls, by kind (one message, or a send and a receive
+/// together), to split them into transfer and waiting.
+///
+/// The fastest call of a kind in the step is taken as that kind's transfer time (its
+/// peer was ready); whatever a call takes beyond it is waiting for the neighbour stage:
+/// the pipeline bubble ([`StepTimes::idle`]).
+#[derive(Default)]
+struct P2pClock {
+    single: Vec<Duration>,
+    pair: Vec<Duration>,
+}
+
+impl P2pClock {
+    fn time<T>(list: &mut Vec<Duration>, f: impl FnOnce() -> T) -> T {
+        let t0 = Instant::now();
+        let out = f();
+        list.push(t0.elapsed());
+        out
+    }
+
+    fn single<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        Self::time(&mut self.single, f)
+    }
+
+    fn pair<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        Self::time(&mut self.pair, f)
+    }
+
+    /// Adds the transfer part to `times.p2p` and the waiting to `times.idle`.
+    fn settle(&self, times: &mut StepTimes) {
+        for list in [&self.single, &self.pair] {
+            let Some(&min) = list.iter().min() else {
+                continue;
+            };
+            let total: Duration = list.iter().sum();
+            let transfer = min * list.len() as u32;
+            times.p2p += transfer;
+            times.idle += total - transfer;
+        }
+    }
 }
 
 // ---- stage-to-stage exchanges (the only point-to-point calls of the executor) ----
@@ -159,7 +251,7 @@ pub(super) fn one_f_one_b<C: StageCompute>(
     model: &mut C,
     micro: &[MicroBatch<'_>],
     times: &mut StepTimes,
-) -> Result<f64> {
+) -> Result<(f64, ActivationPeak)> {
     let m_total = micro.len();
     let pp_size = mesh.layout().pp;
     let stage = mesh.stage();
@@ -167,7 +259,8 @@ pub(super) fn one_f_one_b<C: StageCompute>(
     let len = st.rows * st.hidden;
     let warmup = (pp_size - stage - 1).min(m_total);
     let remaining = m_total - warmup;
-    let mut tapes: Vec<Option<Tape<C>>> = (0..m_total).map(|_| None).collect();
+    let mut tapes: Tapes<C> = Tapes::new(m_total);
+    let mut clock = P2pClock::default();
     let mut loss = 0.0f64;
 
     // Warm-up forwards.
@@ -175,19 +268,19 @@ pub(super) fn one_f_one_b<C: StageCompute>(
         let x = if first {
             None
         } else {
-            Some(timed(&mut times.p2p, || recv_forward(&mut mesh.pp, len))?)
+            Some(clock.single(|| recv_forward(&mut mesh.pp, len))?)
         };
         let (y, l, tape) = forward(mesh, st, model, *mb, x, times)?;
         loss += l;
-        tapes[m] = Some(tape);
+        tapes.put(m, tape);
         if let Some(y) = y {
-            timed(&mut times.p2p, || send_forward(&mut mesh.pp, &y))?;
+            clock.single(|| send_forward(&mut mesh.pp, &y))?;
         }
     }
 
     // Steady state: one forward, one backward.
     let mut x_in = if remaining > 0 && !first {
-        Some(timed(&mut times.p2p, || recv_forward(&mut mesh.pp, len))?)
+        Some(clock.single(|| recv_forward(&mut mesh.pp, len))?)
     } else {
         None
     };
@@ -195,22 +288,18 @@ pub(super) fn one_f_one_b<C: StageCompute>(
         let fm = warmup + i;
         let (y, l, tape) = forward(mesh, st, model, micro[fm], x_in.take(), times)?;
         loss += l;
-        tapes[fm] = Some(tape);
+        tapes.put(fm, tape);
         let dy = match y {
-            Some(y) if !last => Some(timed(&mut times.p2p, || {
-                send_forward_recv_backward(&mut mesh.pp, &y)
-            })?),
+            Some(y) if !last => Some(clock.pair(|| send_forward_recv_backward(&mut mesh.pp, &y))?),
             _ => None,
         };
-        let tape = tapes[i].take().ok_or_else(|| missing_tape(i))?;
+        let tape = tapes.take(i)?;
         let dx = backward(mesh, st, model, micro[i], tape, dy, times)?;
         if let Some(dx) = dx {
             if i + 1 == remaining {
-                timed(&mut times.p2p, || send_backward(&mut mesh.pp, &dx))?;
+                clock.single(|| send_backward(&mut mesh.pp, &dx))?;
             } else {
-                x_in = Some(timed(&mut times.p2p, || {
-                    send_backward_recv_forward(&mut mesh.pp, &dx)
-                })?);
+                x_in = Some(clock.pair(|| send_backward_recv_forward(&mut mesh.pp, &dx))?);
             }
         }
     }
@@ -220,14 +309,15 @@ pub(super) fn one_f_one_b<C: StageCompute>(
         let dy = if last {
             None
         } else {
-            Some(timed(&mut times.p2p, || recv_backward(&mut mesh.pp, len))?)
+            Some(clock.single(|| recv_backward(&mut mesh.pp, len))?)
         };
-        let tape = tapes[bm].take().ok_or_else(|| missing_tape(bm))?;
+        let tape = tapes.take(bm)?;
         if let Some(dx) = backward(mesh, st, model, micro[bm], tape, dy, times)? {
-            timed(&mut times.p2p, || send_backward(&mut mesh.pp, &dx))?;
+            clock.single(|| send_backward(&mut mesh.pp, &dx))?;
         }
     }
-    Ok(loss)
+    clock.settle(times);
+    Ok((loss, tapes.peak))
 }
 
 fn missing_tape(m: usize) -> crate::error::PiperError {
