@@ -127,7 +127,7 @@ fn one_step_as_processes_matches_the_single_rank_reference() {
     for layout in [
         ["2", "4", "1", "4"],
         ["4", "2", "1", "1"],
-        ["1", "4", "2", "4"],
+        ["1", "4", "2", "2"],
     ] {
         let mut args = vec!["launch", "-n", "8", "--", exe.to_str().unwrap()];
         args.extend(layout);
