@@ -298,12 +298,19 @@ impl ModelConfig {
         })
     }
 
-    /// A preset name or a file: a name containing `/` or ending in `.toml` / `.json`,
-    /// or naming an existing file, is loaded as a file.
+    /// A preset name, `reference:tiny` / `reference:small` (`halo-moe`'s reference
+    /// models, the ones `halo train` runs), or a file: a name containing `/` or ending in
+    /// `.toml` / `.json`, or naming an existing file, is loaded as a file.
     ///
     /// # Errors
     /// As [`ModelConfig::preset`] and [`ModelConfig::load`].
     pub fn resolve(spec: &str) -> Result<Self> {
+        if let Some(preset) = spec.strip_prefix("reference:") {
+            let cfg = halo_moe::MoeConfig::preset(preset).map_err(|e| {
+                PiperError::invalid("model", "reference", e.to_string())
+            })?;
+            return Ok(ModelConfig::from(&cfg));
+        }
         let p = Path::new(spec);
         let looks_like_file = spec.contains('/')
             || spec.ends_with(".toml")

@@ -24,7 +24,7 @@ use std::fmt::Write as _;
     halo plan migration --model mixtral-8x7b --group 8 --bandwidth 25e9\n  \
     halo plan layout --model mixtral-8x7b --topology frontier:8 --batch 512 --seq 4096\n\n\
     Models: switch-base, mixtral-8x7b, mixtral-8x22b, grok-1, glam, deepseek-v2, deepseek-v3,\n  \
-    llama4-scout, kimi-k2, piper-ws:E, or a TOML/JSON file. Profiles: mi250x-gcd, h100-sxm, or a file."
+    llama4-scout, kimi-k2, piper-ws:E, reference:tiny|small (halo train's), or a TOML/JSON file. Profiles: mi250x-gcd, h100-sxm, or a file."
 )]
 pub(crate) struct PlanArgs {
     #[command(subcommand)]
