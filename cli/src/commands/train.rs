@@ -371,6 +371,11 @@ fn summary_text(s: &Setup, ranks: &[RankSummary]) -> String {
          (PP-1)/(M+PP-1) = {:.3})\n  rank stage ep dp  peak KiB  experts KiB  in flight  idle",
         (pp - 1.0) / (m + pp - 1.0)
     );
+    let shares: Vec<f64> = ranks
+        .iter()
+        .map(|x| x.idle_s / x.total_s.max(1e-12))
+        .collect();
+    let mean = shares.iter().sum::<f64>() / shares.len().max(1) as f64;
     for (r, x) in ranks.iter().enumerate() {
         out.push_str(&format!(
             "\n  {r:>4} {:>5} {:>2} {:>2} {:>9.1} {:>12.1} {:>10} {:>5.3}",
@@ -380,9 +385,14 @@ fn summary_text(s: &Setup, ranks: &[RankSummary]) -> String {
             x.peak_bytes as f64 / 1024.0,
             x.expert_bytes as f64 / 1024.0,
             x.in_flight,
-            x.idle_s / x.total_s.max(1e-12)
+            shares[r]
         ));
     }
+    out.push_str(&format!(
+        "\nidle share: mean {mean:.3} over {} ranks, 1F1B ideal {:.3}",
+        ranks.len(),
+        (pp - 1.0) / (m + pp - 1.0)
+    ));
     out
 }
 
