@@ -45,11 +45,17 @@ $halo plan layout --model reference:tiny --profile "$tmp/cpu.toml" --topology no
   --batch 64 --seq 32 --json >"$tmp/plan.json"
 python3 - "$tmp/plan.json" >"$tmp/layouts" <<'EOF'
 import json, sys
+# The planner splits a micro-batch's tokens over the EP group; the executor gives each
+# EP rank whole sequences, so EP x DP x M must divide the batch: the planner's M, else
+# the largest M below it that does (and still >= PP).
 for l in json.load(open(sys.argv[1]))["layouts"]:
-    print(l["pp"], l["ep"], l["dp"], l["microbatches"], l["step_seconds"])
+    m = l["microbatches"]
+    while m > l["pp"] and 64 % (l["ep"] * l["dp"] * m):
+        m -= 1
+    print(l["pp"], l["ep"], l["dp"], m, l["step_seconds"], l["microbatches"])
 EOF
 rank=0
-while read -r pp ep dp m predicted; do
+while read -r pp ep dp m predicted planned_m; do
   rank=$((rank + 1))
   $halo train --topology nodes:2x4 --emulate --pp "$pp" --ep "$ep" --dp "$dp" \
     --microbatches "$m" --batch 64 --steps "$steps" --json >"$tmp/run.json"
@@ -59,17 +65,17 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 print(statistics.median(r["seconds"] for r in rows[2:]))
 EOF
 )
-  echo "$rank $pp $ep $dp $m $predicted $measured" >>"$tmp/ranking"
+  echo "$rank $pp $ep $dp $m $predicted $measured $planned_m" >>"$tmp/ranking"
 done <"$tmp/layouts"
 python3 - "$tmp/ranking" <<'EOF'
 import sys
 rows = [l.split() for l in open(sys.argv[1])]
 by_measured = sorted(rows, key=lambda r: float(r[6]))
 mrank = {tuple(r[1:5]): i + 1 for i, r in enumerate(by_measured)}
-print("| predicted rank | PP x EP x DP | M | predicted s/step | measured s/step | measured rank |")
+print("| predicted rank | PP x EP x DP | M run (planned) | predicted s/step | measured s/step | measured rank |")
 print("|---|---|---|---|---|---|")
 for r in rows:
-    print(f"| {r[0]} | {r[1]} x {r[2]} x {r[3]} | {r[4]} | {float(r[5]):.3f} | {float(r[6]):.3f} | {mrank[tuple(r[1:5])]} |")
+    print(f"| {r[0]} | {r[1]} x {r[2]} x {r[3]} | {r[4]} ({r[7]}) | {float(r[5]):.3f} | {float(r[6]):.3f} | {mrank[tuple(r[1:5])]} |")
 n = len(rows)
 d2 = sum((int(r[0]) - mrank[tuple(r[1:5])]) ** 2 for r in rows)
 print(f"\nSpearman rank correlation: {1 - 6 * d2 / (n * (n * n - 1)):.2f} over {n} layouts")

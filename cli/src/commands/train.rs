@@ -236,13 +236,20 @@ fn planned_layout(
         options: MemoryOptions::default(),
     };
     let p = plan(topo, &model, &workload, &profile).map_err(piper)?;
+    // The planner splits a micro-batch's tokens over the EP group; the executor gives
+    // every EP rank whole sequences, so EP x DP x M must divide the batch: the planner's
+    // M, else the largest M below it that does (at least PP).
     let best = p
         .layouts
         .iter()
         .map(|l| l.layout)
-        .find(|l| {
-            let parts = l.ep * l.dp * l.microbatches;
-            batch as u64 % parts == 0
+        .find_map(|l| {
+            let fits = |m: u64| (batch as u64).is_multiple_of(l.ep * l.dp * m);
+            let m = (l.pp..=l.microbatches).rev().find(|&m| fits(m))?;
+            Some(halo_piper::Layout {
+                microbatches: m,
+                ..l
+            })
         })
         .ok_or_else(|| {
             input(format!(
