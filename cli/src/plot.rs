@@ -1,5 +1,6 @@
 //! Line plots of latency or bandwidth against message size, one line per series,
-//! written as SVG or PNG with `plotters` (used by `halo simulate` and the benchmarks).
+//! written as SVG or PNG with `plotters` (used by `halo simulate` and the benchmarks), and
+//! linear plots of a value per training step (`halo train --plot`).
 
 use halo::{Error, Result};
 use plotters::prelude::*;
@@ -72,6 +73,113 @@ pub fn line_plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> 
     drawn.map_err(|e| Error::SystemError {
         message: format!("cannot write the plot {}: {e}", path.display()),
     })
+}
+
+/// Writes a linear line plot of `series` (x: training step) to `path`: SVG, or PNG when
+/// the file name ends in `.png`. The y axis starts at `y_floor` (or lower if a point is).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when there is no finite point; [`Error::SystemError`] when
+/// the file cannot be written.
+pub fn step_plot(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    y_floor: f64,
+    series: &[Series],
+) -> Result<()> {
+    let pts = series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter(|p| p.0.is_finite() && p.1.is_finite());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, y_floor, f64::MIN);
+    for &(x, y) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x0 > x1 {
+        return Err(Error::invalid_argument("nothing to plot: no finite points"));
+    }
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    if y1 <= y0 {
+        y1 = y0 + 1.0;
+    }
+    load_font()?;
+    let bounds = (x0, x1, y0, y1 + 0.05 * (y1 - y0));
+    let png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    let drawn = if png {
+        draw_linear(
+            BitMapBackend::new(path, (900, 560)).into_drawing_area(),
+            title,
+            y_label,
+            series,
+            bounds,
+        )
+    } else {
+        draw_linear(
+            SVGBackend::new(path, (900, 560)).into_drawing_area(),
+            title,
+            y_label,
+            series,
+            bounds,
+        )
+    };
+    drawn.map_err(|e| Error::SystemError {
+        message: format!("cannot write the plot {}: {e}", path.display()),
+    })
+}
+
+fn draw_linear<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    y_label: &str,
+    series: &[Series],
+    (x0, x1, y0, y1): Bounds,
+) -> std::result::Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc(y_label)
+        .draw()
+        .map_err(e)?;
+    for (i, s) in series.iter().enumerate() {
+        let c = COLOURS[i % COLOURS.len()];
+        let data: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .copied()
+            .filter(|p| p.0.is_finite() && p.1.is_finite())
+            .collect();
+        chart
+            .draw_series(LineSeries::new(data, c.stroke_width(2)))
+            .map_err(e)?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)?;
+    Ok(())
 }
 
 type Bounds = (f64, f64, f64, f64);

@@ -88,6 +88,7 @@ fn run(layout: MeshLayout, migrate: bool) -> Vec<RunOut> {
                 iterations: 8,
                 every: 2,
                 window: 2,
+                min_gain: 0.0,
             };
             let mut mig = Migrator::new(mc, &exec, cfg.expert_len())?;
             let mut out = RunOut {
@@ -287,6 +288,7 @@ fn a_skewed_run_gets_within_ten_percent_of_the_best_assignment() {
                 iterations: 16,
                 every: window as u64,
                 window,
+                min_gain: 0.0,
             };
             let mut mig = Migrator::new(mc, &exec, cfg.expert_len())?;
             let mut report = None;

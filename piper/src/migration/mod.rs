@@ -47,16 +47,21 @@ pub struct MigrationConfig {
     pub every: u64,
     /// Steps of load counted for a decision (at most the last `window` steps).
     pub window: usize,
+    /// A block's plan is applied only when it lowers the block's imbalance by at least
+    /// this much (absolute): swaps that even out the two GPUs they touch but barely lower
+    /// the maximum are not worth their bytes.
+    pub min_gain: f64,
 }
 
 impl Default for MigrationConfig {
-    /// Threshold 1.1, 8 swaps, every 10 steps over the last 10 steps.
+    /// Threshold 1.1, 8 swaps, every 10 steps over the last 10 steps, gain 0.02.
     fn default() -> Self {
         MigrationConfig {
             threshold: 1.1,
             iterations: 8,
             every: 10,
             window: 10,
+            min_gain: 0.02,
         }
     }
 }
@@ -89,6 +94,13 @@ impl MigrationConfig {
                 "migration",
                 "every",
                 "must be at least 1 step",
+            ));
+        }
+        if !(self.min_gain.is_finite() && self.min_gain >= 0.0) {
+            return Err(PiperError::invalid(
+                "migration",
+                "min_gain",
+                format!("is {}; must be a number >= 0", self.min_gain),
             ));
         }
         if self.window == 0 {
@@ -231,7 +243,7 @@ impl Migrator {
                 .zip(row.iter())
                 .filter(|(a, b)| a != b)
                 .count();
-            if moved == 0 {
+            if moved == 0 || before - plan.after < self.config.min_gain {
                 continue;
             }
             layers.push(LayerMigration {
