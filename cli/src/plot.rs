@@ -155,6 +155,7 @@ fn draw_linear<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc("step")
         .y_desc(y_label)
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .draw()
         .map_err(e)?;
     for (i, s) in series.iter().enumerate() {

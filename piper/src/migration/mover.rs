@@ -196,21 +196,22 @@ pub fn move_experts<C: StageCompute>(
         let mut send_counts = vec![0usize; ep];
         let mut recv_counts = vec![0usize; ep];
         let mut incoming = Vec::new();
-        for q in 0..ep {
+        // Send order: destinations ascending, each destination's experts by id; receive
+        // order: sources ascending, each source's experts by id.
+        for (q, count) in send_counts.iter_mut().enumerate() {
             for &e in &moving {
-                let (from, to) = (old.owner(layer, e), new.owner(layer, e));
-                if from == me && to == q {
+                if old.owner(layer, e) == me && new.owner(layer, e) == q {
                     pack(model, adam, id(e), &mut send)
                         .map_err(failed(format!("copying out expert {e} of block {layer}")))?;
-                    send_counts[q] += words;
+                    *count += words;
                     outgoing.push(id(e));
                 }
             }
         }
-        for q in 0..ep {
+        for (q, count) in recv_counts.iter_mut().enumerate() {
             for &e in &moving {
                 if old.owner(layer, e) == q && new.owner(layer, e) == me {
-                    recv_counts[q] += words;
+                    *count += words;
                     incoming.push(id(e));
                 }
             }
