@@ -10,17 +10,18 @@
 //! - a rank failing in the middle of a move: every rank errors within the timeout and
 //!   keeps the old table, weights, gradients and Adam state.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{Failing, OnRead};
 use halo::local::{self, Emulation};
 use halo::topology::Topology;
-use halo_moe::{
-    Adam, AdamConfig, AdamState, GroupId, MoeConfig, MoeParams, Routing, Task, TaskConfig,
-};
+use halo_moe::{Adam, AdamConfig, AdamState, GroupId, MoeConfig, MoeParams, Task, TaskConfig};
 use halo_piper::migration::{self, MigrationConfig, Migrator, move_experts};
-use halo_piper::{Executor, MeshLayout, PiperError, Placement, ReferenceModel, StageCompute};
+use halo_piper::{Executor, MeshLayout, PiperError, Placement, ReferenceModel};
 
 const SEED: u64 = 7;
 const SEQUENCES: usize = 16;
@@ -360,141 +361,6 @@ fn a_skewed_run_gets_within_ten_percent_of_the_best_assignment() {
     }
 }
 
-/// The reference model; once armed, reading any expert of `fail_layer` fails (the rank's
-/// "death" in the middle of a move: its thread returns and its communicators go away).
-struct Failing {
-    inner: ReferenceModel,
-    fail_layer: Option<usize>,
-    armed: AtomicBool,
-}
-
-impl StageCompute for Failing {
-    type DenseState = <ReferenceModel as StageCompute>::DenseState;
-    type RouterState = <ReferenceModel as StageCompute>::RouterState;
-    type ExpertState = <ReferenceModel as StageCompute>::ExpertState;
-    type CombineState = <ReferenceModel as StageCompute>::CombineState;
-    type HeadState = <ReferenceModel as StageCompute>::HeadState;
-    fn hidden(&self) -> usize {
-        self.inner.hidden()
-    }
-    fn seq(&self) -> usize {
-        self.inner.seq()
-    }
-    fn layers(&self) -> usize {
-        self.inner.layers()
-    }
-    fn experts(&self) -> usize {
-        self.inner.experts()
-    }
-    fn top_k(&self) -> usize {
-        self.inner.top_k()
-    }
-    fn embed_forward(&self, tokens: &[u32]) -> Result<Vec<f32>, PiperError> {
-        self.inner.embed_forward(tokens)
-    }
-    fn embed_backward(&mut self, tokens: &[u32], d_x: &[f32]) -> Result<(), PiperError> {
-        self.inner.embed_backward(tokens, d_x)
-    }
-    fn dense_forward(
-        &self,
-        layer: usize,
-        x: &[f32],
-    ) -> Result<(Vec<f32>, Vec<f32>, Self::DenseState), PiperError> {
-        self.inner.dense_forward(layer, x)
-    }
-    fn dense_backward(
-        &mut self,
-        layer: usize,
-        state: Self::DenseState,
-        d_h: &[f32],
-        d_u: &[f32],
-    ) -> Result<Vec<f32>, PiperError> {
-        self.inner.dense_backward(layer, state, d_h, d_u)
-    }
-    fn router_forward(
-        &self,
-        layer: usize,
-        u: &[f32],
-    ) -> Result<(Routing, Self::RouterState), PiperError> {
-        self.inner.router_forward(layer, u)
-    }
-    fn router_backward(
-        &mut self,
-        layer: usize,
-        state: Self::RouterState,
-        d_gates: &[f32],
-    ) -> Result<Vec<f32>, PiperError> {
-        self.inner.router_backward(layer, state, d_gates)
-    }
-    fn expert_forward(
-        &self,
-        layer: usize,
-        expert: usize,
-        x: &[f32],
-    ) -> Result<(Vec<f32>, Self::ExpertState), PiperError> {
-        self.inner.expert_forward(layer, expert, x)
-    }
-    fn expert_backward(
-        &mut self,
-        layer: usize,
-        expert: usize,
-        state: Self::ExpertState,
-        d_y: &[f32],
-    ) -> Result<Vec<f32>, PiperError> {
-        self.inner.expert_backward(layer, expert, state, d_y)
-    }
-    fn combine_forward(
-        &self,
-        h: &[f32],
-        gates: &[f32],
-        expert_out: &[f32],
-    ) -> Result<(Vec<f32>, Self::CombineState), PiperError> {
-        self.inner.combine_forward(h, gates, expert_out)
-    }
-    fn combine_backward(
-        &self,
-        state: Self::CombineState,
-        d_out: &[f32],
-    ) -> Result<halo_moe::CombineGrads, PiperError> {
-        self.inner.combine_backward(state, d_out)
-    }
-    fn moe_input_backward(
-        &self,
-        d_router: &[f32],
-        d_expert_in: &[f32],
-    ) -> Result<Vec<f32>, PiperError> {
-        self.inner.moe_input_backward(d_router, d_expert_in)
-    }
-    fn head_forward(
-        &self,
-        x: &[f32],
-        targets: &[u32],
-        normaliser: f32,
-    ) -> Result<(f64, Self::HeadState), PiperError> {
-        self.inner.head_forward(x, targets, normaliser)
-    }
-    fn head_backward(&mut self, state: Self::HeadState) -> Result<Vec<f32>, PiperError> {
-        self.inner.head_backward(state)
-    }
-    fn grads_mut(&mut self, id: GroupId) -> Result<&mut [f32], PiperError> {
-        self.inner.grads_mut(id)
-    }
-    fn params_and_grads(&mut self, id: GroupId) -> Result<(&mut [f32], &[f32]), PiperError> {
-        if let GroupId::Expert { layer, expert } = id
-            && self.armed.load(Ordering::Relaxed)
-            && self.fail_layer == Some(layer)
-        {
-            return Err(PiperError::Compute(format!(
-                "injected death reading expert {expert} of block {layer}"
-            )));
-        }
-        self.inner.params_and_grads(id)
-    }
-    fn zero_grads(&mut self) {
-        self.inner.zero_grads();
-    }
-}
-
 /// PP 2 x EP 4, every expert moving: rank 1 (stage 0) dies after block 0's transfer, when
 /// it copies out block 1. Every rank errors, within the timeout, and keeps the old table
 /// and every weight, gradient and Adam state it had.
@@ -513,6 +379,7 @@ fn a_rank_dying_mid_move_leaves_every_rank_as_it_was() {
             inner: ReferenceModel::new(MoeParams::init(&cfg, SEED).unwrap()).unwrap(),
             fail_layer: (rank == 1).then_some(1),
             armed: AtomicBool::new(false),
+            on_read: OnRead::Error,
         };
         let mut exec = Executor::new(world, layout, 2, &model).unwrap();
         let mut adam = Adam::new(adam_config()).unwrap();
