@@ -186,8 +186,11 @@ pub fn move_experts<C: StageCompute>(
             continue;
         }
         let id = |expert| GroupId::Expert { layer, expert };
+        // The expert size, from one this rank holds (every rank holds E / EP of them).
+        let mine = old.local(layer, me);
+        let first = mine.first().copied().unwrap_or(moving[0]);
         let n = model
-            .params_and_grads(id(moving[0]))
+            .params_and_grads(id(first))
             .map_err(failed(format!("reading block {layer}")))?
             .0
             .len();
