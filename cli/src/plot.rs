@@ -1,5 +1,6 @@
 //! Line plots of latency or bandwidth against message size, one line per series,
-//! written as SVG or PNG with `plotters` (used by `halo simulate` and the benchmarks).
+//! written as SVG or PNG with `plotters` (used by `halo simulate` and the benchmarks), and
+//! linear plots of a value per training step (`halo train --plot`).
 
 use halo::{Error, Result};
 use plotters::coord::ranged1d::ValueFormatter;
@@ -37,38 +38,69 @@ pub fn line_plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> 
         x_label: "bytes per peer",
         y_label,
         log_x: true,
+        y_floor: None,
     };
     plot(path, &axes, series)
 }
 
-/// Writes a plot of `series` against a step count (a linear x axis; a log y axis) to
-/// `path`: SVG, or PNG when the file name ends in `.png`. Used for training curves
-/// (loss per step, imbalance per step).
+/// Writes a plot of `series` against a step count to `path`: SVG, or PNG when the file
+/// name ends in `.png`. The x axis is linear; the y axis logarithmic (a loss curve) when
+/// `y_floor` is `None`, else linear from `y_floor` (or lower if a point is; an
+/// imbalance curve starts at 1).
 ///
 /// # Errors
 /// As [`line_plot`].
-pub fn step_plot(path: &Path, title: &str, y_label: &str, series: &[Series]) -> Result<()> {
+pub fn step_plot(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    y_floor: Option<f64>,
+    series: &[Series],
+) -> Result<()> {
     let axes = Axes {
         title,
         x_label: "step",
         y_label,
         log_x: false,
+        y_floor,
     };
     plot(path, &axes, series)
 }
 
-/// A plot's texts and x scale (the y scale is always logarithmic).
+/// A plot's texts and scales.
 struct Axes<'a> {
     title: &'a str,
     x_label: &'a str,
     y_label: &'a str,
+    /// Log x (bytes) or linear x (steps).
     log_x: bool,
+    /// `None`: log y; `Some(floor)`: linear y from `floor`.
+    y_floor: Option<f64>,
+}
+
+impl Axes<'_> {
+    /// Whether a point can be drawn on these scales.
+    fn shows(&self, p: (f64, f64)) -> bool {
+        let x_ok = if self.log_x {
+            p.0 > 0.0
+        } else {
+            p.0.is_finite()
+        };
+        let y_ok = match self.y_floor {
+            None => p.1 > 0.0,
+            Some(_) => p.1.is_finite(),
+        };
+        x_ok && y_ok
+    }
 }
 
 fn plot(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<()> {
-    let positive = |p: &&(f64, f64)| (p.0 > 0.0 || !axes.log_x) && p.1 > 0.0;
-    let pts = series.iter().flat_map(|s| s.points.iter()).filter(positive);
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    let pts = series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter(|p| axes.shows(**p));
+    let y_start = axes.y_floor.unwrap_or(f64::MAX);
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, y_start, f64::MIN);
     for &(x, y) in pts {
         x0 = x0.min(x);
         x1 = x1.max(x);
@@ -77,8 +109,11 @@ fn plot(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Result<()> {
     }
     if x0 > x1 {
         return Err(Error::invalid_argument(
-            "nothing to plot: no positive points",
+            "nothing to plot: no point that fits the axes",
         ));
+    }
+    if y1 <= y0 {
+        y1 = y0 + 1.0;
     }
     load_font()?;
     let bounds = (x0, x1, y0, y1);
@@ -150,26 +185,32 @@ fn draw<DB: DrawingBackend>(
 ) -> std::result::Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let y = (y0 / 1.5..y1 * 1.5).log_scale();
-    if axes.log_x {
-        let chart = ChartBuilder::on(&root)
-            .caption(axes.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d((x0 / 1.5..x1 * 1.5).log_scale(), y)
-            .map_err(e)?;
-        lines(chart, axes, series, &|x| fmt_axis_bytes(*x), true)?;
-    } else {
-        let pad = ((x1 - x0) * 0.02).max(0.5);
-        let chart = ChartBuilder::on(&root)
-            .caption(axes.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x0 - pad..x1 + pad, y)
-            .map_err(e)?;
-        lines(chart, axes, series, &|x| format!("{x:.0}"), false)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(axes.title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    let log_y = (y0 / 1.5..y1 * 1.5).log_scale();
+    let lin_y = y0..y1 + 0.05 * (y1 - y0);
+    let pad = ((x1 - x0) * 0.02).max(0.5);
+    let lin_x = x0 - pad..x1 + pad;
+    let steps = |x: &f64| format!("{x:.0}");
+    match (axes.log_x, axes.y_floor) {
+        (true, _) => {
+            let chart = builder
+                .build_cartesian_2d((x0 / 1.5..x1 * 1.5).log_scale(), log_y)
+                .map_err(e)?;
+            lines(chart, axes, series, &|x| fmt_axis_bytes(*x), true)?;
+        }
+        (false, None) => {
+            let chart = builder.build_cartesian_2d(lin_x, log_y).map_err(e)?;
+            lines(chart, axes, series, &steps, false)?;
+        }
+        (false, Some(_)) => {
+            let chart = builder.build_cartesian_2d(lin_x, lin_y).map_err(e)?;
+            lines(chart, axes, series, &steps, false)?;
+        }
     }
     root.present().map_err(e)?;
     Ok(())
@@ -204,7 +245,7 @@ where
             .points
             .iter()
             .copied()
-            .filter(|p| (p.0 > 0.0 || !axes.log_x) && p.1 > 0.0)
+            .filter(|p| axes.shows(*p))
             .collect();
         chart
             .draw_series(LineSeries::new(data.clone(), c.stroke_width(2)))

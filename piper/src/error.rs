@@ -120,6 +120,18 @@ pub enum PiperError {
     /// A caller-supplied compute implementation failed.
     #[error("compute: {0}")]
     Compute(String),
+    /// Expert migration failed; this rank kept its old table, weights, gradients and
+    /// optimizer state.
+    #[error(
+        "expert migration failed while {phase} (this rank keeps the old table and weights): {source}"
+    )]
+    Migration {
+        /// What the move was doing: `transferring block 2`, `voting`, ...
+        phase: String,
+        /// What failed.
+        #[source]
+        source: Box<PiperError>,
+    },
 }
 
 impl PiperError {

@@ -6,7 +6,7 @@
 //! pipeline stage needs, how long the expert all-to-all takes on the machine's
 //! topology, how busy the GPUs will be, and which pipeline x expert-parallel layout is
 //! best. This crate holds that model and the pipeline executor that runs a layout with
-//! HALO's communicators; expert migration will live here too.
+//! HALO's communicators, and expert migration.
 //!
 //! - [`model`]: [`ModelConfig`], the presets and the model file format;
 //! - [`resource`]: the equations (parameters, memory per stage, all-to-all and
@@ -16,7 +16,9 @@
 //!   HALO's simulator on the machine's topology;
 //! - [`plan`](mod@plan): the PP x EP x DP search;
 //! - [`executor`]: the pipeline executor (PP x EP x DP mesh of HALO communicators, 1F1B,
-//!   MoE layers dispatching with `all_to_all_v`), exact against `halo-moe`'s reference.
+//!   MoE layers dispatching with `all_to_all_v`), exact against `halo-moe`'s reference;
+//! - [`migration`]: expert migration on that executor (agreed load, hill-climbing swaps,
+//!   experts moved with their optimizer state, all or nothing).
 //!
 //! ```
 //! use halo_piper::{ModelConfig, resource};
@@ -29,6 +31,7 @@
 
 mod error;
 pub mod executor;
+pub mod migration;
 pub mod model;
 pub mod plan;
 pub mod predict;
@@ -37,9 +40,10 @@ pub mod resource;
 
 pub use error::{PiperError, Result};
 pub use executor::{
-    ActivationPeak, Executor, Footprint, MeshLayout, ReferenceModel, StageCompute, StepReport,
-    StepTimes,
+    ActivationPeak, Executor, Footprint, MeshLayout, Placement, ReferenceModel, StageCompute,
+    StepReport, StepTimes,
 };
+pub use migration::{MigrationConfig, MigrationReport, Migrator};
 pub use model::ModelConfig;
 pub use plan::{Constraint, Plan, Planned, Rejected, plan};
 pub use predict::{Layout, Machine, Prediction, Predictor, Workload};

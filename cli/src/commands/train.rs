@@ -12,12 +12,13 @@ use super::Failure;
 use clap::Args;
 use halo::Communicator;
 use halo::local::{self, Emulation};
-use halo_cli::plot::{Series, step_plot};
+use halo_cli::plot::{Series, fmt_bytes, step_plot};
 use halo_moe::{Adam, AdamConfig, MoeConfig, MoeParams, Task, TaskConfig};
+use halo_piper::migration::{LayerMigration, expert_move_bytes};
 use halo_piper::predict::Workload;
 use halo_piper::{
-    Executor, HardwareProfile, MemoryOptions, MeshLayout, ModelConfig, PiperError, ReferenceModel,
-    plan,
+    Executor, HardwareProfile, MemoryOptions, MeshLayout, MigrationConfig, Migrator, ModelConfig,
+    PiperError, ReferenceModel, plan,
 };
 use halo_topology::Topology;
 use indicatif::ProgressBar;
@@ -39,13 +40,22 @@ use serde::Serialize;
 /// Each step prints the loss, tokens/s and rank 0's time split: compute, all-to-all,
 /// point-to-point transfer, all-reduce, and idle (waiting for the neighbour stage: the
 /// pipeline bubble). At the end, every rank's peak activation memory and idle share.
+///
+/// Every step the ranks agree on how many tokens each expert received (a collective) and
+/// print the imbalance (max / mean GPU load, mean over blocks) under the table in force
+/// and under the initial table (what it would be without migration: the routing is the
+/// same either way). `--skew` makes the task's tokens Zipf-distributed so that imbalance
+/// appears; `--migrate` turns on Piper's expert migration (hill-climbing swaps within each
+/// EP group, experts moved with their gradients and Adam state), with one line per block
+/// that migrated.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  halo train\n  \
     halo train --model tiny --pp 2 --ep 4 --microbatches 8 --steps 100 --plot loss.svg\n  \
     halo train --pp 1 --ep 2 --dp 2 --microbatches 2 --steps 20 --json\n  \
     halo train --auto-layout --topology nodes:2x4 --hosts 2\n  \
     halo launch -n 8 -- halo train --pp 2 --ep 4\n  \
-    halo launch -n 8 --hosts 4 --host-rate 1gbit -- halo train --pp 2 --ep 4")]
+    halo launch -n 8 --hosts 4 --host-rate 1gbit -- halo train --pp 2 --ep 4\n  \
+    halo train --skew 1.2 --migrate --every 10 --plot-imbalance imbalance.svg")]
 pub(crate) struct TrainArgs {
     /// Model preset of halo-moe: tiny or small.
     #[arg(long, default_value = "tiny")]
@@ -100,9 +110,39 @@ pub(crate) struct TrainArgs {
     /// Write the loss curve to this file at the end (SVG, or PNG for a .png name).
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// One JSON object per step per line instead of text.
+    /// Write the imbalance per step (with and without migration) as a plot (.svg, or
+    /// .png).
+    #[arg(long, value_name = "FILE")]
+    plot_imbalance: Option<PathBuf>,
+    /// One JSON object per step per line instead of text (with --migrate, also one per
+    /// block that migrated, `"event": "migration"`, and a last `"event": "summary"`).
     #[arg(long)]
     json: bool,
+    /// Zipf exponent of the synthetic task's token distribution (0 = uniform): a few
+    /// tokens, and the experts they are routed to, get most of the traffic.
+    #[arg(long, default_value_t = 0.0)]
+    skew: f64,
+    /// Expert migration: move experts between the GPUs of their EP group when the load
+    /// is imbalanced.
+    #[arg(long)]
+    migrate: bool,
+    /// With --migrate: migrate a block when its imbalance (max / mean GPU load over the
+    /// window) exceeds X [default: 1.1].
+    #[arg(long, value_name = "X")]
+    threshold: Option<f64>,
+    /// With --migrate: most swaps per block per migration (Piper's T) [default: 8].
+    #[arg(long, value_name = "T")]
+    iterations: Option<usize>,
+    /// With --migrate: check every N steps [default: 10].
+    #[arg(long, value_name = "N")]
+    every: Option<u64>,
+    /// With --migrate: steps of load counted per decision [default: --every].
+    #[arg(long, value_name = "W")]
+    window: Option<usize>,
+    /// With --migrate: apply a block's plan only when it lowers the block's imbalance by
+    /// at least G [default: 0.02].
+    #[arg(long, value_name = "G")]
+    min_gain: Option<f64>,
 }
 
 /// One step's line.
@@ -121,6 +161,65 @@ struct StepLine {
     all_reduce_s: f64,
     /// Rank 0's peak of saved activations in the step.
     activation_bytes: usize,
+    /// Imbalance (max / mean GPU load, mean over blocks) under the table in force.
+    imbalance: f64,
+    /// The same under the initial table: without migration.
+    imbalance_static: f64,
+    /// Rank 0's time agreeing on the load and migrating, seconds.
+    migration_s: f64,
+}
+
+/// One block's migration.
+#[derive(Debug, Serialize)]
+struct MigrationLine<'a> {
+    event: &'static str,
+    /// The step after which it happened.
+    step: u64,
+    #[serde(flatten)]
+    layer: &'a LayerMigration,
+    /// Rank 0's time for the whole migration (every block), seconds.
+    seconds: f64,
+}
+
+/// The run's summary (with --migrate).
+#[derive(Debug, Serialize)]
+struct Summary {
+    event: &'static str,
+    steps: u64,
+    /// Rank 0's training time (steps, optimizer, load agreement and migration), seconds.
+    train_s: f64,
+    /// Of which load agreement and migration.
+    migration_s: f64,
+    /// `migration_s / train_s`.
+    migration_share: f64,
+    migrations: usize,
+    experts_moved: usize,
+    bytes_moved: u64,
+    /// Bytes one expert moves with (weights, gradients, Adam m and v, step count).
+    expert_move_bytes: u64,
+    /// The resource model's `expert_bytes` for the same shape (16 per parameter).
+    model_expert_bytes: f64,
+    /// Mean over steps of `imbalance` and `imbalance_static`.
+    imbalance_mean: f64,
+    imbalance_static_mean: f64,
+}
+
+/// What a rank returns (the series are the same on every rank: the loss and the loads
+/// are agreed on).
+#[derive(Debug, Default)]
+struct RunLog {
+    losses: Vec<f64>,
+    imbalance: Vec<f64>,
+    imbalance_static: Vec<f64>,
+    train_s: f64,
+    migration_s: f64,
+    migrations: Vec<(u64, LayerMigration)>,
+}
+
+/// What rank 0 reports as the run goes.
+enum Event<'a> {
+    Step(StepLine),
+    Migration(MigrationLine<'a>),
 }
 
 /// One rank's figures over the whole run.
@@ -162,6 +261,7 @@ struct Setup {
     batch: usize,
     task: Task,
     adam: AdamConfig,
+    migration: Option<MigrationConfig>,
 }
 
 /// Resolves the model, the layout (given or planned) and the batch for `ranks` ranks
@@ -201,6 +301,7 @@ fn setup(a: &TrainArgs, topo: &Topology) -> Result<Setup, Failure> {
         &cfg,
         TaskConfig {
             seed: a.seed,
+            skew: a.skew,
             ..TaskConfig::default()
         },
     )
@@ -210,6 +311,7 @@ fn setup(a: &TrainArgs, topo: &Topology) -> Result<Setup, Failure> {
         ..AdamConfig::default()
     };
     Adam::new(adam.clone()).map_err(input)?;
+    let migration = migration_config(a)?;
     Ok(Setup {
         cfg,
         layout,
@@ -217,7 +319,39 @@ fn setup(a: &TrainArgs, topo: &Topology) -> Result<Setup, Failure> {
         batch,
         task,
         adam,
+        migration,
     })
+}
+
+/// The migration settings, or `None` without --migrate (its options alone are an error).
+fn migration_config(a: &TrainArgs) -> Result<Option<MigrationConfig>, Failure> {
+    if !a.migrate {
+        for (given, name) in [
+            (a.threshold.is_some(), "--threshold"),
+            (a.iterations.is_some(), "--iterations"),
+            (a.every.is_some(), "--every"),
+            (a.window.is_some(), "--window"),
+            (a.min_gain.is_some(), "--min-gain"),
+        ] {
+            if given {
+                return Err(input(format!("{name} needs --migrate")));
+            }
+        }
+        return Ok(None);
+    }
+    let d = MigrationConfig::default();
+    let every = a.every.unwrap_or(d.every);
+    let m = MigrationConfig {
+        threshold: a.threshold.unwrap_or(d.threshold),
+        iterations: a.iterations.unwrap_or(d.iterations),
+        every,
+        window: a
+            .window
+            .unwrap_or_else(|| usize::try_from(every).unwrap_or(usize::MAX)),
+        min_gain: a.min_gain.unwrap_or(d.min_gain),
+    };
+    m.validate().map_err(piper)?;
+    Ok(Some(m))
 }
 
 /// The planner's best layout for this model on `topo` (`halo plan layout`), with the
@@ -268,20 +402,27 @@ fn planned_layout(
     ))
 }
 
-/// Trains on one rank; rank 0 reports each step through `report`. Returns the losses
-/// and this rank's summary.
+/// Trains on one rank; rank 0 reports each step (and migration) through `report`.
+/// Returns the run's log and this rank's summary.
 fn train_rank(
     world: &mut Communicator,
     s: &Setup,
     seed: u64,
     steps: u64,
-    report: &(dyn Fn(StepLine) + Sync),
-) -> Result<(Vec<f64>, RankSummary), PiperError> {
+    report: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<(RunLog, RankSummary), PiperError> {
     let rank = world.rank();
     let mut model = ReferenceModel::new(MoeParams::init(&s.cfg, seed)?)?;
     let mut exec = Executor::new(world, s.layout, s.microbatches, &model)?;
     let mut adam = Adam::new(s.adam.clone())?;
-    let mut losses = Vec::with_capacity(steps as usize);
+    // Without --migrate the migrator only agrees on the load (it is never asked to move).
+    let mut migrator = Migrator::new(
+        s.migration.clone().unwrap_or_default(),
+        &exec,
+        s.cfg.expert_len(),
+    )?;
+    let mut log = RunLog::default();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let mesh = exec.mesh();
     let mut sum = RankSummary {
         stage: mesh.stage(),
@@ -295,7 +436,19 @@ fn train_rank(
         let r = exec.step(&mut model, &data.tokens, &data.targets)?;
         exec.adam_step(&mut model, &mut adam)?;
         let seconds = t0.elapsed().as_secs_f64();
-        losses.push(r.loss);
+        let t1 = Instant::now();
+        let load = migrator.observe(&mut exec, &r)?;
+        let migration = if s.migration.is_some() {
+            migrator.maybe_migrate(&mut exec, &mut model, &mut adam)?
+        } else {
+            None
+        };
+        let migration_s = t1.elapsed().as_secs_f64();
+        log.train_s += seconds + migration_s;
+        log.migration_s += migration_s;
+        log.losses.push(r.loss);
+        log.imbalance.push(mean(&load.imbalance));
+        log.imbalance_static.push(mean(&load.imbalance_static));
         if r.activations.bytes > sum.peak_bytes {
             sum.peak_bytes = r.activations.bytes;
             sum.expert_bytes = r.activations.expert_bytes;
@@ -304,7 +457,7 @@ fn train_rank(
         sum.idle_s += r.times.idle.as_secs_f64();
         sum.total_s += r.times.total.as_secs_f64();
         if rank == 0 {
-            report(StepLine {
+            report(Event::Step(StepLine {
                 step: step + 1,
                 loss: r.loss,
                 tokens: r.tokens,
@@ -316,10 +469,27 @@ fn train_rank(
                 idle_s: r.times.idle.as_secs_f64(),
                 all_reduce_s: r.times.all_reduce.as_secs_f64(),
                 activation_bytes: r.activations.bytes,
-            });
+                imbalance: mean(&load.imbalance),
+                imbalance_static: mean(&load.imbalance_static),
+                migration_s,
+            }));
+        }
+        if let Some(m) = migration {
+            if rank == 0 {
+                for lm in &m.layers {
+                    report(Event::Migration(MigrationLine {
+                        event: "migration",
+                        step: step + 1,
+                        layer: lm,
+                        seconds: m.seconds,
+                    }));
+                }
+            }
+            log.migrations
+                .extend(m.layers.into_iter().map(|lm| (step + 1, lm)));
         }
     }
-    Ok((losses, sum))
+    Ok((log, sum))
 }
 
 /// Every rank's summary at rank 0 (an all-gather over the world).
@@ -358,7 +528,7 @@ fn step_text(line: &StepLine) -> String {
     let ms = |x: f64| x * 1e3;
     format!(
         "step {:>5}  loss {:>8.4}  tokens/s {:>8.0}  ms: compute {:>6.1} all-to-all {:>6.1} \
-         p2p {:>5.1} idle {:>6.1} all-reduce {:>5.1}",
+         p2p {:>5.1} idle {:>6.1} all-reduce {:>5.1}  imbalance {:.3} (static {:.3})",
         line.step,
         line.loss,
         line.tokens_per_s,
@@ -366,7 +536,25 @@ fn step_text(line: &StepLine) -> String {
         ms(line.all_to_all_s),
         ms(line.p2p_s),
         ms(line.idle_s),
-        ms(line.all_reduce_s)
+        ms(line.all_reduce_s),
+        line.imbalance,
+        line.imbalance_static
+    )
+}
+
+fn migration_text(m: &MigrationLine<'_>) -> String {
+    let lm = m.layer;
+    format!(
+        "  migration after step {}: block {}: {} swaps, {} experts moved ({}), imbalance \
+         {:.3} -> {:.3} over the window ({:.1} ms, all blocks)",
+        m.step,
+        lm.layer,
+        lm.swaps,
+        lm.experts_moved,
+        fmt_bytes(lm.bytes_moved as f64),
+        lm.imbalance_before,
+        lm.imbalance_after,
+        m.seconds * 1e3
     )
 }
 
@@ -453,7 +641,7 @@ fn banner(a: &TrainArgs, s: &Setup, place: &str) -> String {
     let l = s.layout;
     format!(
         "halo train: {} (L {}, E {}, k {}, d {}), PP {} x EP {} x DP {}{} on {place}, \
-         {} micro-batches, {} sequences of {} tokens per step, seed {}",
+         {} micro-batches, {} sequences of {} tokens per step, seed {}{}",
         a.model,
         s.cfg.layers,
         s.cfg.experts,
@@ -466,47 +654,128 @@ fn banner(a: &TrainArgs, s: &Setup, place: &str) -> String {
         s.microbatches,
         s.batch,
         s.cfg.seq,
-        a.seed
+        a.seed,
+        match &s.migration {
+            Some(m) => format!(
+                "\nskew {}; migration: threshold {}, up to {} swaps per block, every {} steps \
+                 over the last {}, gain at least {}",
+                a.skew, m.threshold, m.iterations, m.every, m.window, m.min_gain
+            ),
+            None if a.skew > 0.0 => format!(", skew {}", a.skew),
+            None => String::new(),
+        }
     )
 }
 
-/// Prints a step (JSON or text, above the bar) and advances the bar.
-fn reporter<'a>(a: &'a TrainArgs, bar: &'a ProgressBar) -> impl Fn(StepLine) + Sync + 'a {
-    move |line: StepLine| {
+/// Prints a step or a migration (JSON or text, above the bar) and advances the bar.
+fn reporter<'a>(a: &'a TrainArgs, bar: &'a ProgressBar) -> impl Fn(Event<'_>) + Sync + 'a {
+    move |event: Event<'_>| {
+        let (json, text) = match &event {
+            Event::Step(line) => (serde_json::to_string(line), step_text(line)),
+            Event::Migration(m) => (serde_json::to_string(m), migration_text(m)),
+        };
         if a.json {
-            print_line(&serde_json::to_string(&line).unwrap_or_default());
+            print_line(&json.unwrap_or_default());
         } else if bar.is_hidden() {
-            print_line(&step_text(&line));
+            print_line(&text);
         } else {
-            bar.println(step_text(&line));
+            bar.println(text);
         }
-        bar.inc(1);
+        if matches!(event, Event::Step(_)) {
+            bar.inc(1);
+        }
     }
 }
 
-fn finish(a: &TrainArgs, s: &Setup, losses: &[f64], ranks: &[RankSummary]) -> Result<(), Failure> {
+fn finish(a: &TrainArgs, s: &Setup, log: &RunLog, ranks: &[RankSummary]) -> Result<(), Failure> {
+    let losses = &log.losses;
+    let pts = |v: &[f64]| -> Vec<(f64, f64)> {
+        v.iter()
+            .enumerate()
+            .map(|(i, &y)| ((i + 1) as f64, y))
+            .collect()
+    };
+    let l = s.layout;
     if let Some(path) = &a.plot {
         let series = [Series {
             name: format!(
                 "PP {} x EP {} x DP {}, M {}",
-                s.layout.pp, s.layout.ep, s.layout.dp, s.microbatches
+                l.pp, l.ep, l.dp, s.microbatches
             ),
-            points: losses
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| ((i + 1) as f64, l))
-                .collect(),
+            points: pts(losses),
         }];
-        step_plot(
-            path,
-            &format!("halo train: {} on the synthetic task", a.model),
-            "loss",
-            &series,
-        )
-        .map_err(|e| Failure::other(e.to_string()))?;
+        let title = format!("halo train: {} on the synthetic task", a.model);
+        step_plot(path, &title, "loss", None, &series)
+            .map_err(|e| Failure::other(e.to_string()))?;
         if !a.json {
             print_line(&format!("loss curve: {}", path.display()));
         }
+    }
+    if let Some(path) = &a.plot_imbalance {
+        let mut series = vec![Series {
+            name: "without migration".into(),
+            points: pts(&log.imbalance_static),
+        }];
+        if s.migration.is_some() {
+            series.push(Series {
+                name: "with migration".into(),
+                points: pts(&log.imbalance),
+            });
+        }
+        let title = format!(
+            "halo train {}: PP {} x EP {}, skew {}, seed {}",
+            a.model, l.pp, l.ep, a.skew, a.seed
+        );
+        let y = "imbalance (max / mean GPU load, mean over blocks)";
+        step_plot(path, &title, y, Some(1.0), &series)
+            .map_err(|e| Failure::other(e.to_string()))?;
+        if !a.json {
+            print_line(&format!("imbalance plot: {}", path.display()));
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    if s.migration.is_some() {
+        let sum = Summary {
+            event: "summary",
+            steps: losses.len() as u64,
+            train_s: log.train_s,
+            migration_s: log.migration_s,
+            migration_share: log.migration_s / log.train_s.max(1e-12),
+            migrations: log.migrations.len(),
+            experts_moved: log.migrations.iter().map(|m| m.1.experts_moved).sum(),
+            bytes_moved: log.migrations.iter().map(|m| m.1.bytes_moved).sum(),
+            expert_move_bytes: expert_move_bytes(s.cfg.expert_len()),
+            model_expert_bytes: halo_piper::resource::migration_expert_bytes(&ModelConfig::from(
+                &s.cfg,
+            )),
+            imbalance_mean: mean(&log.imbalance),
+            imbalance_static_mean: mean(&log.imbalance_static),
+        };
+        if a.json {
+            print_line(&serde_json::to_string(&sum).unwrap_or_default());
+        } else {
+            print_line(&format!(
+                "imbalance (mean over steps and blocks): {:.3} without migration, {:.3} with; \
+                 {} block migrations moved {} experts ({}); migration {:.3} s of {:.3} s \
+                 training ({:.2}%); an expert moves {} B (resource model: {} B + 8 B of Adam \
+                 step count)",
+                sum.imbalance_static_mean,
+                sum.imbalance_mean,
+                sum.migrations,
+                sum.experts_moved,
+                fmt_bytes(sum.bytes_moved as f64),
+                sum.migration_s,
+                sum.train_s,
+                100.0 * sum.migration_share,
+                sum.expert_move_bytes,
+                sum.model_expert_bytes
+            ));
+        }
+    } else if !a.json {
+        print_line(&format!(
+            "imbalance (mean over steps and blocks, no migration): {:.3}",
+            mean(&log.imbalance_static)
+        ));
     }
     if !a.json {
         if let (Some(first), Some(last)) = (losses.first(), losses.last()) {
@@ -551,9 +820,9 @@ fn run_threads(a: &TrainArgs) -> Result<(), Failure> {
     );
     let report = reporter(a, &bar);
     let results = local::run(&topo, emulation, |world| {
-        let out = train_rank(world, &s, a.seed, a.steps, &report).and_then(|(losses, sum)| {
+        let out = train_rank(world, &s, a.seed, a.steps, &report).and_then(|(log, sum)| {
             let all = gather_summaries(world, sum)?;
-            Ok((losses, all))
+            Ok((log, all))
         });
         Ok(out)
     });
@@ -577,8 +846,8 @@ fn run_threads(a: &TrainArgs) -> Result<(), Failure> {
     if let Some(e) = first_err {
         return Err(e);
     }
-    let (losses, ranks) = done.unwrap_or_default();
-    finish(a, &s, &losses, &ranks)
+    let (log, ranks) = done.unwrap_or_default();
+    finish(a, &s, &log, &ranks)
 }
 
 fn run_process(a: &TrainArgs) -> Result<(), Failure> {
@@ -599,11 +868,11 @@ fn run_process(a: &TrainArgs) -> Result<(), Failure> {
         rank == 0 && !a.json && a.steps >= 20 && halo_cli::progress::on_terminal(),
     );
     let report = reporter(a, &bar);
-    let (losses, sum) = train_rank(&mut world, &s, a.seed, a.steps, &report).map_err(piper)?;
+    let (log, sum) = train_rank(&mut world, &s, a.seed, a.steps, &report).map_err(piper)?;
     let ranks = gather_summaries(&mut world, sum).map_err(piper)?;
     bar.finish_and_clear();
     if rank == 0 {
-        finish(a, &s, &losses, &ranks)?;
+        finish(a, &s, &log, &ranks)?;
     }
     Ok(())
 }

@@ -19,7 +19,7 @@ pub struct MeshLayout {
     /// Pipeline stages.
     pub pp: usize,
     /// Ranks per expert-parallel group (each holds `experts / ep` experts of every block
-    /// of its stage).
+    /// of its stage; which ones is the executor's [`super::Placement`]).
     pub ep: usize,
     /// Data-parallel replicas of the whole PP x EP pipeline.
     pub dp: usize,

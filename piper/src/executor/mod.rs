@@ -18,8 +18,9 @@
 //! the parts' losses and gradients sum to the single-rank reference's. Then the
 //! replicated groups (embedding, dense, router, head) are summed over the EP group and the
 //! DP group, the experts' over the DP group; each expert's gradient stays on the rank that
-//! owns the expert (EP index `e` owns experts `e * E/EP .. (e+1) * E/EP` of each block of
-//! its stage).
+//! owns the expert. Who owns which expert is the [`Placement`] table: at first EP index
+//! `e` owns experts `e * E/EP .. (e+1) * E/EP` of each block of its stage; expert
+//! migration (`crate::migration`) changes it between steps.
 //!
 //! # Exactness
 //!
@@ -41,6 +42,7 @@ pub mod compute;
 pub mod mesh;
 mod moe_layer;
 mod pipeline;
+pub mod placement;
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -50,6 +52,7 @@ use halo_moe::{Adam, GroupId};
 
 pub use compute::{Footprint, ReferenceModel, StageCompute};
 pub use mesh::{Mesh, MeshLayout};
+pub use placement::Placement;
 
 use crate::error::{PiperError, Result};
 
@@ -64,6 +67,10 @@ pub struct StepReport {
     pub times: StepTimes,
     /// This rank's peak of saved activations during the step.
     pub activations: ActivationPeak,
+    /// Slots this rank's routers sent to each expert, `layer * E + expert` for every block
+    /// of the model (zero for the blocks of other stages): the local part of the load
+    /// that expert migration agrees on.
+    pub routed: Vec<u64>,
 }
 
 /// The most bytes of saved forward state (activations kept for the backward) this rank
@@ -115,7 +122,7 @@ pub struct Executor {
     mesh: Mesh,
     microbatches: usize,
     layers: Range<usize>,
-    local_experts: Range<usize>,
+    placement: Placement,
     hidden: usize,
     seq: usize,
 }
@@ -141,13 +148,12 @@ impl Executor {
         }
         let mesh = Mesh::new(world, layout, model.layers(), model.experts())?;
         let layers = layout.stage_layers(mesh.stage(), model.layers());
-        let per = model.experts() / layout.ep;
-        let local_experts = mesh.ep_index() * per..(mesh.ep_index() + 1) * per;
+        let placement = Placement::contiguous(model.layers(), model.experts(), layout.ep)?;
         Ok(Executor {
             mesh,
             microbatches,
             layers,
-            local_experts,
+            placement,
             hidden: model.hidden(),
             seq: model.seq(),
         })
@@ -163,9 +169,24 @@ impl Executor {
         self.layers.clone()
     }
 
-    /// Experts of each of its blocks this rank owns.
-    pub fn local_experts(&self) -> Range<usize> {
-        self.local_experts.clone()
+    /// The mesh, mutable (for collectives of expert migration).
+    pub(crate) fn mesh_mut(&mut self) -> &mut Mesh {
+        &mut self.mesh
+    }
+
+    /// Experts of block `layer` this rank owns, ascending.
+    pub fn local_experts(&self, layer: usize) -> Vec<usize> {
+        self.placement.local(layer, self.mesh.ep_index())
+    }
+
+    /// The expert -> rank table in force (the same on every rank of the mesh).
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Switches the table (expert migration, after the experts have moved).
+    pub(crate) fn set_placement(&mut self, placement: Placement) {
+        self.placement = placement;
     }
 
     /// The parameter groups whose parameters and gradients this rank holds: its stage's
@@ -174,7 +195,7 @@ impl Executor {
     pub fn owned_groups(&self) -> Vec<GroupId> {
         let mut ids = self.replicated_groups();
         for layer in self.layers.clone() {
-            for expert in self.local_experts.clone() {
+            for expert in self.local_experts(layer) {
                 ids.push(GroupId::Expert { layer, expert });
             }
         }
@@ -256,10 +277,15 @@ impl Executor {
         model.zero_grads();
         let ctx = pipeline::Stage {
             layers: self.layers.clone(),
-            local_experts: self.local_experts.clone(),
+            placement: self.placement.clone(),
+            ep_index: self.mesh.ep_index(),
             hidden: self.hidden,
             rows: per * seq,
             normaliser,
+            routed: std::cell::RefCell::new(vec![
+                0;
+                self.placement.layers() * self.placement.experts()
+            ]),
         };
         let (local_loss, activations) =
             pipeline::one_f_one_b(&mut self.mesh, &ctx, model, &micro, &mut times)?;
@@ -276,6 +302,7 @@ impl Executor {
             tokens: tokens.len(),
             times,
             activations,
+            routed: ctx.routed.into_inner(),
         })
     }
 
@@ -291,9 +318,10 @@ impl Executor {
                 dp.all_reduce_in_place(g, ReduceOp::Sum)?;
             }
         }
+        let me = self.mesh.ep_index();
         if let Some(dp) = self.mesh.dp.as_mut() {
             for layer in self.layers.clone() {
-                for expert in self.local_experts.clone() {
+                for expert in self.placement.local(layer, me) {
                     let g = model.grads_mut(GroupId::Expert { layer, expert })?;
                     dp.all_reduce_in_place(g, ReduceOp::Sum)?;
                 }

@@ -2,10 +2,13 @@
 //! token rows to the experts' ranks with `all_to_all_v`, the local experts, the reverse
 //! `all_to_all_v` (combine), and the backward of all of it in reverse.
 //!
-//! Send order: experts in id order (so destination ranks in order, since EP index `q` owns
-//! the consecutive experts `q * E/EP ..`), each expert's slots in token order. Receive
-//! order: source ranks in order, each source's rows by local expert. A local expert runs
-//! on its rows gathered by (source rank, token): the token order of the micro-batch.
+//! Send order: experts by owner, then by id ([`Placement::send_order`]; with the
+//! contiguous table that is id order), each expert's slots in token order. Receive order:
+//! source ranks in order, each source's rows by local expert (ascending id). A local
+//! expert runs on its rows gathered by (source rank, token): the token order of the
+//! micro-batch, whichever rank holds the expert.
+//!
+//! [`Placement::send_order`]: super::Placement::send_order
 
 use halo::{Communicator, Partition};
 use halo_moe::{Routing, gather_slots, gather_tokens, scatter_slots};
@@ -52,19 +55,33 @@ impl<C: StageCompute> LayerTape<C> {
 
 /// Routing -> send order and counts; exchanges the per-expert counts with a uniform
 /// all-to-all so each rank knows what it receives.
-fn plan(ep: &mut Communicator, st: &Stage, experts: usize, routing: &Routing) -> Result<Dispatch> {
+fn plan(
+    ep: &mut Communicator,
+    st: &Stage,
+    layer: usize,
+    experts: usize,
+    routing: &Routing,
+) -> Result<Dispatch> {
     let p = ep.size();
-    let per = st.local_experts.len();
+    let per = st.placement.per_rank();
     let d = st.hidden;
     let counts = routing.counts(experts);
+    st.record(layer, &counts);
+    let order = st.placement.send_order(layer);
     let mut send_slots = Vec::with_capacity(routing.experts.len());
-    for e in 0..experts {
+    for &e in &order {
         send_slots.extend(routing.slots_of(e));
     }
     let send_counts: Vec<usize> = (0..p)
-        .map(|q| counts[q * per..(q + 1) * per].iter().sum::<usize>() * d)
+        .map(|q| {
+            order[q * per..(q + 1) * per]
+                .iter()
+                .map(|&e| counts[e])
+                .sum::<usize>()
+                * d
+        })
         .collect();
-    let mine: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
+    let mine: Vec<u64> = order.iter().map(|&e| counts[e] as u64).collect();
     let mut theirs = vec![0u64; experts];
     ep.all_to_all(&mine, &mut theirs)?;
     // theirs[src * per + j]: rows from `src` for local expert j.
@@ -132,8 +149,9 @@ pub(super) fn forward<C: StageCompute>(
     let (routing, router) = model.router_forward(layer, &u)?;
     let rows = u.len() / d;
     let plan = timed(&mut times.all_to_all, || {
-        plan(ep, st, model.experts(), &routing)
+        plan(ep, st, layer, model.experts(), &routing)
     })?;
+    let local = st.local(layer);
     let send = gather_tokens(&u, d, k, &plan.send_slots)?;
     let recv = timed(&mut times.all_to_all, || dispatch(ep, &plan, &send, d))?;
     let mut out_recv = vec![0.0f32; recv.len()];
@@ -144,7 +162,7 @@ pub(super) fn forward<C: StageCompute>(
             continue;
         }
         let xin = gather_slots(&recv, d, rows_j)?;
-        let (y, es) = model.expert_forward(layer, st.local_experts.start + j, &xin)?;
+        let (y, es) = model.expert_forward(layer, local[j], &xin)?;
         scatter_slots(&y, d, rows_j, &mut out_recv)?;
         experts.push(Some(es));
     }
@@ -176,6 +194,7 @@ pub(super) fn backward<C: StageCompute>(
 ) -> Result<Vec<f32>> {
     let d = st.hidden;
     let plan = &tape.dispatch;
+    let local = st.local(layer);
     let cg = model.combine_backward(tape.combine, d_out)?;
     let send = gather_slots(&cg.d_expert_out, d, &plan.send_slots)?;
     let recv = timed(&mut times.all_to_all, || dispatch(ep, plan, &send, d))?;
@@ -183,7 +202,7 @@ pub(super) fn backward<C: StageCompute>(
     for (j, (rows_j, es)) in plan.expert_rows.iter().zip(tape.experts).enumerate() {
         let Some(es) = es else { continue };
         let dy = gather_slots(&recv, d, rows_j)?;
-        let dxe = model.expert_backward(layer, st.local_experts.start + j, es, &dy)?;
+        let dxe = model.expert_backward(layer, local[j], es, &dy)?;
         scatter_slots(&dxe, d, rows_j, &mut din_recv)?;
     }
     let back = timed(&mut times.all_to_all, || combine(ep, plan, &din_recv, d))?;

@@ -7,6 +7,7 @@
 //! [`Communicator::send_recv`] (and the other way round), so with blocking, rendezvous
 //! point-to-point every send meets a receive that is already posted.
 
+use std::cell::RefCell;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use halo::Communicator;
 use super::compute::{Footprint, StageCompute};
 use super::mesh::Mesh;
 use super::moe_layer::{self, LayerTape};
+use super::placement::Placement;
 use super::{ActivationPeak, StepTimes};
 use crate::error::Result;
 
@@ -29,11 +31,34 @@ pub(super) struct MicroBatch<'a> {
 #[derive(Debug)]
 pub(super) struct Stage {
     pub(super) layers: Range<usize>,
-    pub(super) local_experts: Range<usize>,
+    /// The expert -> rank table in force for this step.
+    pub(super) placement: Placement,
+    /// This rank's EP index.
+    pub(super) ep_index: usize,
     pub(super) hidden: usize,
     /// Token rows per micro-batch on this rank.
     pub(super) rows: usize,
     pub(super) normaliser: f32,
+    /// Slots this rank's routers sent to each expert this step, `layer * E + expert`.
+    pub(super) routed: RefCell<Vec<u64>>,
+}
+
+impl Stage {
+    /// This rank's experts of block `layer`, ascending.
+    pub(super) fn local(&self, layer: usize) -> Vec<usize> {
+        self.placement.local(layer, self.ep_index)
+    }
+
+    /// Adds one routing's per-expert counts of block `layer` to [`Stage::routed`].
+    pub(super) fn record(&self, layer: usize, counts: &[usize]) {
+        let e = counts.len();
+        let mut routed = self.routed.borrow_mut();
+        if let Some(row) = routed.get_mut(layer * e..(layer + 1) * e) {
+            for (r, &c) in row.iter_mut().zip(counts) {
+                *r += c as u64;
+            }
+        }
+    }
 }
 
 /// Saved state of one micro-batch's forward on this stage.
