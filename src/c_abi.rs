@@ -79,6 +79,9 @@ impl std::fmt::Debug for Task<'_> {
     }
 }
 
+/// An operation of an [`OpQueue`]: what runs on the communicator.
+pub type OpJob = Box<dyn FnOnce(&mut Communicator) -> Result<()> + Send + 'static>;
+
 /// A new queue for `comm`'s operations, and its server.
 pub fn op_queue(comm: &Communicator) -> (OpQueue, OpServer) {
     let (q, rx) = Queue::new();
@@ -90,11 +93,7 @@ pub fn op_queue(comm: &Communicator) -> (OpQueue, OpServer) {
 
 impl OpQueue {
     /// Queues `job` under `name` (an operation name for messages).
-    pub fn submit(
-        &mut self,
-        name: &'static str,
-        job: Box<dyn FnOnce(&mut Communicator) -> Result<()> + Send + 'static>,
-    ) -> OpHandle {
+    pub fn submit(&mut self, name: &'static str, job: OpJob) -> OpHandle {
         let job: Job<'static> = job;
         let ticket = self.1.as_ref().map(|t| t.ticket());
         let (slot, index) = self.0.submit(name, ticket, job);

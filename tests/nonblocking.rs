@@ -109,11 +109,8 @@ fn suite(comm: &mut Communicator) -> halo::Result<()> {
         let b = s.barrier();
         // Compute while they run; test one without blocking.
         computed = (0..100_000u64).map(|x| x % 7).sum();
-        let a = match a.test()? {
-            None => None,
-            Some(still) => Some(still),
-        };
-        if let Some(a) = a {
+        // `test` gives the request back while it runs.
+        if let Some(a) = a.test()? {
             a.wait()?;
         }
         v.wait()?;
