@@ -460,4 +460,6 @@ pub(crate) struct Ext {
     pub(super) gather: Option<(AllGatherAlgorithm, usize, Schedule)>,
     pub(super) gather_forced: Option<AllGatherAlgorithm>,
     pub(super) reduce_forced: Option<AllReduceAlgorithm>,
+    /// The worker thread of [`Communicator::scope`], once one ran.
+    pub(super) pool: Option<Arc<rayon_core::ThreadPool>>,
 }

@@ -538,9 +538,13 @@ impl Communicator {
     /// assert_eq!(out[2].as_ref().unwrap(), &[2, 102, 202, 302]);
     /// ```
     ///
+    /// The worker is one thread per communicator, started by its first scope and kept
+    /// for the next ones (a pool of one thread, `rayon-core`). A panic in `f` or in
+    /// the worker propagates once every started operation has finished.
+    ///
     /// # Errors
     /// `f`'s error; else the first error of a request never waited;
-    /// [`Error::InternalError`] if the worker thread could not start or panicked.
+    /// [`Error::InternalError`] if the worker thread could not start.
     pub fn scope<'env, T>(
         &'env mut self,
         f: impl for<'s> FnOnce(&'s Scope<'env>) -> Result<T>,
@@ -560,42 +564,59 @@ impl Communicator {
             abort: self.abort_handle(),
             _env: PhantomData,
         };
-        let name = format!("halo-nb-r{}", self.rank());
-        std::thread::scope(|ts| {
-            let worker = std::thread::Builder::new()
-                .name(name)
-                .spawn_scoped(ts, move || serve(self, rx))
-                .map_err(|e| Error::internal(format!("cannot start the scope's worker: {e}")))?;
+        let pool = self.worker_pool()?;
+        let (out, started) = pool.in_place_scope(|rs| {
+            rs.spawn(move |_| serve(self, rx));
             let out = f(&scope);
             let Scope { queue, started, .. } = scope;
+            // The worker ends when the queue is gone; `in_place_scope` waits for it.
             drop(queue);
-            if worker.join().is_err() {
-                return Err(Error::internal(
-                    "the scope's worker thread panicked (please report it)",
-                ));
+            (out, started)
+        });
+        finish(out, started.into_inner())
+    }
+
+    /// The communicator's worker thread for scopes: a pool of one thread, made on the
+    /// first scope and kept (a thread per scope would cost ~0.1-0.2 ms per scope).
+    fn worker_pool(&mut self) -> Result<Arc<rayon_core::ThreadPool>> {
+        if let Some(p) = &self.core.ext.pool {
+            return Ok(Arc::clone(p));
+        }
+        let rank = self.rank();
+        let pool = rayon_core::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(move |_| format!("halo-nb-r{rank}"))
+            .build()
+            .map_err(|e| Error::internal(format!("cannot start the scope's worker: {e}")))?;
+        let pool = Arc::new(pool);
+        self.core.ext.pool = Some(Arc::clone(&pool));
+        Ok(pool)
+    }
+}
+
+/// The scope's result: `f`'s, or (when `f` succeeded) the first error of a request
+/// never waited.
+fn finish<T>(out: Result<T>, started: Vec<(u64, &'static str, Arc<Slot>)>) -> Result<T> {
+    let mut lost =
+        started
+            .into_iter()
+            .filter_map(|(index, name, slot)| match slot.outcome_if_untaken() {
+                Some(Err(e)) => Some((index, name, e)),
+                _ => None,
+            });
+    match out {
+        Ok(v) => match lost.next() {
+            Some((index, name, e)) => Err(with_context(
+                &e,
+                &format!("{name} (operation {index} of the scope, never waited) failed"),
+            )),
+            None => Ok(v),
+        },
+        Err(e) => {
+            for (index, name, other) in lost {
+                tracing::warn!(index, op = name, error = %other, "a non-blocking operation that was never waited failed too");
             }
-            let mut lost = started
-                .into_inner()
-                .into_iter()
-                .filter_map(|(index, name, slot)| match slot.outcome_if_untaken() {
-                    Some(Err(e)) => Some((index, name, e)),
-                    _ => None,
-                });
-            match out {
-                Ok(v) => match lost.next() {
-                    Some((index, name, e)) => Err(with_context(
-                        &e,
-                        &format!("{name} (operation {index} of the scope, never waited) failed"),
-                    )),
-                    None => Ok(v),
-                },
-                Err(e) => {
-                    for (index, name, other) in lost {
-                        tracing::warn!(index, op = name, error = %other, "a non-blocking operation that was never waited failed too");
-                    }
-                    Err(e)
-                }
-            }
-        })
+            Err(e)
+        }
     }
 }
