@@ -26,7 +26,7 @@ use halo_collectives::{
 };
 use std::cell::Cell;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,11 @@ pub(crate) struct Endpoint {
 /// same calls made blocking would — whichever worker thread gets there first.
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
+    /// A blocking pass (not a scope's operation) holds the turn: another thread's
+    /// blocking pass is then refused at once, as before turns existed (two threads
+    /// using one split tree concurrently is the caller's error, and waiting could
+    /// deadlock across ranks).
+    blocking: AtomicBool,
     next: AtomicU64,
     /// The ticket whose turn it is, and the tickets finished (or given up) early.
     state: Mutex<(u64, BTreeSet<u64>)>,
@@ -278,13 +283,27 @@ impl SharedBackend {
     ) -> CResult<()> {
         // A pass outside a scope's turn takes its own place in the order, after the
         // operations already started on the tree's communicators.
+        let busy = || {
+            CollectiveError::InvalidUsage(
+                "this rank's transport is in use by another communicator of the same split \
+                 tree on another thread: communicators split from one another may be used \
+                 one after the other, not concurrently"
+                    .into(),
+            )
+        };
         let own_turn = if IN_TURN.with(Cell::get) {
             None
         } else {
+            if self.endpoint.turns.blocking.load(Ordering::Acquire) {
+                return Err(busy());
+            }
             let ticket = self.endpoint.ticket();
             let aborted = || opts.abort.is_some_and(|a| a.load(Ordering::Acquire));
             match ticket.wait_turn(opts.timeout, &aborted) {
-                Ok(()) => Some(ticket),
+                Ok(()) => {
+                    self.endpoint.turns.blocking.store(true, Ordering::Release);
+                    Some(ticket)
+                }
                 Err("aborted") => {
                     return Err(CollectiveError::Aborted(
                         "aborted while waiting for the operations started before this one on \
@@ -306,7 +325,10 @@ impl SharedBackend {
             }
         };
         let out = self.run_in_turn(schedule, tag_base, bufs, opts);
-        drop(own_turn);
+        if let Some(t) = own_turn {
+            self.endpoint.turns.blocking.store(false, Ordering::Release);
+            drop(t);
+        }
         out
     }
 

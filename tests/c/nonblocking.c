@@ -13,9 +13,14 @@
  *   size) returns its code from haloWait and the operation queued after it fails
  *   with the same code naming it;
  * - haloCommDestroy with a request outstanding waits for it (the request then still
- *   reports its result).
+ *   reports its result);
+ * - `nonblocking abort`: haloCommAbort from a watchdog thread while rank 0 waits for
+ *   a receive its peer never sends: haloWait returns haloAborted promptly, and so
+ *   does the request queued after it.
  */
 #include "halo_test.h"
+
+#include <pthread.h>
 
 static void fill(uint8_t *buf, size_t len, int round, int src, int dst) {
     for (size_t i = 0; i < len; i++)
@@ -183,6 +188,51 @@ static void failure(haloComm_t comm, int me) {
     printf("rank 0: failed receive code %d, queued all-reduce too\n", (int)r);
 }
 
+static haloComm_t watched;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void *watchdog(void *arg) {
+    (void)arg;
+    sleep_ms(300);
+    if (haloCommAbort(watched) != haloSuccess)
+        FAIL("haloCommAbort failed: %s", haloGetLastError(NULL));
+    return NULL;
+}
+
+static int abort_case(haloComm_t comm, int me) {
+    if (me != 0) {
+        sleep_ms(3000); /* never sends */
+        CHECK(haloCommDestroy(comm));
+        printf("nonblocking ok (rank %d, abort case)\n", me);
+        return 0;
+    }
+    uint8_t buf[64], send[2 * 8] = {0}, recv[2 * 8];
+    haloRequest_t r1, r2;
+    CHECK(haloIRecv(buf, sizeof buf, haloUint8, 1, comm, &r1));
+    CHECK(haloIAllToAll(send, recv, 8, haloUint8, comm, &r2));
+    watched = comm;
+    pthread_t t;
+    if (pthread_create(&t, NULL, watchdog, NULL) != 0)
+        FAIL("pthread_create");
+    double start = now();
+    haloResult_t a = haloWait(r1);
+    double waited = now() - start;
+    haloResult_t b = haloWait(r2);
+    pthread_join(t, NULL);
+    if (a != haloAborted || b != haloAborted)
+        FAIL("after haloCommAbort the requests returned %d and %d, expected haloAborted (9)",
+             (int)a, (int)b);
+    if (waited > 5.0)
+        FAIL("haloWait returned %.1f s after the start, the abort came at 0.3 s", waited);
+    printf("nonblocking ok (rank 0, abort case: haloAborted after %.2f s)\n", waited);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     test_rank = env_int("RANK", -1);
     haloComm_t comm = NULL;
@@ -192,6 +242,8 @@ int main(int argc, char **argv) {
     CHECK(haloCommUserRank(comm, &me));
     if (n < 2 || n > 64)
         FAIL("run with 2 to 64 ranks");
+    if (argc > 1 && strcmp(argv[1], "abort") == 0)
+        return abort_case(comm, me);
     for (int round = 0; round < 3; round++)
         everything(comm, n, me);
     if (argc > 1 && strcmp(argv[1], "failure") == 0) {

@@ -357,6 +357,17 @@ fn a_failed_request_fails_the_queued_ones_with_its_code() {
 }
 
 #[test]
+fn abort_stops_a_waited_request_and_the_queued_ones() {
+    let dir = scratch("nonblocking-abort");
+    let ranks = Job::new(2, &program("nonblocking"))
+        .args(&["abort"])
+        .env("HALO_TIMEOUT_MS", "60000")
+        .run(&dir);
+    assert_all_ok(&ranks, "nonblocking ok");
+    assert!(ranks[0].stdout.contains("haloAborted after"), "{ranks:#?}");
+}
+
+#[test]
 fn invalid_calls_return_their_documented_codes() {
     let dir = scratch("errors4");
     // A rank that fails early leaves the others waiting: keep that short.
@@ -444,6 +455,7 @@ fn memcheck_is_clean() {
         ("errors", "errors ok"),
         ("collectives", "collectives ok"),
         ("abort", "abort ok"),
+        ("nonblocking", "nonblocking ok"),
     ] {
         let dir = scratch(&format!("memcheck_{name}"));
         let ranks = Job::new(2, &program(name))
