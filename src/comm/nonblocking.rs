@@ -27,7 +27,7 @@
 //! local::run(&topo, Emulation::off(), |comm| {
 //!     comm.scope(|s| {
 //!         let buf = vec![1u32; 4]; // declared inside the scope: does not live long enough
-//!         s.send(&buf, 1 - s.rank())?.wait()
+//!         s.send(&buf, 1 - s.rank()).wait()
 //!     })
 //! });
 //! ```
@@ -40,7 +40,7 @@
 //! local::run(&topo, Emulation::off(), |comm| {
 //!     let mut buf = vec![0u32; 4];
 //!     comm.scope(|s| {
-//!         let r = s.recv(&mut buf, 1 - s.rank())?;
+//!         let r = s.recv(&mut buf, 1 - s.rank());
 //!         r.wait()?;
 //!         println!("{}", buf[0]); // still borrowed by the scope
 //!         Ok(())

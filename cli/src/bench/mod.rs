@@ -531,7 +531,7 @@ mod tests {
             assert_eq!(op.name().parse::<Op>().unwrap(), op);
         }
         assert!("allreduce".parse::<Op>().is_err());
-        for a in ["flat", "halo", "auto", "mpi", "bruck"] {
+        for a in ["flat", "halo", "auto", "mpi", "bruck", "halo-blocking"] {
             assert_eq!(a.parse::<BenchAlgo>().unwrap().name(), a);
         }
         let e = "fast".parse::<BenchAlgo>().unwrap_err().to_string();
