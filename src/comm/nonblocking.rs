@@ -1,63 +1,6 @@
 //! Non-blocking operations: [`Communicator::scope`], [`Scope`] and [`Request`].
 //!
-//! # Model
-//!
-//! A communicator runs one schedule at a time (its transport is not `Sync`). A scope
-//! gives it a **worker thread** for the scope's duration: the worker owns the
-//! communicator (`&mut`) and runs the operations started in the scope one after the
-//! other, in the order they were started (NCCL's stream order). The thread that
-//! opened the scope goes on computing; each start returns a [`Request`] to wait on or
-//! test. So operations progress on their own, whether anyone waits or not, and
-//! operations on *different* communicators (each in its own scope, scopes nested)
-//! progress at the same time.
-//!
-//! **Ordering.** As for blocking calls, every rank must start the operations of a
-//! communicator in the same order (point-to-point: the two ranks of a pair in
-//! matching order). Operations of one scope never overlap each other; operations of
-//! different communicators do.
-//!
-//! **Lifetimes.** Buffers are borrowed for the whole scope (`'env`: they must be
-//! declared before the scope) and the scope ends only when every operation it started
-//! has finished, so no request outlives its buffers and no buffer is touched while an
-//! operation may still use it. Misuse does not compile:
-//!
-//! ```compile_fail
-//! # use halo::{local, Emulation, topology::Topology};
-//! # let topo = Topology::preset("flat:2").unwrap();
-//! local::run(&topo, Emulation::off(), |comm| {
-//!     comm.scope(|s| {
-//!         let buf = vec![1u32; 4]; // declared inside the scope: does not live long enough
-//!         s.send(&buf, 1 - s.rank()).wait()
-//!     })
-//! });
-//! ```
-//!
-//! and neither does reading a receive buffer before the scope has ended:
-//!
-//! ```compile_fail
-//! # use halo::{local, Emulation, topology::Topology};
-//! # let topo = Topology::preset("flat:2").unwrap();
-//! local::run(&topo, Emulation::off(), |comm| {
-//!     let mut buf = vec![0u32; 4];
-//!     comm.scope(|s| {
-//!         let r = s.recv(&mut buf, 1 - s.rank());
-//!         r.wait()?;
-//!         println!("{}", buf[0]); // still borrowed by the scope
-//!         Ok(())
-//!     })
-//! });
-//! ```
-//!
-//! **Errors.** A failed operation returns its error from [`Request::wait`] (or
-//! [`Request::test`]); the operations started after it in the same scope are not run
-//! and fail with the same kind of error, naming the failed one. A request dropped
-//! without waiting is still completed at the end of the scope, and its error (if any)
-//! is what [`Communicator::scope`] returns — never lost. After the scope the
-//! communicator is in the state a failed blocking call leaves it in.
-//!
-//! **Abort.** [`Scope::abort_handle`] (or a handle taken before) aborts from any
-//! thread: the operation in progress returns [`Error::Aborted`] promptly, and the
-//! queued ones fail at once.
+//! The public notes (model, ordering, lifetimes, errors) are on [`Scope`].
 
 use super::{AbortHandle, Communicator, Partition, ReduceOp, Reducible};
 use crate::error::{Error, Result};
@@ -284,11 +227,73 @@ pub(crate) fn with_context(e: &Error, context: &str) -> Error {
     e
 }
 
-/// The operations started in one [`Communicator::scope`]; see the [module
-/// notes](self) for ordering, lifetimes and errors.
+/// The operations started in one [`Communicator::scope`].
 ///
 /// Buffers are borrowed for `'env`, the scope's whole lifetime. Not `Sync`: one
 /// thread starts the operations, so their order is the program's.
+///
+/// # Model
+///
+/// A communicator runs one schedule at a time (its transport is not `Sync`). In a
+/// scope its **worker thread** (one per communicator, started by its first scope and
+/// kept) owns the communicator (`&mut`) and runs the operations started in the scope
+/// one after the other, in the order they were started (NCCL's stream order). The
+/// thread that opened the scope goes on computing; each start returns a [`Request`] to
+/// wait on or test. So operations progress on their own, whether anyone waits or not.
+///
+/// **Ordering.** As for blocking calls, every rank must start the operations of a
+/// communicator in the same order (point-to-point: the two ranks of a pair in
+/// matching order). Operations of one scope never overlap each other. Operations of
+/// communicators with transports of their own (separate jobs) progress at the same
+/// time, each scope on its worker (scopes nested). Communicators **split from one
+/// another share one transport endpoint** per rank: their operations (in scopes, and
+/// blocking passes made meanwhile) take their turn in the order this rank started
+/// them, whichever worker gets there first — so nested scopes on an EP and a PP
+/// sub-communicator are correct, and deadlock-free exactly when the same calls made
+/// blocking in that order would be, but they overlap computation, not each other.
+///
+/// **Lifetimes.** Buffers are borrowed for the whole scope (`'env`: they must be
+/// declared before the scope) and the scope ends only when every operation it started
+/// has finished, so no request outlives its buffers and no buffer is touched while an
+/// operation may still use it. Misuse does not compile:
+///
+/// ```compile_fail
+/// # use halo::{local, Emulation, topology::Topology};
+/// # let topo = Topology::preset("flat:2").unwrap();
+/// local::run(&topo, Emulation::off(), |comm| {
+///     comm.scope(|s| {
+///         let buf = vec![1u32; 4]; // declared inside the scope: does not live long enough
+///         s.send(&buf, 1 - s.rank()).wait()
+///     })
+/// });
+/// ```
+///
+/// and neither does reading a receive buffer before the scope has ended:
+///
+/// ```compile_fail
+/// # use halo::{local, Emulation, topology::Topology};
+/// # let topo = Topology::preset("flat:2").unwrap();
+/// local::run(&topo, Emulation::off(), |comm| {
+///     let mut buf = vec![0u32; 4];
+///     comm.scope(|s| {
+///         let r = s.recv(&mut buf, 1 - s.rank());
+///         r.wait()?;
+///         println!("{}", buf[0]); // still borrowed by the scope
+///         Ok(())
+///     })
+/// });
+/// ```
+///
+/// **Errors.** A failed operation returns its error from [`Request::wait`] (or
+/// [`Request::test`]); the operations started after it in the same scope are not run
+/// and fail with the same kind of error, naming the failed one. A request dropped
+/// without waiting is still completed at the end of the scope, and its error (if any)
+/// is what [`Communicator::scope`] returns — never lost. After the scope the
+/// communicator is in the state a failed blocking call leaves it in.
+///
+/// **Abort.** [`Scope::abort_handle`] (or a handle taken before) aborts from any
+/// thread: the operation in progress returns [`Error::Aborted`] promptly, and the
+/// queued ones fail at once.
 pub struct Scope<'env> {
     queue: RefCell<Queue<'env>>,
     /// Every request started, to report the errors of those never waited.
@@ -512,7 +517,7 @@ impl<'env> Scope<'env> {
 impl Communicator {
     /// Runs `f` with a [`Scope`] in which operations on this communicator start
     /// without blocking and run in order on a worker thread, while `f` goes on (see
-    /// [the module notes](crate::Scope) for ordering, lifetimes and errors).
+    /// [`Scope`] for ordering, lifetimes and errors).
     ///
     /// Returns when `f` has returned **and** every operation started in the scope has
     /// finished. Its result is `f`'s; when `f` succeeded but a request that nobody
