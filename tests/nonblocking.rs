@@ -178,6 +178,41 @@ fn many_scopes_in_a_row_and_blocking_calls_between() {
 }
 
 #[test]
+fn test_and_is_done_report_a_running_request_without_blocking() {
+    let out = run_ok(2, |comm| {
+        let me = comm.rank();
+        let msg: Vec<u16> = (0..64).collect();
+        let mut got = vec![0u16; 64];
+        if me == 1 {
+            std::thread::sleep(Duration::from_millis(400));
+            comm.send(&msg, 0)?;
+            return Ok((0, true, got));
+        }
+        let (polls, done_early) = comm.scope(|s| {
+            let mut r = s.recv(&mut got, 1);
+            let t = Instant::now();
+            let done_early = r.is_done();
+            let mut polls = 0u32;
+            loop {
+                polls += 1;
+                match r.test()? {
+                    None => break,
+                    Some(again) => r = again,
+                }
+                assert!(t.elapsed() < Duration::from_secs(10), "never done");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok((polls, done_early))
+        })?;
+        Ok((polls, done_early, got))
+    });
+    let (polls, done_early, got) = &out[0];
+    assert!(!done_early, "done before the sender sent");
+    assert!(*polls >= 10, "test() blocked: {polls} polls over 400 ms");
+    assert_eq!(got, &(0..64).collect::<Vec<u16>>());
+}
+
+#[test]
 fn a_failed_operation_fails_the_queued_ones_naming_it() {
     let out = local::run(&flat(3), Emulation::off(), |comm| {
         comm.set_timeout(Duration::from_secs(30));
