@@ -285,6 +285,12 @@ typedef enum haloRedOp {
 typedef struct haloComm haloComm;
 
 /**
+ * A started non-blocking operation (opaque). Completed, and freed, by `haloWait`,
+ * `haloWaitAll`, or a `haloTest` that reports it done.
+ */
+typedef struct haloRequest haloRequest;
+
+/**
  * A `haloResult` value, as every HALO function returns it (an `int32_t`, so that its
  * size never depends on the compiler's choice for enums).
  */
@@ -385,6 +391,16 @@ typedef void *haloStream_t;
  * A `haloRedOp` value (an `int32_t`, checked like `haloDataType_t`).
  */
 typedef int32_t haloRedOp_t;
+
+/**
+ * A request handle, as `haloI*` return it.
+ *
+ * It is an identifier, not a pointer to memory: HALO checks every handle against its
+ * table of live requests, so a request completed already (a second `haloWait`) or a
+ * value HALO never returned gives `haloInvalidArgument` ("request is not a live
+ * request"). Identifiers are never reused.
+ */
+typedef struct haloRequest *haloRequest_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -824,6 +840,137 @@ haloResult_t haloAllReduce(const void *sendbuff,
                            haloRedOp_t op,
                            haloComm_t comm,
                            haloStream_t stream);
+
+/**
+ * Non-blocking `haloAllToAll`: starts the all-to-all and returns at once with a
+ * request in `*request`. Arguments are checked as `haloAllToAll` checks them, before
+ * anything is queued (a failure queues nothing and leaves `*request` alone).
+ *
+ * **Buffers**: `sendbuff` must not be written and `recvbuff` not accessed until the
+ * request has completed (`haloWait`, `haloWaitAll`, or `haloTest` reporting it done) —
+ * MPI's rule for `MPI_Ialltoall`. There is no stream argument: a communicator's
+ * operations, non-blocking and blocking, run in the order they were called (a
+ * blocking call first waits for the requests started before it), and every rank must
+ * start them in the same order.
+ *
+ * Errors at start: those of `haloAllToAll` found before anything is sent; `haloInvalidArgument`
+ * for a NULL `request`. The operation's own outcome comes from `haloWait` / `haloTest`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `request` is NULL or writable; the buffers are
+ * valid for `count * nranks` elements until the request completes.
+ */
+haloResult_t haloIAllToAll(const void *sendbuff,
+                           void *recvbuff,
+                           size_t count,
+                           haloDataType_t datatype,
+                           haloComm_t comm,
+                           haloRequest_t *request);
+
+/**
+ * Non-blocking `haloAllToAllv` (see `haloIAllToAll` for requests, buffers and order).
+ * The four count and displacement arrays are copied at the call: only the buffers
+ * must stay valid until the request completes.
+ *
+ * # Safety
+ * As `haloAllToAllv`, with the buffers valid until the request completes; `request`
+ * is NULL or writable.
+ */
+haloResult_t haloIAllToAllv(const void *sendbuff,
+                            const size_t *sendcounts,
+                            const size_t *sdispls,
+                            void *recvbuff,
+                            const size_t *recvcounts,
+                            const size_t *rdispls,
+                            haloDataType_t datatype,
+                            haloComm_t comm,
+                            haloRequest_t *request);
+
+/**
+ * Non-blocking `haloSend` (see `haloIAllToAll` for requests, buffers and order):
+ * `sendbuff` must not be written until the request completes. Sends and receives
+ * between two ranks match in the order they were started.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` NULL or readable for `count`
+ * elements until the request completes; `request` NULL or writable.
+ */
+haloResult_t haloISend(const void *sendbuff,
+                       size_t count,
+                       haloDataType_t datatype,
+                       int peer,
+                       haloComm_t comm,
+                       haloRequest_t *request);
+
+/**
+ * Non-blocking `haloRecv` (see `haloIAllToAll` for requests, buffers and order):
+ * `recvbuff` must not be accessed until the request completes.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `recvbuff` NULL or writable for `count`
+ * elements until the request completes; `request` NULL or writable.
+ */
+haloResult_t haloIRecv(void *recvbuff,
+                       size_t count,
+                       haloDataType_t datatype,
+                       int peer,
+                       haloComm_t comm,
+                       haloRequest_t *request);
+
+/**
+ * Non-blocking `haloAllReduce` (in place when `sendbuff == recvbuff`; see
+ * `haloIAllToAll` for requests, buffers and order). Arguments (data type, operation,
+ * NULL, overlap, alignment) are checked at the call.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` NULL or readable and `recvbuff`
+ * NULL or writable for `count` elements until the request completes; `request` NULL or
+ * writable.
+ */
+haloResult_t haloIAllReduce(const void *sendbuff,
+                            void *recvbuff,
+                            size_t count,
+                            haloDataType_t datatype,
+                            haloRedOp_t op,
+                            haloComm_t comm,
+                            haloRequest_t *request);
+
+/**
+ * Waits until `request` has completed and returns the operation's result (the codes
+ * of the blocking call; `haloGetLastError(comm)` and `haloGetLastError(NULL)` say
+ * what failed). The request is freed: waiting on it again, or testing it, is
+ * `haloInvalidArgument`.
+ *
+ * The wait is bounded: each operation (and each one queued before it on the
+ * communicator) is bounded by the communicator's timeout, and `haloCommAbort` stops
+ * them. An operation started after one that failed on the same communicator is not
+ * run: it fails with that failure's code, naming it.
+ *
+ * # Safety
+ * None beyond passing a value a haloI* call returned (any other value is refused).
+ */
+haloResult_t haloWait(haloRequest_t request);
+
+/**
+ * Tests `request` without blocking: `*done = 1` when it has completed — then the
+ * result is the operation's and the request is freed, as by `haloWait` — else
+ * `*done = 0` and `haloSuccess` (the request stays live).
+ *
+ * # Safety
+ * `done` is NULL or writable.
+ */
+haloResult_t haloTest(haloRequest_t request, int *done);
+
+/**
+ * Waits for `count` requests (`requests[0 .. count-1]`) and frees them, setting each
+ * entry to NULL. Every handle is checked first: if one is not live (NULL included),
+ * nothing is waited and the result is `haloInvalidArgument`. Otherwise all are waited
+ * for, and the result is the first failure in array order (`haloSuccess` when none).
+ *
+ * # Safety
+ * `requests` is NULL (with `count` 0) or an array of `count` handles, writable.
+ */
+haloResult_t haloWaitAll(int count, haloRequest_t *requests);
 
 #ifdef __cplusplus
 }  // extern "C"

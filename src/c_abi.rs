@@ -5,7 +5,10 @@
 //! before making a reference to the memory. They are public only because `libhalo` is
 //! another crate.
 
-use crate::{Communicator, Result};
+use crate::comm::{Job, Queue, Slot, Task, serve, with_context};
+use crate::{Communicator, Error, Result};
+use crossbeam::channel::Receiver;
+use std::sync::Arc;
 
 /// `haloAllToAll`: `count` elements of `elem_size` bytes per peer.
 ///
@@ -50,4 +53,84 @@ pub unsafe fn all_to_all_v(
 ) -> Result<()> {
     // SAFETY: the caller upholds `all_to_all_v_raw`'s contract, which is this function's.
     unsafe { comm.all_to_all_v_raw(send, send_part, recv, recv_part, elem_size) }
+}
+
+/// The queue of a C communicator's non-blocking operations (`haloI*`): the same
+/// worker model as [`Communicator::scope`], with operations that own what they use
+/// (the C caller keeps its buffers valid until the request completes, MPI's rule).
+#[derive(Debug)]
+pub struct OpQueue(Queue<'static>, Option<crate::transport::SharedTickets>);
+
+/// The receiving end of an [`OpQueue`]: [`OpServer::serve`] runs its operations.
+#[derive(Debug)]
+pub struct OpServer(Receiver<Task<'static>>);
+
+/// A queued operation's outcome, to wait on or test.
+#[derive(Debug, Clone)]
+pub struct OpHandle {
+    slot: Arc<Slot>,
+    index: u64,
+    name: &'static str,
+}
+
+impl std::fmt::Debug for Task<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task").finish_non_exhaustive()
+    }
+}
+
+/// An operation of an [`OpQueue`]: what runs on the communicator.
+pub type OpJob = Box<dyn FnOnce(&mut Communicator) -> Result<()> + Send + 'static>;
+
+/// A new queue for `comm`'s operations, and its server.
+pub fn op_queue(comm: &Communicator) -> (OpQueue, OpServer) {
+    let (q, rx) = Queue::new();
+    (
+        OpQueue(q, comm.core.backend.shared_endpoint()),
+        OpServer(rx),
+    )
+}
+
+impl OpQueue {
+    /// Queues `job` under `name` (an operation name for messages).
+    pub fn submit(&mut self, name: &'static str, job: OpJob) -> OpHandle {
+        let job: Job<'static> = job;
+        let ticket = self.1.as_ref().map(|t| t.ticket());
+        let (slot, index) = self.0.submit(name, ticket, job);
+        OpHandle { slot, index, name }
+    }
+}
+
+impl OpServer {
+    /// Runs the queued operations on `comm`, in order, until the [`OpQueue`] is
+    /// dropped (the rules of [`Communicator::scope`]: after a failure the later ones
+    /// fail naming it).
+    pub fn serve(self, comm: &mut Communicator) {
+        serve(comm, self.0);
+    }
+}
+
+impl OpHandle {
+    /// Blocks until the operation has finished; its outcome.
+    ///
+    /// # Errors
+    /// The operation's error.
+    pub fn wait(&self) -> Result<()> {
+        self.slot.wait()
+    }
+
+    /// The outcome if finished.
+    pub fn try_take(&self) -> Option<Result<()>> {
+        self.slot.try_take()
+    }
+
+    /// The operation's name and 1-based position in its queue.
+    pub fn describe(&self) -> (&'static str, u64) {
+        (self.name, self.index)
+    }
+}
+
+/// `e` with `context` before its message (same variant and code).
+pub fn error_with_context(e: &Error, context: &str) -> Error {
+    with_context(e, context)
 }

@@ -57,7 +57,7 @@ pub use bootstrap::UniqueId;
 pub use bootstrap::decode_card_for_fuzzing;
 pub use comm::{
     AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, Partition, ReduceOp,
-    Reducible,
+    Reducible, Request, Scope,
 };
 pub use error::{Error, Result};
 pub use half::{bf16, f16};

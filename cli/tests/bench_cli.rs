@@ -185,6 +185,35 @@ fn processes_over_shared_memory() {
     validated_rows(&out, 8);
 }
 
+/// `bw` with its window of non-blocking sends and receives (`halo`) and the blocking
+/// loop (`halo-blocking`) in one run, every byte of every message of every window
+/// checked (`-c`), over processes and over threads; `halo-blocking` is refused for
+/// the collectives.
+#[test]
+fn bw_window_non_blocking_and_blocking_in_one_run() {
+    let out = ok(&halo(
+        "launch -n 2 --timeout 120 -- HALO bench bw -m 64:65536 -i 3 -x 1 -c --window 8 \
+         --algo halo,halo-blocking",
+        &[],
+    ));
+    let t = titles(&out);
+    assert_eq!(t.len(), 2, "{out}");
+    assert!(
+        t[0].contains("path: halo,") && t[1].contains("path: halo-blocking,"),
+        "{out}"
+    );
+    validated_rows(&out, 2 * 11);
+    let out = ok(&halo(
+        "bench bw --topology flat:2 -m 64:4096 -i 3 -x 1 -c --window 16 --algo halo,halo-blocking",
+        &[],
+    ));
+    validated_rows(&out, 2 * 7);
+    refused(
+        &halo("bench alltoall --topology flat:2 --algo halo-blocking", &[]),
+        "halo-blocking is for the point-to-point tests",
+    );
+}
+
 #[test]
 fn two_emulated_hosts() {
     if let Some(why) = halo_cli::launch::emulation_unavailable() {

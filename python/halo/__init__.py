@@ -24,7 +24,7 @@ next to this package, else in the HALO repository's ``target/release`` and
 ``target/debug`` (``$CARGO_TARGET_DIR`` first), else by the system loader.
 """
 
-from ._comm import Communicator, get_unique_id, init, init_rank
+from ._comm import Communicator, Work, get_unique_id, init, init_rank
 from ._lib import (
     DataType,
     HaloError,
@@ -45,6 +45,7 @@ __all__ = [
     "LibraryNotFoundError",
     "ReduceOp",
     "Result",
+    "Work",
     "error_string",
     "get_unique_id",
     "init",

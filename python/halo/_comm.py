@@ -157,7 +157,29 @@ class Communicator:
 
     # -- collectives --------------------------------------------------------------
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None):
+    def _start(self, fn, *args, keep=()):
+        """Starts a non-blocking call (``haloI*``) and returns its :class:`Work`."""
+        h = self._h()
+        req = ctypes.c_void_p()
+        check(fn(*args, h, ctypes.byref(req)), h)
+        return Work(req, h, keep)
+
+    def isend(self, array, dst):
+        """Starts sending ``array`` (contiguous) to rank ``dst`` (``haloISend``,
+        ``torch.distributed.isend``); returns a :class:`Work`. ``array`` must not be
+        written until the work completes (the work object keeps it alive)."""
+        b = as_buffer(array, "array")
+        return self._start(library().haloISend, b.ptr, b.numel, b.dtype, int(dst), keep=(array,))
+
+    def irecv(self, array, src):
+        """Starts receiving ``array.size`` elements from rank ``src`` into ``array``
+        (``haloIRecv``, ``torch.distributed.irecv``); returns a :class:`Work`."""
+        b = as_buffer(array, "array", writable=True)
+        return self._start(library().haloIRecv, b.ptr, b.numel, b.dtype, int(src), keep=(array,))
+
+    def all_to_all_single(
+        self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False
+    ):
         """All-to-all of one array (``torch.distributed.all_to_all_single``).
 
         ``input`` is split along dim 0 into ``input_split_sizes[q]`` rows for rank
@@ -166,7 +188,10 @@ class Communicator:
         (``None``: an even split). A row is everything behind one index of dim 0, so
         ``input`` and ``output`` need the same data type and the same number of
         elements per row; sizes may be zero. ``output`` and ``input`` are contiguous
-        CPU numpy arrays or torch tensors and must not overlap. Returns ``output``.
+        CPU numpy arrays or torch tensors and must not overlap. Returns ``output``, or
+        with ``async_op=True`` a :class:`Work` at once (``haloIAllToAll(v)``): the
+        exchange runs in the background, in call order with the communicator's other
+        calls, and ``output`` holds the result once ``wait()`` returned.
 
         Raises ``ValueError`` / ``TypeError`` for arguments that are wrong on this rank
         (split sizes that do not sum to dim 0, a wrong number of sizes, negative
@@ -198,6 +223,11 @@ class Communicator:
             and send[0] == recv[0]
         ):
             # torch's even split: every rank sends and receives the same count.
+            if async_op:
+                return self._start(
+                    lib.haloIAllToAll, inp.ptr, out.ptr, send[0] * row, inp.dtype,
+                    keep=(output, input),
+                )
             check(
                 lib.haloAllToAll(inp.ptr, out.ptr, send[0] * row, inp.dtype, h, None),
                 h,
@@ -207,6 +237,19 @@ class Communicator:
         rc = [r * row for r in recv]
         sd, _ = _prefix(sc)
         rd, _ = _prefix(rc)
+        if async_op:
+            # The count arrays are copied by haloIAllToAllv: only the data stays borrowed.
+            return self._start(
+                lib.haloIAllToAllv,
+                inp.ptr,
+                _size_array(sc),
+                _size_array(sd),
+                out.ptr,
+                _size_array(rc),
+                _size_array(rd),
+                inp.dtype,
+                keep=(output, input),
+            )
         check(
             lib.haloAllToAllv(
                 inp.ptr,
@@ -283,15 +326,19 @@ class Communicator:
                 ctypes.memmove(b.ptr, recv_ptr + d * itemsize, b.nbytes)
         return output_list
 
-    def all_reduce(self, array, op="sum"):
+    def all_reduce(self, array, op="sum", async_op=False):
         """All-reduce in place (``torch.distributed.all_reduce``): every element becomes
         the ``op`` ('sum', 'max' or 'min', or a :class:`ReduceOp`) of that element over
         all ranks; every rank gets the same bits. int8 and uint8 are not supported by
         libhalo's all-reduce (``HaloError`` with ``INVALID_ARGUMENT``). Returns
-        ``array``."""
+        ``array``, or with ``async_op=True`` a :class:`Work` (``haloIAllReduce``)."""
         h = self._h()
         op = _op(op)
         b = as_buffer(array, "array", writable=True)
+        if async_op:
+            return self._start(
+                library().haloIAllReduce, b.ptr, b.ptr, b.numel, b.dtype, op, keep=(array,)
+            )
         check(library().haloAllReduce(b.ptr, b.ptr, b.numel, b.dtype, op, h, None), h)
         return array
 
@@ -350,6 +397,55 @@ class Communicator:
         try:
             if getattr(self, "_handle", None) is not None:
                 self.destroy()
+        except Exception:
+            pass
+
+
+class Work:
+    """A started non-blocking operation (``torch.distributed.Work``'s shape): returned
+    by ``isend``, ``irecv`` and the collectives with ``async_op=True``.
+
+    It keeps its arrays alive until it completes; they must not be touched (written,
+    or read for a receive) until then. Operations of a communicator run in the order
+    they were called, blocking ones after the non-blocking ones before them. A work
+    object dropped without ``wait`` is waited for when it is collected.
+    """
+
+    def __init__(self, request, comm, keep):
+        self._req = request
+        self._comm = comm
+        self._keep = keep
+
+    def wait(self, timeout=None) -> bool:
+        """Blocks until the operation has completed (each operation is bounded by the
+        communicator's timeout); raises :class:`HaloError` if it failed. Returns
+        ``True``. A second ``wait`` returns at once."""
+        req, self._req = self._req, None
+        if req is None:
+            return True
+        try:
+            check(library().haloWait(req), self._comm)
+        finally:
+            self._keep = None
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the operation has completed, without blocking (``haloTest``);
+        raises :class:`HaloError` if it completed with a failure."""
+        if self._req is None:
+            return True
+        done = ctypes.c_int(0)
+        code = library().haloTest(self._req, ctypes.byref(done))
+        if done.value or code != 0:
+            self._req = None
+            self._keep = None
+        check(code, self._comm)
+        return bool(done.value)
+
+    def __del__(self):
+        try:
+            if getattr(self, "_req", None) is not None:
+                library().haloWait(self._req)
         except Exception:
             pass
 

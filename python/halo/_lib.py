@@ -201,6 +201,7 @@ def _load():
 _c_int_p = ctypes.POINTER(ctypes.c_int)
 _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 _comm_t = ctypes.c_void_p
+_c_void_pp = ctypes.POINTER(ctypes.c_void_p)
 _result_t = ctypes.c_int32
 
 UNIQUE_ID_BYTES = 128
@@ -248,6 +249,46 @@ _PROTOTYPES = {
         ],
     ),
     "haloBarrier": (_result_t, [_comm_t]),
+    "haloIAllToAll": (
+        _result_t,
+        [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, _comm_t, _c_void_pp],
+    ),
+    "haloIAllToAllv": (
+        _result_t,
+        [
+            ctypes.c_void_p,
+            _c_size_p,
+            _c_size_p,
+            ctypes.c_void_p,
+            _c_size_p,
+            _c_size_p,
+            ctypes.c_int32,
+            _comm_t,
+            _c_void_pp,
+        ],
+    ),
+    "haloISend": (
+        _result_t,
+        [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_int, _comm_t, _c_void_pp],
+    ),
+    "haloIRecv": (
+        _result_t,
+        [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_int, _comm_t, _c_void_pp],
+    ),
+    "haloIAllReduce": (
+        _result_t,
+        [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int32,
+            ctypes.c_int32,
+            _comm_t,
+            _c_void_pp,
+        ],
+    ),
+    "haloWait": (_result_t, [ctypes.c_void_p]),
+    "haloTest": (_result_t, [ctypes.c_void_p, _c_int_p]),
     "haloAllReduce": (
         _result_t,
         [

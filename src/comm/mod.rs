@@ -15,12 +15,15 @@ mod all_reduce;
 mod all_to_all;
 mod all_to_all_v;
 mod init;
+mod nonblocking;
 mod p2p;
 mod partition;
 mod split;
 
 pub use all_reduce::{ReduceOp, Reducible};
 pub use init::InitConfig;
+pub(crate) use nonblocking::{Job, Queue, Slot, Task, serve, with_context};
+pub use nonblocking::{Request, Scope};
 pub use partition::Partition;
 
 use crate::error::{Error, Result};
@@ -97,11 +100,11 @@ enum Kind {
 
 /// Everything except the pooled buffers, so that a call can borrow both at once.
 #[derive(Debug)]
-struct Core {
+pub(crate) struct Core {
     rank: usize,
     size: usize,
     topology: Arc<Topology>,
-    backend: Backend,
+    pub(crate) backend: Backend,
     seq: u64,
     forced: Option<Algorithm>,
     options: AlgoOptions,
@@ -146,7 +149,7 @@ struct Pool {
 /// Create communicators with [`crate::local::LocalCluster`] or [`crate::local::run`]
 /// (ranks as threads of one process).
 pub struct Communicator {
-    core: Core,
+    pub(crate) core: Core,
     pool: Pool,
 }
 
@@ -457,4 +460,6 @@ pub(crate) struct Ext {
     pub(super) gather: Option<(AllGatherAlgorithm, usize, Schedule)>,
     pub(super) gather_forced: Option<AllGatherAlgorithm>,
     pub(super) reduce_forced: Option<AllReduceAlgorithm>,
+    /// The worker thread of [`Communicator::scope`], once one ran.
+    pub(super) pool: Option<Arc<rayon_core::ThreadPool>>,
 }

@@ -67,6 +67,14 @@ impl<'a> Partition<'a> {
         }
     }
 
+    /// A copy that borrows nothing (for operations that outlive the caller's counts).
+    pub(crate) fn to_owned_static(&self) -> Partition<'static> {
+        Partition {
+            counts: Cow::Owned(self.counts.to_vec()),
+            displs: Cow::Owned(self.displs.to_vec()),
+        }
+    }
+
     /// Elements per rank.
     pub fn counts(&self) -> &[usize] {
         &self.counts

@@ -15,7 +15,7 @@ mod raw;
 mod shared;
 pub(crate) mod sys;
 
-pub(crate) use shared::{MAX_COMMS, SharedBackend};
+pub(crate) use shared::{MAX_COMMS, SharedBackend, SharedTickets, Ticket};
 
 use halo_collectives::{Buffers, CollectiveError, ExecOptions, Schedule, Transport, execute};
 
@@ -33,6 +33,15 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
+    /// A place in the order of the shared endpoint's operations, for a communicator
+    /// of a split tree (`None`: the communicator has its transport to itself).
+    pub(crate) fn shared_endpoint(&self) -> Option<SharedTickets> {
+        match self {
+            Backend::Shared(s) => Some(s.tickets()),
+            _ => None,
+        }
+    }
+
     /// Runs one rank's schedule over `bufs` with `tag_base` above every step's tag.
     pub(crate) fn run(
         &mut self,

@@ -24,9 +24,11 @@ use super::emulation::Emulation;
 use halo_collectives::{
     Buffers, CollectiveError, ExecOptions, Region, Schedule, Session, Transport, execute,
 };
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
-use std::time::Duration;
+use std::cell::Cell;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
 
 type CResult<T> = std::result::Result<T, CollectiveError>;
 
@@ -44,6 +46,114 @@ pub(crate) struct Endpoint {
     emulation: Option<Emulation>,
     /// The libfabric provider to each world rank (empty on the in-process transport).
     providers: Vec<Option<String>>,
+    /// The order in which this rank's operations on the tree's communicators run.
+    turns: Turns,
+}
+
+/// Turns on a shared endpoint: every operation started on a communicator of the split
+/// tree without blocking (`Communicator::scope`) takes a ticket when it is started, in
+/// program order, and its worker runs it only when its turn comes; a blocking pass
+/// takes a ticket when it begins. So the operations of one rank on the tree's
+/// communicators run one at a time in the order the program started them — as the
+/// same calls made blocking would — whichever worker thread gets there first.
+#[derive(Debug, Default)]
+pub(crate) struct Turns {
+    /// A blocking pass (not a scope's operation) holds the turn: another thread's
+    /// blocking pass is then refused at once, as before turns existed (two threads
+    /// using one split tree concurrently is the caller's error, and waiting could
+    /// deadlock across ranks).
+    blocking: AtomicBool,
+    next: AtomicU64,
+    /// The ticket whose turn it is, and the tickets finished (or given up) early.
+    state: Mutex<(u64, BTreeSet<u64>)>,
+    changed: Condvar,
+}
+
+thread_local! {
+    /// Whether this thread runs an operation in its turn (a scope's worker).
+    static IN_TURN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A place in an endpoint's order; finishing it (or dropping it unused) lets the next
+/// one run.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    endpoint: Arc<Endpoint>,
+    number: u64,
+}
+
+impl Ticket {
+    /// Waits for this ticket's turn, at most `timeout`; stops early when `aborted`
+    /// says so. While the turn is held (until the ticket is dropped), passes of this
+    /// thread run without taking another ticket.
+    pub(crate) fn wait_turn(
+        &self,
+        timeout: Duration,
+        aborted: &dyn Fn() -> bool,
+    ) -> std::result::Result<(), &'static str> {
+        let t = &self.endpoint.turns;
+        let deadline = Instant::now() + timeout;
+        let mut g = t.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while g.0 != self.number {
+            if aborted() {
+                return Err("aborted");
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err("timeout");
+            }
+            let wait = (deadline - now).min(Duration::from_millis(20));
+            g = t
+                .changed
+                .wait_timeout(g, wait)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        IN_TURN.with(|c| c.set(true));
+        Ok(())
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let t = &self.endpoint.turns;
+        let mut g = t.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if g.0 == self.number {
+            IN_TURN.with(|c| c.set(false));
+            g.0 += 1;
+            loop {
+                let next = g.0;
+                if !g.1.remove(&next) {
+                    break;
+                }
+                g.0 += 1;
+            }
+        } else {
+            g.1.insert(self.number);
+        }
+        drop(g);
+        t.changed.notify_all();
+    }
+}
+
+/// Hands out [`Ticket`]s of one endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct SharedTickets(Arc<Endpoint>);
+
+impl SharedTickets {
+    /// The next place in the endpoint's order.
+    pub(crate) fn ticket(&self) -> Ticket {
+        self.0.ticket()
+    }
+}
+
+impl Endpoint {
+    fn ticket(self: &Arc<Self>) -> Ticket {
+        Ticket {
+            number: self.turns.next.fetch_add(1, Ordering::AcqRel),
+            endpoint: Arc::clone(self),
+        }
+    }
 }
 
 /// A communicator's handle on a shared [`Endpoint`].
@@ -84,6 +194,7 @@ impl Backend {
                 ids: AtomicU32::new(1),
                 emulation,
                 providers,
+                turns: Turns::default(),
             });
             let world = std::mem::replace(
                 self,
@@ -143,6 +254,11 @@ impl SharedBackend {
         })
     }
 
+    /// What hands out places in the endpoint's order of operations (see [`Turns`]).
+    pub(crate) fn tickets(&self) -> SharedTickets {
+        SharedTickets(Arc::clone(&self.endpoint))
+    }
+
     /// The in-process transport's link emulation, if the endpoint is one.
     pub(crate) fn emulation(&self) -> Option<Emulation> {
         self.endpoint.emulation
@@ -159,6 +275,64 @@ impl SharedBackend {
 
     /// Runs one pass over the shared endpoint, peers mapped to world ranks.
     pub(crate) fn run(
+        &self,
+        schedule: &Schedule,
+        tag_base: u64,
+        bufs: Buffers<'_>,
+        opts: &ExecOptions<'_>,
+    ) -> CResult<()> {
+        // A pass outside a scope's turn takes its own place in the order, after the
+        // operations already started on the tree's communicators.
+        let busy = || {
+            CollectiveError::InvalidUsage(
+                "this rank's transport is in use by another communicator of the same split \
+                 tree on another thread: communicators split from one another may be used \
+                 one after the other, not concurrently"
+                    .into(),
+            )
+        };
+        let own_turn = if IN_TURN.with(Cell::get) {
+            None
+        } else {
+            if self.endpoint.turns.blocking.load(Ordering::Acquire) {
+                return Err(busy());
+            }
+            let ticket = self.endpoint.ticket();
+            let aborted = || opts.abort.is_some_and(|a| a.load(Ordering::Acquire));
+            match ticket.wait_turn(opts.timeout, &aborted) {
+                Ok(()) => {
+                    self.endpoint.turns.blocking.store(true, Ordering::Release);
+                    Some(ticket)
+                }
+                Err("aborted") => {
+                    return Err(CollectiveError::Aborted(
+                        "aborted while waiting for the operations started before this one on \
+                         communicators of the same split tree"
+                            .into(),
+                    ));
+                }
+                Err(_) => {
+                    return Err(CollectiveError::Timeout {
+                        algorithm: "turn",
+                        step: 0,
+                        peer: None,
+                        what: "waiting for the operations started before this one on \
+                               communicators of the same split tree"
+                            .into(),
+                        waited: opts.timeout,
+                    });
+                }
+            }
+        };
+        let out = self.run_in_turn(schedule, tag_base, bufs, opts);
+        if let Some(t) = own_turn {
+            self.endpoint.turns.blocking.store(false, Ordering::Release);
+            drop(t);
+        }
+        out
+    }
+
+    fn run_in_turn(
         &self,
         schedule: &Schedule,
         tag_base: u64,

@@ -52,6 +52,72 @@ pub trait Implementation {
         }
         Ok(())
     }
+    /// Receives one message of `size` bytes from `peer` into each `size`-byte block of
+    /// `bufs` (OSU's window of receives); one blocking receive after the other unless
+    /// the engine can keep several in flight.
+    ///
+    /// # Errors
+    /// The implementation's error.
+    fn recv_window(
+        &mut self,
+        bufs: &mut [u8],
+        size: usize,
+        peer: usize,
+        window: usize,
+    ) -> Result<()> {
+        blocking_recv_window(self, bufs, size, peer, window)
+    }
+}
+
+/// [`Implementation::recv_window`] as blocking receives, one after the other.
+///
+/// # Errors
+/// The implementation's error.
+pub(super) fn blocking_recv_window<I: Implementation + ?Sized>(
+    e: &mut I,
+    bufs: &mut [u8],
+    size: usize,
+    peer: usize,
+    window: usize,
+) -> Result<()> {
+    for k in 0..window {
+        e.recv(&mut bufs[k * size..(k + 1) * size], peer)?;
+    }
+    Ok(())
+}
+
+/// HALO's communicator with its blocking sends and receives only (`halo bench bw
+/// --blocking`): the window is one blocking call after the other.
+pub(super) struct Blocking<'a>(pub(super) &'a mut Communicator);
+
+impl Implementation for Blocking<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn barrier(&mut self) -> Result<()> {
+        self.0.barrier()
+    }
+    fn all_to_all(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        self.0.all_to_all(send, recv)
+    }
+    fn all_to_all_v(
+        &mut self,
+        send: &[u8],
+        send_part: &Partition<'_>,
+        recv: &mut [u8],
+        recv_part: &Partition<'_>,
+    ) -> Result<()> {
+        self.0.all_to_all_v(send, send_part, recv, recv_part)
+    }
+    fn send(&mut self, buf: &[u8], peer: usize) -> Result<()> {
+        self.0.send(buf, peer)
+    }
+    fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<()> {
+        self.0.recv(buf, peer)
+    }
 }
 
 impl Implementation for Communicator {
@@ -82,6 +148,42 @@ impl Implementation for Communicator {
     fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<()> {
         Communicator::recv(self, buf, peer)
     }
+    /// `window` non-blocking sends in one scope, then wait for all (OSU's
+    /// `MPI_Isend` x window + `MPI_Waitall`).
+    fn send_window(&mut self, buf: &[u8], peer: usize, window: usize) -> Result<()> {
+        self.scope(|s| {
+            let reqs: Vec<_> = (0..window).map(|_| s.send(buf, peer)).collect();
+            wait_last_first(reqs)
+        })
+    }
+    /// `window` non-blocking receives in one scope, then wait for all.
+    fn recv_window(
+        &mut self,
+        bufs: &mut [u8],
+        size: usize,
+        peer: usize,
+        window: usize,
+    ) -> Result<()> {
+        if size == 0 {
+            return blocking_recv_window(self, bufs, size, peer, window);
+        }
+        self.scope(|s| {
+            let reqs: Vec<_> = bufs[..size * window]
+                .chunks_mut(size)
+                .map(|b| s.recv(b, peer))
+                .collect();
+            wait_last_first(reqs)
+        })
+    }
+}
+
+/// Waits for a window of requests, the last first: they run in order, so once the
+/// last is done the others are too, and the waiting thread wakes once instead of once
+/// per message (which on a busy machine costs a context switch each).
+fn wait_last_first(mut reqs: Vec<halo::Request<'_>>) -> Result<()> {
+    let last = reqs.pop().map(|r| r.wait());
+    reqs.into_iter().try_for_each(|r| r.wait())?;
+    last.unwrap_or(Ok(()))
 }
 
 /// [`BenchAlgo::Memcpy`]: a local copy between the communicator's barriers.

@@ -1,7 +1,7 @@
 //! Timing one rank's side of a sweep: the traffic of every size, the collective and
 //! point-to-point measurements, and the byte patterns that validate them (`-c`).
 
-use super::implementation::{Implementation, MemcpyReference};
+use super::implementation::{Blocking, Implementation, MemcpyReference};
 use super::{BenchAlgo, BenchOptions, Op};
 use halo::{Communicator, Error, Partition, Result};
 use std::time::{Duration, Instant};
@@ -130,6 +130,11 @@ fn measure_p2p(
     let (me, n) = (e.rank(), e.size());
     let peer = n - 1;
     let mut buf = vec![0u8; size];
+    // `bw`'s receiver: one block per message of the window.
+    let mut window_buf = match (op, me) {
+        (Op::Bandwidth, r) if r == peer && r != 0 => vec![0u8; size * window],
+        _ => Vec::new(),
+    };
     let mut ack = [0u8; 4];
     let mut wrong = 0;
     let mut start = Instant::now();
@@ -176,13 +181,13 @@ fn measure_p2p(
                 e.recv(&mut ack, peer)?;
             }
             (_, r) if r == peer => {
-                for _ in 0..window {
-                    if validate {
-                        buf.fill(0xa5);
-                    }
-                    e.recv(&mut buf, 0)?;
-                    if validate {
-                        wrong += check(&buf, 0, i);
+                if validate {
+                    window_buf.fill(0xa5);
+                }
+                e.recv_window(&mut window_buf, size, 0, window)?;
+                if validate && size > 0 {
+                    for block in window_buf.chunks(size) {
+                        wrong += check(block, 0, i);
                     }
                 }
                 e.send(&ack, 0)?;
@@ -261,7 +266,13 @@ pub(super) fn measure_rank(
     );
     for &alg in algorithms {
         let mut memcpy;
+        let mut blocking;
         let engine: &mut dyn Implementation = match alg {
+            BenchAlgo::HaloBlocking => {
+                comm.set_algorithm(None);
+                blocking = Blocking(&mut *comm);
+                &mut blocking
+            }
             BenchAlgo::Memcpy => {
                 memcpy = MemcpyReference(&mut *comm);
                 &mut memcpy

@@ -133,6 +133,9 @@ pub enum BenchAlgo {
     /// costs on this machine, with the processor shared as the all-to-all shares it,
     /// plus one barrier.
     Memcpy,
+    /// `latency` and `bw` only: HALO's blocking send and receive, one after the other
+    /// (the window of `bw` without non-blocking operations), named `halo-blocking`.
+    HaloBlocking,
 }
 
 impl BenchAlgo {
@@ -143,6 +146,7 @@ impl BenchAlgo {
             BenchAlgo::Halo(Some(a)) => a.name(),
             BenchAlgo::Mpi => "mpi",
             BenchAlgo::Memcpy => "memcpy",
+            BenchAlgo::HaloBlocking => "halo-blocking",
         }
     }
 
@@ -168,10 +172,15 @@ impl FromStr for BenchAlgo {
             "auto" | "halo-auto" => Ok(BenchAlgo::Halo(None)),
             "mpi" => Ok(BenchAlgo::Mpi),
             "memcpy" => Ok(BenchAlgo::Memcpy),
+            "halo-blocking" => Ok(BenchAlgo::HaloBlocking),
             other => other
                 .parse::<Algorithm>()
                 .map(|a| BenchAlgo::Halo(Some(a)))
-                .map_err(|e| Error::invalid_argument(format!("{e}; or auto, mpi, memcpy, all"))),
+                .map_err(|e| {
+                    Error::invalid_argument(format!(
+                        "{e}; or auto, mpi, memcpy, halo-blocking, all"
+                    ))
+                }),
         }
     }
 }
@@ -312,6 +321,11 @@ impl BenchOptions {
         if asked.contains(&BenchAlgo::Memcpy) && self.op != Op::AllToAll {
             return Err(Error::invalid_argument(
                 "--algo memcpy is the reference of alltoall only",
+            ));
+        }
+        if asked.contains(&BenchAlgo::HaloBlocking) && self.op.is_collective() {
+            return Err(Error::invalid_argument(
+                "--algo halo-blocking is for the point-to-point tests (latency, bw) only",
             ));
         }
         let options = AlgoOptions::default();
@@ -517,7 +531,7 @@ mod tests {
             assert_eq!(op.name().parse::<Op>().unwrap(), op);
         }
         assert!("allreduce".parse::<Op>().is_err());
-        for a in ["flat", "halo", "auto", "mpi", "bruck"] {
+        for a in ["flat", "halo", "auto", "mpi", "bruck", "halo-blocking"] {
             assert_eq!(a.parse::<BenchAlgo>().unwrap().name(), a);
         }
         let e = "fast".parse::<BenchAlgo>().unwrap_err().to_string();

@@ -56,6 +56,15 @@ pub(crate) fn call_comm(
     comm: haloComm_t,
     f: impl FnOnce(&haloComm) -> FfiResult<()>,
 ) -> haloResult_t {
+    call_borrowed(name, comm, |b| f(b))
+}
+
+/// [`call_comm`] with the reference itself, for what outlives the call.
+pub(crate) fn call_borrowed(
+    name: &str,
+    comm: haloComm_t,
+    f: impl FnOnce(&Borrowed) -> FfiResult<()>,
+) -> haloResult_t {
     let mut held: Option<Borrowed> = None;
     let result = catch(name, || {
         // A stale or foreign handle is refused here, before it is dereferenced.

@@ -105,7 +105,7 @@ pub unsafe extern "C" fn haloAllToAll(
 ///
 /// # Safety
 /// `ptr` is NULL or readable for `n` `size_t`s.
-unsafe fn counts<'a>(ptr: *const usize, n: usize, what: &str) -> FfiResult<&'a [usize]> {
+pub(crate) unsafe fn counts<'a>(ptr: *const usize, n: usize, what: &str) -> FfiResult<&'a [usize]> {
     if ptr.is_null() {
         return Err(Failure::invalid(format!(
             "{what} is NULL (it needs one entry per rank: {n})"
@@ -216,7 +216,7 @@ fn overlaps(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> b
 /// # Safety
 /// When `len` > 0: `ptr` is non-NULL and readable for `len` bytes, not written by
 /// anyone during the returned lifetime.
-unsafe fn bytes<'a>(ptr: *const c_void, len: usize) -> &'a [u8] {
+pub(crate) unsafe fn bytes<'a>(ptr: *const c_void, len: usize) -> &'a [u8] {
     if len == 0 {
         return &[];
     }
@@ -229,7 +229,7 @@ unsafe fn bytes<'a>(ptr: *const c_void, len: usize) -> &'a [u8] {
 /// # Safety
 /// When `len` > 0: `ptr` is non-NULL and writable for `len` bytes, accessed by nobody
 /// else during the returned lifetime (no other slice over it exists).
-unsafe fn bytes_mut<'a>(ptr: *mut c_void, len: usize) -> &'a mut [u8] {
+pub(crate) unsafe fn bytes_mut<'a>(ptr: *mut c_void, len: usize) -> &'a mut [u8] {
     if len == 0 {
         return &mut [];
     }
@@ -238,7 +238,7 @@ unsafe fn bytes_mut<'a>(ptr: *mut c_void, len: usize) -> &'a mut [u8] {
 }
 
 /// A peer argument, checked against the communicator's size.
-fn peer_index(peer: c_int, n: usize) -> FfiResult<usize> {
+pub(crate) fn peer_index(peer: c_int, n: usize) -> FfiResult<usize> {
     usize::try_from(peer)
         .ok()
         .filter(|&p| p < n)

@@ -247,7 +247,13 @@ pub unsafe extern "C" fn haloCommInitFromEnv(comm: *mut haloComm_t) -> haloResul
 /// still a bug to pass).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn haloCommDestroy(comm: haloComm_t) -> haloResult_t {
-    call("haloCommDestroy", || haloComm::release(comm))
+    call("haloCommDestroy", || {
+        // Outstanding requests finish first (each bounded by the timeout).
+        if let Some(c) = Borrowed::new(comm)? {
+            c.drain();
+        }
+        haloComm::release(comm)
+    })
 }
 
 /// Aborts a communicator and frees it (as `ncclCommAbort`).
@@ -269,6 +275,8 @@ pub unsafe extern "C" fn haloCommAbort(comm: haloComm_t) -> haloResult_t {
     call("haloCommAbort", || {
         if let Some(c) = Borrowed::new(comm)? {
             c.abort();
+            // The worker of outstanding requests stops promptly once aborted.
+            c.drain();
             drop(c);
             // A concurrent destroy or abort of the same handle may have released it
             // meanwhile: then this one reports it.

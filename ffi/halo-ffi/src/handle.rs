@@ -22,6 +22,7 @@
 //! common mistakes into an error, not every one.
 
 use crate::error::{Failure, FfiResult, haloResult};
+use halo_rs::c_abi::{OpHandle, OpJob, OpQueue};
 use halo_rs::{AbortHandle, Communicator};
 use std::collections::BTreeSet;
 use std::ffi::{CString, c_char};
@@ -68,6 +69,16 @@ pub struct haloComm {
     async_error: AtomicI32,
     /// The message of the last failed call on this communicator.
     last_error: Mutex<CString>,
+    /// The non-blocking operations (`haloI*`) and the worker thread that runs them,
+    /// while there are any; the worker holds `comm`'s lock until the queue is drained.
+    pending: Mutex<Option<Pending>>,
+}
+
+/// A communicator's queue of non-blocking operations and its worker.
+#[derive(Debug)]
+struct Pending {
+    queue: OpQueue,
+    worker: std::thread::JoinHandle<()>,
 }
 
 /// A communicator handle, as every HALO function takes it.
@@ -94,6 +105,7 @@ impl haloComm {
             comm: Mutex::new(comm),
             async_error: AtomicI32::new(0),
             last_error: Mutex::new(CString::default()),
+            pending: Mutex::new(None),
         }
     }
 
@@ -150,9 +162,69 @@ impl haloComm {
         self.async_error.load(Ordering::Acquire)
     }
 
-    /// The communicator, for one call. A second thread using it at the same time gets
+    /// Waits until every non-blocking operation started on this communicator has
+    /// finished (each is bounded by the communicator's timeout, and an abort stops
+    /// them), and ends its worker. Their requests keep their outcomes.
+    pub(crate) fn drain(&self) {
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(Pending { queue, worker }) = pending {
+            drop(queue);
+            // A panicked worker filled every request it held with an error (and
+            // poisoned the communicator's lock, which `lock` reports).
+            let _ = worker.join();
+        }
+    }
+
+    /// Queues a non-blocking operation: it runs after the ones queued before it, on
+    /// the communicator's worker (started here when there is none).
+    ///
+    /// # Errors
+    /// `haloInvalidUsage` when another thread is using the communicator in a blocking
+    /// call; `haloSystemError` when the worker thread cannot start.
+    pub(crate) fn submit(
+        this: &Arc<haloComm>,
+        name: &'static str,
+        job: OpJob,
+    ) -> FfiResult<OpHandle> {
+        let mut pending = this.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if pending.is_none() {
+            let guard = this.try_lock_now()?;
+            let (queue, server) = halo_rs::c_abi::op_queue(&guard);
+            drop(guard);
+            let owner = Arc::clone(this);
+            let worker = std::thread::Builder::new()
+                .name(format!("halo-requests-r{}", this.rank))
+                .spawn(move || {
+                    let mut comm = owner.comm.lock().unwrap_or_else(PoisonError::into_inner);
+                    server.serve(&mut comm);
+                })
+                .map_err(|e| {
+                    Failure::new(
+                        haloResult::haloSystemError,
+                        format!("cannot start the communicator's request thread: {e}"),
+                    )
+                })?;
+            *pending = Some(Pending { queue, worker });
+        }
+        match pending.as_mut() {
+            Some(p) => Ok(p.queue.submit(name, job)),
+            None => Err(Failure::internal("no request queue after starting one")),
+        }
+    }
+
+    /// The communicator, for one blocking call, after the non-blocking operations
+    /// started before it (stream order). A second thread using it at the same time gets
     /// `haloInvalidUsage`; after a panic inside an earlier call, `haloInternalError`.
     pub(crate) fn lock(&self) -> FfiResult<MutexGuard<'_, Communicator>> {
+        self.drain();
+        self.try_lock_now()
+    }
+
+    fn try_lock_now(&self) -> FfiResult<MutexGuard<'_, Communicator>> {
         self.comm.try_lock().map_err(|e| match e {
             TryLockError::WouldBlock => Failure::new(
                 haloResult::haloInvalidUsage,
@@ -228,6 +300,13 @@ impl Borrowed {
         // SAFETY: `ptr` came from `Arc::into_raw` and the reference it stands for was
         // just added.
         Ok(Some(Borrowed(unsafe { Arc::from_raw(ptr) })))
+    }
+}
+
+impl Borrowed {
+    /// The shared reference (for what outlives the call: a request's worker).
+    pub(crate) fn shared(&self) -> &Arc<haloComm> {
+        &self.0
     }
 }
 

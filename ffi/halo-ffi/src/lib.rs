@@ -41,10 +41,13 @@ mod comm;
 
 mod collectives;
 
+mod requests;
+
 mod boundary;
 
 pub use collectives::*;
 pub use comm::*;
 pub use error::*;
 pub use handle::{haloComm, haloComm_t};
+pub use requests::*;
 pub use types::*;

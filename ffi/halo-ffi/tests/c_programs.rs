@@ -9,6 +9,9 @@
 //!   nothing, and leaves the communicator usable;
 //! - `collectives.c`: send / receive, all-gather, all-reduce, split, and their errors;
 //! - `abort.c`: `haloCommAbort` from a watchdog thread stops a blocked collective;
+//! - `nonblocking.c`: request handles (`haloI*`, `haloWait`, `haloTest`, `haloWaitAll`)
+//!   byte-exact, a blocking call after outstanding requests, stale requests, a failed
+//!   request and the one queued after it, destroy with a request outstanding;
 //! - `mismatch.c`: `haloAllToAll` with count 4 on rank 0 and 8 on the others fails on
 //!   every rank, with every algorithm (issue 11: ranks used to return success with
 //!   part of the receive buffer unwritten).
@@ -324,6 +327,47 @@ fn send_recv_all_gather_all_reduce_and_split_on_3_ranks() {
 }
 
 #[test]
+fn non_blocking_requests_are_byte_exact_on_2_3_4_ranks() {
+    for n in [2, 3, 4] {
+        let dir = scratch(&format!("nonblocking{n}"));
+        let ranks = Job::new(n, &program("nonblocking"))
+            .env("HALO_TIMEOUT_MS", "20000")
+            .run(&dir);
+        assert_all_ok(&ranks, "nonblocking ok");
+        // Stale and double-waited requests, NULL and bad arguments: 8 per round, 3 rounds.
+        assert!(
+            ranks[0].stdout.contains("24 invalid calls checked"),
+            "{ranks:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_failed_request_fails_the_queued_ones_with_its_code() {
+    let dir = scratch("nonblocking-failure");
+    let ranks = Job::new(2, &program("nonblocking"))
+        .args(&["failure"])
+        .env("HALO_TIMEOUT_MS", "5000")
+        .run(&dir);
+    assert_all_ok(&ranks, "nonblocking ok");
+    assert!(
+        ranks[0].stdout.contains("failed receive code 5"),
+        "{ranks:#?}"
+    );
+}
+
+#[test]
+fn abort_stops_a_waited_request_and_the_queued_ones() {
+    let dir = scratch("nonblocking-abort");
+    let ranks = Job::new(2, &program("nonblocking"))
+        .args(&["abort"])
+        .env("HALO_TIMEOUT_MS", "60000")
+        .run(&dir);
+    assert_all_ok(&ranks, "nonblocking ok");
+    assert!(ranks[0].stdout.contains("haloAborted after"), "{ranks:#?}");
+}
+
+#[test]
 fn invalid_calls_return_their_documented_codes() {
     let dir = scratch("errors4");
     // A rank that fails early leaves the others waiting: keep that short.
@@ -411,6 +455,7 @@ fn memcheck_is_clean() {
         ("errors", "errors ok"),
         ("collectives", "collectives ok"),
         ("abort", "abort ok"),
+        ("nonblocking", "nonblocking ok"),
     ] {
         let dir = scratch(&format!("memcheck_{name}"));
         let ranks = Job::new(2, &program(name))

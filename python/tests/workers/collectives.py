@@ -162,6 +162,47 @@ def main():
             comm.all_reduce(a)
             check_bytes(me, "all_reduce bf16 sum", a, np.array([s, n], dtype=BF16))
 
+        # Non-blocking: isend/irecv round the ring, all_to_all_single (even and uneven)
+        # and all_reduce with async_op=True, all started before any wait; a blocking
+        # call in between runs after them.
+        nxt, prv = (me + 1) % n, (me - 1) % n
+        ring_out = filled((1000,), np.float64, 3000 + me)
+        ring_in = sentinel((1000,), np.float64)
+        works = []
+        if me % 2 == 0:
+            works += [comm.isend(ring_out, nxt), comm.irecv(ring_in, prv)]
+        else:
+            works += [comm.irecv(ring_in, prv), comm.isend(ring_out, nxt)]
+        send = [uneven(13)(me, d) for d in range(n)]
+        recv = [uneven(13)(q, me) for q in range(n)]
+        inp_v = make_input(13, me, send, (3,), np.int32)
+        out_v = sentinel((sum(recv), 3), np.int32)
+        works.append(comm.all_to_all_single(out_v, inp_v, recv, send, async_op=True))
+        inp_e = make_input(14, me, [2] * n, (), np.uint8)
+        out_e = sentinel((2 * n,), np.uint8)
+        works.append(comm.all_to_all_single(out_e, inp_e, async_op=True))
+        acc = np.arange(10, dtype=np.int64) * (me + 1)
+        works.append(comm.all_reduce(acc, async_op=True))
+        blocking = np.ones(3, dtype=np.int32)
+        comm.all_reduce(blocking)  # runs after the five started above
+        check_bytes(me, "blocking all_reduce after async ones", blocking, np.full(3, n, dtype=np.int32))
+        assert all(isinstance(w, halo.Work) for w in works)
+        while not works[-1].is_completed():
+            time.sleep(0.001)
+        for w in works:
+            assert w.wait() is True
+            assert w.wait() is True  # a second wait returns at once
+        check_bytes(me, "irecv", ring_in, filled((1000,), np.float64, 3000 + prv))
+        check_bytes(me, "all_to_all_single async (uneven)", out_v, expected_output(13, me, n, uneven(13), (3,), np.int32))
+        check_bytes(me, "all_to_all_single async (even)", out_e, expected_output(14, me, n, lambda q, d: 2, (), np.uint8))
+        check_bytes(me, "all_reduce async", acc, np.arange(10, dtype=np.int64) * (n * (n + 1) // 2))
+        # A bad peer is refused at the call, before anything starts.
+        try:
+            comm.isend(ring_out, n)
+            raise AssertionError("isend to rank n did not fail")
+        except halo.HaloError as e:
+            assert e.code == halo.Result.INVALID_ARGUMENT and "out of range" in e.message, e
+
         # barrier: rank 0 arrives half a second late; nobody leaves before it.
         comm.barrier()
         t0 = time.monotonic()

@@ -1,0 +1,627 @@
+//! Non-blocking operations: [`Communicator::scope`], [`Scope`] and [`Request`].
+//!
+//! The public notes (model, ordering, lifetimes, errors) are on [`Scope`].
+
+use super::{AbortHandle, Communicator, Partition, ReduceOp, Reducible};
+use crate::error::{Error, Result};
+use crate::transport::Ticket;
+use crossbeam::channel::{Receiver, Sender, unbounded};
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+/// One operation for the worker: what to run on the communicator.
+pub(crate) type Job<'env> = Box<dyn FnOnce(&mut Communicator) -> Result<()> + Send + 'env>;
+
+/// Where an operation's outcome lands.
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    outcome: Mutex<Option<Result<()>>>,
+    done: Condvar,
+    /// Whether somebody took the outcome (a wait, a successful test).
+    taken: AtomicBool,
+}
+
+impl Slot {
+    fn fill(&self, outcome: Result<()>) {
+        let mut g = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
+        if g.is_none() {
+            *g = Some(outcome);
+        }
+        drop(g);
+        self.done.notify_all();
+    }
+
+    /// Blocks until the operation has finished and returns its outcome.
+    pub(crate) fn wait(&self) -> Result<()> {
+        let mut g = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(r) = g.as_ref() {
+                self.taken.store(true, Ordering::Release);
+                return r.clone();
+            }
+            // The worker fills every slot it was given, also when it unwinds (see
+            // `Task`'s `Drop`), and every operation is bounded by the timeout.
+            g = self.done.wait(g).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// The outcome if the operation has finished.
+    pub(crate) fn try_take(&self) -> Option<Result<()>> {
+        let g = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
+        let r = g.as_ref().cloned();
+        if r.is_some() {
+            self.taken.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// Whether the operation has finished.
+    pub(crate) fn is_done(&self) -> bool {
+        self.outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    fn outcome_if_untaken(&self) -> Option<Result<()>> {
+        if self.taken.load(Ordering::Acquire) {
+            return None;
+        }
+        self.outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// An operation on its way to the worker.
+pub(crate) struct Task<'env> {
+    job: Option<Job<'env>>,
+    /// Its place among the operations on the communicators of its split tree.
+    ticket: Option<Ticket>,
+    slot: Arc<Slot>,
+    /// 1-based position among the operations of this queue.
+    index: u64,
+    name: &'static str,
+}
+
+impl Drop for Task<'_> {
+    /// A task dropped before it ran (the worker panicked or went away) still
+    /// completes its request, so no waiter waits forever.
+    fn drop(&mut self) {
+        self.slot.fill(Err(Error::internal(format!(
+            "{} (operation {}) was not run: the communicator's worker stopped",
+            self.name, self.index
+        ))));
+    }
+}
+
+/// The sending side of a queue of operations: numbers them and hands them to the
+/// worker.
+#[derive(Debug)]
+pub(crate) struct Queue<'env> {
+    tx: Sender<Task<'env>>,
+    next: u64,
+}
+
+impl<'env> Queue<'env> {
+    /// A queue and the receiving end that [`serve`] runs.
+    pub(crate) fn new() -> (Self, Receiver<Task<'env>>) {
+        let (tx, rx) = unbounded();
+        (Queue { tx, next: 1 }, rx)
+    }
+
+    /// Queues `job` under `name`, with its place in the split tree's order if the
+    /// communicator shares its endpoint; returns its slot and index.
+    pub(crate) fn submit(
+        &mut self,
+        name: &'static str,
+        ticket: Option<Ticket>,
+        job: Job<'env>,
+    ) -> (Arc<Slot>, u64) {
+        let slot = Arc::new(Slot::default());
+        let index = self.next;
+        self.next += 1;
+        let task = Task {
+            job: Some(job),
+            ticket,
+            slot: slot.clone(),
+            index,
+            name,
+        };
+        // The worker lives until the queue is dropped; if it is gone (it panicked) the
+        // task is dropped here, which fills its slot with an error.
+        let _ = self.tx.send(task);
+        (slot, index)
+    }
+}
+
+/// The worker: runs the queue's operations on `comm` in order until the queue is
+/// dropped. After a failure the later operations are not run: each fails with the
+/// failed operation's kind of error, naming it.
+pub(crate) fn serve(comm: &mut Communicator, rx: Receiver<Task<'_>>) {
+    let mut failed: Option<(u64, &'static str, Error)> = None;
+    for mut task in rx {
+        let Some(job) = task.job.take() else {
+            continue;
+        };
+        let outcome = match &failed {
+            _ if comm.is_aborted() => Err(Error::Aborted {
+                message: format!(
+                    "{} (operation {}) was not run: communicator of rank {} was aborted",
+                    task.name,
+                    task.index,
+                    comm.rank()
+                ),
+            }),
+            Some((index, name, e)) => Err(with_context(
+                e,
+                &format!(
+                    "{} (operation {}) was not run because {name} (operation {index}) on \
+                     this communicator failed before it",
+                    task.name, task.index
+                ),
+            )),
+            None => {
+                let r = match &task.ticket {
+                    None => job(comm),
+                    Some(t) => {
+                        let abort = comm.abort_handle();
+                        match t.wait_turn(comm.timeout(), &|| abort.is_aborted()) {
+                            Ok(()) => job(comm),
+                            Err(why) => Err(turn_error(why, &task, comm)),
+                        }
+                    }
+                };
+                // Its turn ends here: the next operation of the tree may run.
+                task.ticket = None;
+                if let Err(e) = &r {
+                    tracing::debug!(rank = comm.rank(), op = task.name, index = task.index, error = %e, "non-blocking operation failed");
+                    failed = Some((task.index, task.name, e.clone()));
+                }
+                r
+            }
+        };
+        task.slot.fill(outcome);
+    }
+}
+
+/// The error of an operation that did not get its turn.
+fn turn_error(why: &str, task: &Task<'_>, comm: &Communicator) -> Error {
+    let what = format!(
+        "{} (operation {}) waited for the operations started before it on communicators \
+         of the same split tree",
+        task.name, task.index
+    );
+    if why == "aborted" {
+        Error::Aborted {
+            message: format!("{what}: communicator of rank {} was aborted", comm.rank()),
+        }
+    } else {
+        Error::Timeout {
+            peer: None,
+            step: None,
+            waited: comm.timeout(),
+            message: format!("{what}, and they did not finish"),
+        }
+    }
+}
+
+/// `e` with `context` before its message (same variant, same code).
+pub(crate) fn with_context(e: &Error, context: &str) -> Error {
+    let mut e = e.clone();
+    match &mut e {
+        Error::UnhandledDeviceError { message }
+        | Error::SystemError { message }
+        | Error::InternalError { message }
+        | Error::InvalidArgument { message, .. }
+        | Error::InvalidUsage { message, .. }
+        | Error::RemoteError { message, .. }
+        | Error::Timeout { message, .. }
+        | Error::Aborted { message } => *message = format!("{context}: {message}"),
+        Error::InProgress => {}
+    }
+    e
+}
+
+/// The operations started in one [`Communicator::scope`].
+///
+/// Buffers are borrowed for `'env`, the scope's whole lifetime. Not `Sync`: one
+/// thread starts the operations, so their order is the program's.
+///
+/// # Model
+///
+/// A communicator runs one schedule at a time (its transport is not `Sync`). In a
+/// scope its **worker thread** (one per communicator, started by its first scope and
+/// kept) owns the communicator (`&mut`) and runs the operations started in the scope
+/// one after the other, in the order they were started (NCCL's stream order). The
+/// thread that opened the scope goes on computing; each start returns a [`Request`] to
+/// wait on or test. So operations progress on their own, whether anyone waits or not.
+///
+/// **Ordering.** As for blocking calls, every rank must start the operations of a
+/// communicator in the same order (point-to-point: the two ranks of a pair in
+/// matching order). Operations of one scope never overlap each other. Operations of
+/// communicators with transports of their own (separate jobs) progress at the same
+/// time, each scope on its worker (scopes nested). Communicators **split from one
+/// another share one transport endpoint** per rank: their operations (in scopes, and
+/// blocking passes made meanwhile) take their turn in the order this rank started
+/// them, whichever worker gets there first — so nested scopes on an EP and a PP
+/// sub-communicator are correct, and deadlock-free exactly when the same calls made
+/// blocking in that order would be, but they overlap computation, not each other.
+///
+/// **Lifetimes.** Buffers are borrowed for the whole scope (`'env`: they must be
+/// declared before the scope) and the scope ends only when every operation it started
+/// has finished, so no request outlives its buffers and no buffer is touched while an
+/// operation may still use it. Misuse does not compile:
+///
+/// ```compile_fail
+/// # use halo::{local, Emulation, topology::Topology};
+/// # let topo = Topology::preset("flat:2").unwrap();
+/// local::run(&topo, Emulation::off(), |comm| {
+///     comm.scope(|s| {
+///         let buf = vec![1u32; 4]; // declared inside the scope: does not live long enough
+///         s.send(&buf, 1 - s.rank()).wait()
+///     })
+/// });
+/// ```
+///
+/// and neither does reading a receive buffer before the scope has ended:
+///
+/// ```compile_fail
+/// # use halo::{local, Emulation, topology::Topology};
+/// # let topo = Topology::preset("flat:2").unwrap();
+/// local::run(&topo, Emulation::off(), |comm| {
+///     let mut buf = vec![0u32; 4];
+///     comm.scope(|s| {
+///         let r = s.recv(&mut buf, 1 - s.rank());
+///         r.wait()?;
+///         println!("{}", buf[0]); // still borrowed by the scope
+///         Ok(())
+///     })
+/// });
+/// ```
+///
+/// **Errors.** A failed operation returns its error from [`Request::wait`] (or
+/// [`Request::test`]); the operations started after it in the same scope are not run
+/// and fail with the same kind of error, naming the failed one. A request dropped
+/// without waiting is still completed at the end of the scope, and its error (if any)
+/// is what [`Communicator::scope`] returns — never lost. After the scope the
+/// communicator is in the state a failed blocking call leaves it in.
+///
+/// **Abort.** [`Scope::abort_handle`] (or a handle taken before) aborts from any
+/// thread: the operation in progress returns [`Error::Aborted`] promptly, and the
+/// queued ones fail at once.
+pub struct Scope<'env> {
+    queue: RefCell<Queue<'env>>,
+    /// Every request started, to report the errors of those never waited.
+    started: RefCell<Vec<(u64, &'static str, Arc<Slot>)>>,
+    rank: usize,
+    size: usize,
+    abort: AbortHandle,
+    /// Takes a place in the split tree's order (`None`: an endpoint of its own).
+    tickets: Option<Box<dyn Fn() -> Ticket + 'env>>,
+    /// `'env` must not shrink (no shorter-lived buffers through variance).
+    _env: PhantomData<Cell<&'env mut ()>>,
+}
+
+impl fmt::Debug for Scope<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("started", &self.started.borrow().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A started non-blocking operation of a [`Scope`].
+///
+/// [`Request::wait`] blocks until it has finished and returns its outcome;
+/// [`Request::test`] asks without blocking. Dropping a request does not cancel the
+/// operation: it still runs, and its error is returned by [`Communicator::scope`].
+#[must_use = "a request's error is returned by `wait` (or, if dropped, by the scope)"]
+pub struct Request<'s> {
+    slot: Arc<Slot>,
+    index: u64,
+    name: &'static str,
+    _scope: PhantomData<&'s ()>,
+}
+
+impl fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Request")
+            .field("op", &self.name)
+            .field("index", &self.index)
+            .field("done", &self.slot.is_done())
+            .finish()
+    }
+}
+
+impl Request<'_> {
+    /// Blocks until the operation has finished; returns its outcome. The
+    /// communicator's timeout applies inside the operation (and to each one queued
+    /// before it), and an abort stops it promptly.
+    ///
+    /// # Errors
+    /// The operation's error, as the blocking call returns it; for an operation not
+    /// run because an earlier one of the scope failed, that failure's kind of error,
+    /// naming it.
+    pub fn wait(self) -> Result<()> {
+        self.slot.wait()
+    }
+
+    /// Whether the operation has finished (successfully or not), without blocking.
+    pub fn is_done(&self) -> bool {
+        self.slot.is_done()
+    }
+
+    /// Asks without blocking: `Ok(None)` when the operation finished successfully,
+    /// `Ok(Some(self))` when it is still queued or running (test again or wait).
+    ///
+    /// # Errors
+    /// As [`Request::wait`], once the operation has finished.
+    pub fn test(self) -> Result<Option<Self>> {
+        match self.slot.try_take() {
+            Some(r) => r.map(|()| None),
+            None => Ok(Some(self)),
+        }
+    }
+
+    /// The operation's name (`"all_to_all_v"`, `"send"`, ...).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Its 1-based position among the operations started in its scope.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+}
+
+impl<'env> Scope<'env> {
+    fn start(&self, name: &'static str, job: Job<'env>) -> Request<'_> {
+        let ticket = self.tickets.as_ref().map(|t| t());
+        let (slot, index) = self.queue.borrow_mut().submit(name, ticket, job);
+        self.started.borrow_mut().push((index, name, slot.clone()));
+        Request {
+            slot,
+            index,
+            name,
+            _scope: PhantomData,
+        }
+    }
+
+    /// This rank of the scope's communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks of the scope's communicator.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// A handle that aborts the scope's communicator from any thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.abort.clone()
+    }
+
+    /// Starts [`Communicator::all_to_all`].
+    pub fn all_to_all<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        send: &'env [E],
+        recv: &'env mut [E],
+    ) -> Request<'_> {
+        self.start(
+            "all_to_all",
+            Box::new(move |c: &mut Communicator| c.all_to_all(send, recv)),
+        )
+    }
+
+    /// Starts [`Communicator::all_to_all_v`]. The partitions are copied: only the
+    /// buffers stay borrowed.
+    pub fn all_to_all_v<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        send: &'env [E],
+        send_part: &Partition<'_>,
+        recv: &'env mut [E],
+        recv_part: &Partition<'_>,
+    ) -> Request<'_> {
+        let (sp, rp) = (send_part.to_owned_static(), recv_part.to_owned_static());
+        self.start(
+            "all_to_all_v",
+            Box::new(move |c: &mut Communicator| c.all_to_all_v(send, &sp, recv, &rp)),
+        )
+    }
+
+    /// Starts [`Communicator::send`].
+    pub fn send<E: bytemuck::Pod + Send + Sync>(&self, buf: &'env [E], peer: usize) -> Request<'_> {
+        self.start(
+            "send",
+            Box::new(move |c: &mut Communicator| c.send(buf, peer)),
+        )
+    }
+
+    /// Starts [`Communicator::recv`].
+    pub fn recv<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        buf: &'env mut [E],
+        peer: usize,
+    ) -> Request<'_> {
+        self.start(
+            "recv",
+            Box::new(move |c: &mut Communicator| c.recv(buf, peer)),
+        )
+    }
+
+    /// Starts [`Communicator::send_recv`].
+    pub fn send_recv<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        send: &'env [E],
+        dst: usize,
+        recv: &'env mut [E],
+        src: usize,
+    ) -> Request<'_> {
+        self.start(
+            "send_recv",
+            Box::new(move |c: &mut Communicator| c.send_recv(send, dst, recv, src)),
+        )
+    }
+
+    /// Starts [`Communicator::all_reduce`].
+    pub fn all_reduce<E: Reducible + Send + Sync>(
+        &self,
+        send: &'env [E],
+        recv: &'env mut [E],
+        op: ReduceOp,
+    ) -> Request<'_> {
+        self.start(
+            "all_reduce",
+            Box::new(move |c: &mut Communicator| c.all_reduce(send, recv, op)),
+        )
+    }
+
+    /// Starts [`Communicator::all_reduce_in_place`].
+    pub fn all_reduce_in_place<E: Reducible + Send + Sync>(
+        &self,
+        buf: &'env mut [E],
+        op: ReduceOp,
+    ) -> Request<'_> {
+        self.start(
+            "all_reduce_in_place",
+            Box::new(move |c: &mut Communicator| c.all_reduce_in_place(buf, op)),
+        )
+    }
+
+    /// Starts [`Communicator::all_gather`].
+    pub fn all_gather<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        send: &'env [E],
+        recv: &'env mut [E],
+    ) -> Request<'_> {
+        self.start(
+            "all_gather",
+            Box::new(move |c: &mut Communicator| c.all_gather(send, recv)),
+        )
+    }
+
+    /// Starts [`Communicator::barrier`].
+    pub fn barrier(&self) -> Request<'_> {
+        self.start("barrier", Box::new(move |c: &mut Communicator| c.barrier()))
+    }
+}
+
+impl Communicator {
+    /// Runs `f` with a [`Scope`] in which operations on this communicator start
+    /// without blocking and run in order on a worker thread, while `f` goes on (see
+    /// [`Scope`] for ordering, lifetimes and errors).
+    ///
+    /// Returns when `f` has returned **and** every operation started in the scope has
+    /// finished. Its result is `f`'s; when `f` succeeded but a request that nobody
+    /// waited for failed, that error (the first such, by start order).
+    ///
+    /// ```
+    /// use halo::{local, Emulation, Partition, topology::Topology};
+    ///
+    /// let topo = Topology::preset("flat:4").unwrap();
+    /// let out = local::run(&topo, Emulation::off(), |comm| {
+    ///     let (me, n) = (comm.rank(), comm.size());
+    ///     let send: Vec<u32> = (0..n as u32).map(|q| 100 * me as u32 + q).collect();
+    ///     let mut recv = vec![0u32; n];
+    ///     let mut acc = 0u64;
+    ///     comm.scope(|s| {
+    ///         let r = s.all_to_all(&send, &mut recv);
+    ///         acc = (0..1000u64).sum(); // computes while the all-to-all runs
+    ///         r.wait()
+    ///     })?;
+    ///     assert_eq!(acc, 499_500);
+    ///     Ok(recv)
+    /// });
+    /// assert_eq!(out[2].as_ref().unwrap(), &[2, 102, 202, 302]);
+    /// ```
+    ///
+    /// The worker is one thread per communicator, started by its first scope and kept
+    /// for the next ones (a pool of one thread, `rayon-core`). A panic in `f` or in
+    /// the worker propagates once every started operation has finished.
+    ///
+    /// # Errors
+    /// `f`'s error; else the first error of a request never waited;
+    /// [`Error::InternalError`] if the worker thread could not start.
+    pub fn scope<'env, T>(
+        &'env mut self,
+        f: impl for<'s> FnOnce(&'s Scope<'env>) -> Result<T>,
+    ) -> Result<T> {
+        let (queue, rx) = Queue::new();
+        let tickets: Option<Box<dyn Fn() -> Ticket + 'env>> = self
+            .core
+            .backend
+            .shared_endpoint()
+            .map(|s| Box::new(move || s.ticket()) as Box<dyn Fn() -> Ticket + 'env>);
+        let scope = Scope {
+            tickets,
+            queue: RefCell::new(queue),
+            started: RefCell::new(Vec::new()),
+            rank: self.rank(),
+            size: self.size(),
+            abort: self.abort_handle(),
+            _env: PhantomData,
+        };
+        let pool = self.worker_pool()?;
+        let (out, started) = pool.in_place_scope(|rs| {
+            rs.spawn(move |_| serve(self, rx));
+            let out = f(&scope);
+            let Scope { queue, started, .. } = scope;
+            // The worker ends when the queue is gone; `in_place_scope` waits for it.
+            drop(queue);
+            (out, started)
+        });
+        finish(out, started.into_inner())
+    }
+
+    /// The communicator's worker thread for scopes: a pool of one thread, made on the
+    /// first scope and kept (a thread per scope would cost ~0.1-0.2 ms per scope).
+    fn worker_pool(&mut self) -> Result<Arc<rayon_core::ThreadPool>> {
+        if let Some(p) = &self.core.ext.pool {
+            return Ok(Arc::clone(p));
+        }
+        let rank = self.rank();
+        let pool = rayon_core::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(move |_| format!("halo-nb-r{rank}"))
+            .build()
+            .map_err(|e| Error::internal(format!("cannot start the scope's worker: {e}")))?;
+        let pool = Arc::new(pool);
+        self.core.ext.pool = Some(Arc::clone(&pool));
+        Ok(pool)
+    }
+}
+
+/// The scope's result: `f`'s, or (when `f` succeeded) the first error of a request
+/// never waited.
+fn finish<T>(out: Result<T>, started: Vec<(u64, &'static str, Arc<Slot>)>) -> Result<T> {
+    let mut lost =
+        started
+            .into_iter()
+            .filter_map(|(index, name, slot)| match slot.outcome_if_untaken() {
+                Some(Err(e)) => Some((index, name, e)),
+                _ => None,
+            });
+    match out {
+        Ok(v) => match lost.next() {
+            Some((index, name, e)) => Err(with_context(
+                &e,
+                &format!("{name} (operation {index} of the scope, never waited) failed"),
+            )),
+            None => Ok(v),
+        },
+        Err(e) => {
+            for (index, name, other) in lost {
+                tracing::warn!(index, op = name, error = %other, "a non-blocking operation that was never waited failed too");
+            }
+            Err(e)
+        }
+    }
+}
