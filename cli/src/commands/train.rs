@@ -104,6 +104,11 @@ pub(crate) struct TrainArgs {
     /// (default 1 when given without a value; on with --hosts).
     #[arg(long, num_args = 0..=1, default_missing_value = "1")]
     emulate: Option<f64>,
+    /// Overlap the MoE layers' communication with the experts' compute: one
+    /// all-to-all-v per local expert index, on the non-blocking scope (same results, bit
+    /// for bit).
+    #[arg(long)]
+    overlap: bool,
     /// Run as threads even when started by a launcher.
     #[arg(long)]
     threads: bool,
@@ -262,6 +267,7 @@ struct Setup {
     task: Task,
     adam: AdamConfig,
     migration: Option<MigrationConfig>,
+    overlap: bool,
 }
 
 /// Resolves the model, the layout (given or planned) and the batch for `ranks` ranks
@@ -320,6 +326,7 @@ fn setup(a: &TrainArgs, topo: &Topology) -> Result<Setup, Failure> {
         task,
         adam,
         migration,
+        overlap: a.overlap,
     })
 }
 
@@ -414,6 +421,7 @@ fn train_rank(
     let rank = world.rank();
     let mut model = ReferenceModel::new(MoeParams::init(&s.cfg, seed)?)?;
     let mut exec = Executor::new(world, s.layout, s.microbatches, &model)?;
+    exec.set_overlap(s.overlap);
     let mut adam = Adam::new(s.adam.clone())?;
     // Without --migrate the migrator only agrees on the load (it is never asked to move).
     let mut migrator = Migrator::new(

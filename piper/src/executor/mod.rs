@@ -125,6 +125,7 @@ pub struct Executor {
     placement: Placement,
     hidden: usize,
     seq: usize,
+    overlap: bool,
 }
 
 impl Executor {
@@ -156,7 +157,26 @@ impl Executor {
             placement,
             hidden: model.hidden(),
             seq: model.seq(),
+            overlap: false,
         })
+    }
+
+    /// Overlaps communication with the experts' compute in every MoE layer (off by
+    /// default): the dispatch and the combine run as one `all_to_all_v` per local expert
+    /// index on the EP communicator's non-blocking [`halo::Communicator::scope`], so
+    /// that while local expert `j` computes, the rows of expert `j + 1` arrive and the
+    /// outputs of expert `j - 1` go back. Every expert receives exactly the rows, in
+    /// the order, it receives without overlap, so the results are bit-for-bit the
+    /// same (`piper/tests/executor.rs` checks it); the cost is E/EP exchanges per
+    /// direction instead of one. No effect with EP = 1 or one expert per rank.
+    /// Collective in effect: every rank of an EP group must set the same value.
+    pub fn set_overlap(&mut self, on: bool) {
+        self.overlap = on;
+    }
+
+    /// Whether MoE layers overlap communication with the experts' compute.
+    pub fn overlap(&self) -> bool {
+        self.overlap
     }
 
     /// The mesh (this rank's coordinates and communicators).
@@ -286,6 +306,7 @@ impl Executor {
                 0;
                 self.placement.layers() * self.placement.experts()
             ]),
+            overlap: self.overlap,
         };
         let (local_loss, activations) =
             pipeline::one_f_one_b(&mut self.mesh, &ctx, model, &micro, &mut times)?;

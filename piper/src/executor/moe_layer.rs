@@ -10,6 +10,8 @@
 //!
 //! [`Placement::send_order`]: super::Placement::send_order
 
+use std::time::{Duration, Instant};
+
 use halo::{Communicator, Partition};
 use halo_moe::{Routing, gather_slots, gather_tokens, scatter_slots};
 
@@ -31,6 +33,123 @@ struct Dispatch {
     expert_rows: Vec<Vec<usize>>,
     /// Rows received in all.
     recv_rows: usize,
+    /// Rows sent to (EP rank q, its j-th local expert), at `q * per + j`: send order.
+    to_expert: Vec<usize>,
+    /// Rows received from (EP rank src, my j-th local expert), at `src * per + j`.
+    from_source: Vec<usize>,
+}
+
+/// The two sides of one round of the overlapped exchange (local expert index `j` of
+/// every rank), in elements: the token side addresses the send-order buffer
+/// (non-contiguous: a slice per destination), the expert side is packed by source.
+struct Round {
+    token_counts: Vec<usize>,
+    token_displs: Vec<usize>,
+    expert_counts: Vec<usize>,
+    expert_len: usize,
+}
+
+impl Dispatch {
+    /// Round `j` of [`exchange_overlapped`].
+    fn round(&self, j: usize, per: usize, d: usize) -> Round {
+        let p = self.to_expert.len() / per;
+        let mut offset = vec![0usize; p * per + 1];
+        for (i, &n) in self.to_expert.iter().enumerate() {
+            offset[i + 1] = offset[i] + n;
+        }
+        let token_counts = (0..p).map(|q| self.to_expert[q * per + j] * d).collect();
+        let token_displs = (0..p).map(|q| offset[q * per + j] * d).collect();
+        let expert_counts: Vec<usize> = (0..p)
+            .map(|src| self.from_source[src * per + j] * d)
+            .collect();
+        let expert_len = expert_counts.iter().sum();
+        Round {
+            token_counts,
+            token_displs,
+            expert_counts,
+            expert_len,
+        }
+    }
+}
+
+/// Dispatch, per-expert compute and combine with communication overlapped: one round
+/// per local expert index `j`; round `j` moves every rank's rows for its `j`-th local
+/// expert (packed by source: the expert's rows in (source rank, token) order, exactly
+/// the rows and order of the blocking path). While expert `k` computes, round `k + 1`'s
+/// dispatch and round `k - 1`'s combine run on the EP communicator's worker.
+///
+/// `compute(k, rows)` returns expert `k`'s output rows (same shape as `rows`). Returns
+/// the combined rows in send order and the time spent waiting for communication.
+fn exchange_overlapped(
+    ep: &mut Communicator,
+    dp: &Dispatch,
+    send: &[f32],
+    d: usize,
+    per: usize,
+    mut compute: impl FnMut(usize, &[f32]) -> Result<Vec<f32>>,
+) -> Result<(Vec<f32>, Duration)> {
+    let rounds: Vec<Round> = (0..per).map(|j| dp.round(j, per, d)).collect();
+    fn token(r: &Round) -> Partition<'_> {
+        Partition::new(&r.token_counts, &r.token_displs)
+    }
+    let mut recvs: Vec<Vec<f32>> = rounds.iter().map(|r| vec![0.0; r.expert_len]).collect();
+    let mut outs: Vec<Vec<f32>> = vec![Vec::new(); per];
+    let mut back = vec![0.0f32; dp.send_slots.len() * d];
+    let mut waited = Duration::ZERO;
+    let t0 = Instant::now();
+    ep.all_to_all_v(
+        send,
+        &token(&rounds[0]),
+        &mut recvs[0],
+        &Partition::packed(&rounds[0].expert_counts),
+    )?;
+    waited += t0.elapsed();
+    for k in 0..per {
+        let (arrived, coming) = recvs.split_at_mut(k + 1);
+        let (computed, current) = outs.split_at_mut(k);
+        let rows: &[f32] = &arrived[k];
+        let next = coming.first_mut().map(|r| (r, &rounds[k + 1]));
+        let prev = computed.last().map(|o| (o.as_slice(), &rounds[k - 1]));
+        let back_ref = &mut back;
+        let out_k = &mut current[0];
+        let t = Instant::now();
+        let mut busy = Duration::ZERO;
+        let done = ep.scope(|s| {
+            let r_next = next.map(|(buf, r)| {
+                s.all_to_all_v(send, &token(r), buf, &Partition::packed(&r.expert_counts))
+            });
+            let r_prev = prev.map(|(out, r)| {
+                s.all_to_all_v(
+                    out,
+                    &Partition::packed(&r.expert_counts),
+                    back_ref,
+                    &token(r),
+                )
+            });
+            let c0 = Instant::now();
+            let computed = compute(k, rows);
+            busy = c0.elapsed();
+            if let Some(r) = r_next {
+                r.wait()?;
+            }
+            if let Some(r) = r_prev {
+                r.wait()?;
+            }
+            Ok(computed)
+        })?;
+        waited += t.elapsed().saturating_sub(busy);
+        *out_k = done?;
+    }
+    let last = &rounds[per - 1];
+    let t = Instant::now();
+    ep.all_to_all_v(
+        &outs[per - 1],
+        &Partition::packed(&last.expert_counts),
+        &mut back,
+        &token(last),
+    )?;
+    waited += t.elapsed();
+    Ok((back, waited))
 }
 
 /// Saved state of one block's forward on one micro-batch.
@@ -82,6 +201,7 @@ fn plan(
         })
         .collect();
     let mine: Vec<u64> = order.iter().map(|&e| counts[e] as u64).collect();
+    let to_expert: Vec<usize> = order.iter().map(|&e| counts[e]).collect();
     let mut theirs = vec![0u64; experts];
     ep.all_to_all(&mine, &mut theirs)?;
     // theirs[src * per + j]: rows from `src` for local expert j.
@@ -102,12 +222,15 @@ fn plan(
         }
         recv_counts.push((at - start) * d);
     }
+    let from_source = theirs.iter().map(|&n| n as usize).collect();
     Ok(Dispatch {
         send_slots,
         send_counts,
         recv_counts,
         expert_rows,
         recv_rows: at,
+        to_expert,
+        from_source,
     })
 }
 
@@ -135,6 +258,12 @@ fn combine(ep: &mut Communicator, dp: &Dispatch, back: &[f32], d: usize) -> Resu
     Ok(out)
 }
 
+/// Whether this block's exchange runs overlapped: asked for, and more than one rank and
+/// more than one local expert.
+fn overlapped(st: &Stage, ep: &Communicator) -> bool {
+    st.overlap && ep.size() > 1 && st.placement.per_rank() > 1
+}
+
 /// Forward of block `layer` on `x`; returns its output and saved state.
 pub(super) fn forward<C: StageCompute>(
     ep: &mut Communicator,
@@ -153,20 +282,34 @@ pub(super) fn forward<C: StageCompute>(
     })?;
     let local = st.local(layer);
     let send = gather_tokens(&u, d, k, &plan.send_slots)?;
-    let recv = timed(&mut times.all_to_all, || dispatch(ep, &plan, &send, d))?;
-    let mut out_recv = vec![0.0f32; recv.len()];
     let mut experts = Vec::with_capacity(plan.expert_rows.len());
-    for (j, rows_j) in plan.expert_rows.iter().enumerate() {
-        if rows_j.is_empty() {
-            experts.push(None);
-            continue;
+    let back = if overlapped(st, ep) {
+        let (back, waited) = exchange_overlapped(ep, &plan, &send, d, local.len(), |j, xin| {
+            if xin.is_empty() {
+                experts.push(None);
+                return Ok(Vec::new());
+            }
+            let (y, es) = model.expert_forward(layer, local[j], xin)?;
+            experts.push(Some(es));
+            Ok(y)
+        })?;
+        times.all_to_all += waited;
+        back
+    } else {
+        let recv = timed(&mut times.all_to_all, || dispatch(ep, &plan, &send, d))?;
+        let mut out_recv = vec![0.0f32; recv.len()];
+        for (j, rows_j) in plan.expert_rows.iter().enumerate() {
+            if rows_j.is_empty() {
+                experts.push(None);
+                continue;
+            }
+            let xin = gather_slots(&recv, d, rows_j)?;
+            let (y, es) = model.expert_forward(layer, local[j], &xin)?;
+            scatter_slots(&y, d, rows_j, &mut out_recv)?;
+            experts.push(Some(es));
         }
-        let xin = gather_slots(&recv, d, rows_j)?;
-        let (y, es) = model.expert_forward(layer, local[j], &xin)?;
-        scatter_slots(&y, d, rows_j, &mut out_recv)?;
-        experts.push(Some(es));
-    }
-    let back = timed(&mut times.all_to_all, || combine(ep, &plan, &out_recv, d))?;
+        timed(&mut times.all_to_all, || combine(ep, &plan, &out_recv, d))?
+    };
     let mut expert_out = vec![0.0f32; rows * k * d];
     scatter_slots(&back, d, &plan.send_slots, &mut expert_out)?;
     let (out, combine) = model.combine_forward(&h, &routing.gates, &expert_out)?;
@@ -197,15 +340,27 @@ pub(super) fn backward<C: StageCompute>(
     let local = st.local(layer);
     let cg = model.combine_backward(tape.combine, d_out)?;
     let send = gather_slots(&cg.d_expert_out, d, &plan.send_slots)?;
-    let recv = timed(&mut times.all_to_all, || dispatch(ep, plan, &send, d))?;
-    let mut din_recv = vec![0.0f32; recv.len()];
-    for (j, (rows_j, es)) in plan.expert_rows.iter().zip(tape.experts).enumerate() {
-        let Some(es) = es else { continue };
-        let dy = gather_slots(&recv, d, rows_j)?;
-        let dxe = model.expert_backward(layer, local[j], es, &dy)?;
-        scatter_slots(&dxe, d, rows_j, &mut din_recv)?;
-    }
-    let back = timed(&mut times.all_to_all, || combine(ep, plan, &din_recv, d))?;
+    let back = if overlapped(st, ep) {
+        let mut states: Vec<Option<C::ExpertState>> = tape.experts;
+        let (back, waited) = exchange_overlapped(ep, plan, &send, d, local.len(), |j, dy| {
+            match states.get_mut(j).and_then(Option::take) {
+                Some(es) => model.expert_backward(layer, local[j], es, dy),
+                None => Ok(Vec::new()),
+            }
+        })?;
+        times.all_to_all += waited;
+        back
+    } else {
+        let recv = timed(&mut times.all_to_all, || dispatch(ep, plan, &send, d))?;
+        let mut din_recv = vec![0.0f32; recv.len()];
+        for (j, (rows_j, es)) in plan.expert_rows.iter().zip(tape.experts).enumerate() {
+            let Some(es) = es else { continue };
+            let dy = gather_slots(&recv, d, rows_j)?;
+            let dxe = model.expert_backward(layer, local[j], es, &dy)?;
+            scatter_slots(&dxe, d, rows_j, &mut din_recv)?;
+        }
+        timed(&mut times.all_to_all, || combine(ep, plan, &din_recv, d))?
+    };
     let mut d_expert_in = vec![0.0f32; cg.d_expert_out.len()];
     scatter_slots(&back, d, &plan.send_slots, &mut d_expert_in)?;
     let d_router = model.router_backward(layer, tape.router, &cg.d_gates)?;

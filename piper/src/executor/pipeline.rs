@@ -41,6 +41,9 @@ pub(super) struct Stage {
     pub(super) normaliser: f32,
     /// Slots this rank's routers sent to each expert this step, `layer * E + expert`.
     pub(super) routed: RefCell<Vec<u64>>,
+    /// Overlap each local expert's compute with the next expert's dispatch and the
+    /// previous one's combine ([`super::Executor::set_overlap`]).
+    pub(super) overlap: bool,
 }
 
 impl Stage {
