@@ -273,3 +273,32 @@ fn run<S: Session + ?Sized>(
     }
     Ok(())
 }
+
+/// A borrowed session is a session (so that a wrapper such as
+/// [`crate::SessionWaves`] can run over a session its caller keeps).
+impl<S: Session + ?Sized> Session for &mut S {
+    fn post_send(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()> {
+        (**self).post_send(peer, tag, region, token)
+    }
+    fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()> {
+        (**self).post_recv(peer, tag, region, token)
+    }
+    fn copy(&mut self, src: Region, dst: Region) -> Result<()> {
+        (**self).copy(src, dst)
+    }
+    fn progress(&mut self, completed: &mut Vec<u32>) -> Result<()> {
+        (**self).progress(completed)
+    }
+    fn test(&mut self, token: u32) -> Result<bool> {
+        (**self).test(token)
+    }
+    fn cancel(&mut self, token: u32) -> Result<()> {
+        (**self).cancel(token)
+    }
+    fn post_poison(&mut self, peer: usize, tag: u64) -> Result<()> {
+        (**self).post_poison(peer, tag)
+    }
+    fn wait(&mut self, max: Duration) -> Result<()> {
+        (**self).wait(max)
+    }
+}

@@ -18,6 +18,7 @@ mod init;
 mod p2p;
 mod partition;
 mod split;
+mod waves;
 
 pub use all_reduce::{ReduceOp, Reducible};
 pub use init::InitConfig;
@@ -457,4 +458,7 @@ pub(crate) struct Ext {
     pub(super) gather: Option<(AllGatherAlgorithm, usize, Schedule)>,
     pub(super) gather_forced: Option<AllGatherAlgorithm>,
     pub(super) reduce_forced: Option<AllReduceAlgorithm>,
+    /// The device path's last uniform plan (algorithm, block bytes) and its state.
+    pub(super) waves: Option<(Algorithm, usize, Arc<waves::WavePlan>)>,
+    pub(super) device: Option<Box<crate::transport::device::DeviceState>>,
 }

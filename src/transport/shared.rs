@@ -21,9 +21,7 @@
 
 use super::Backend;
 use super::emulation::Emulation;
-use halo_collectives::{
-    Buffers, CollectiveError, ExecOptions, Region, Schedule, Session, Transport, execute,
-};
+use halo_collectives::{Buffers, CollectiveError, ExecOptions, Region, Session, Transport};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
@@ -160,7 +158,7 @@ impl SharedBackend {
     /// Runs one pass over the shared endpoint, peers mapped to world ranks.
     pub(crate) fn run(
         &self,
-        schedule: &Schedule,
+        program: super::Program<'_>,
         tag_base: u64,
         bufs: Buffers<'_>,
         opts: &ExecOptions<'_>,
@@ -181,8 +179,8 @@ impl SharedBackend {
         };
         let map = self.map.as_deref();
         match guard.as_mut() {
-            Some(Backend::Local(t)) => run_mapped(t, map, schedule, tag_base, bufs, opts),
-            Some(Backend::Fabric(t)) => run_mapped(&mut **t, map, schedule, tag_base, bufs, opts),
+            Some(Backend::Local(t)) => run_mapped(t, map, program, tag_base, bufs, opts),
+            Some(Backend::Fabric(t)) => run_mapped(&mut **t, map, program, tag_base, bufs, opts),
             _ => Err(CollectiveError::Internal(
                 "shared endpoint without a transport".into(),
             )),
@@ -193,20 +191,20 @@ impl SharedBackend {
 fn run_mapped<T: Transport>(
     transport: &mut T,
     map: Option<&[u32]>,
-    schedule: &Schedule,
+    program: super::Program<'_>,
     tag_base: u64,
     bufs: Buffers<'_>,
     opts: &ExecOptions<'_>,
 ) -> CResult<()> {
     let Some(map) = map else {
-        return super::run_on(transport, schedule, tag_base, bufs, opts);
+        return super::run_on(transport, program, tag_base, bufs, opts);
     };
     let session = transport.begin(tag_base, bufs)?;
     let mut mapped = Mapped {
         inner: session,
         map,
     };
-    let out = execute(schedule, &mut mapped, opts);
+    let out = program.run_on_session(&mut mapped, opts);
     // Dropped before returning on every path: that cancels what is outstanding.
     drop(mapped);
     out.map_err(|e| match e {
