@@ -14,6 +14,7 @@ mod all_gather;
 mod all_reduce;
 mod all_to_all;
 mod all_to_all_v;
+mod device;
 mod init;
 mod p2p;
 mod partition;
