@@ -47,7 +47,10 @@ impl Communicator {
         let (rt, nccl, _) = local?;
         if let Some(bad) = (0..n).find(|&r| all[r * mine.len()] != 0) {
             return Err(Error::UnhandledDeviceError {
-                message: format!("rank {bad} could not start the device path (it reports why)"),
+                message: format!(
+                    "{}: rank {bad} could not start it (it reports why)",
+                    crate::device::UNAVAILABLE
+                ),
             });
         }
         let id_bytes: [u8; NCCL_UNIQUE_ID_BYTES] = all[4..mine.len()]

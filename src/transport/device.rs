@@ -26,7 +26,12 @@ use std::sync::{Arc, OnceLock};
 /// A library error as HALO's: NCCL's own result codes keep their meaning (NCCL's
 /// numbering is HALO's); loading and runtime failures are `UnhandledDeviceError`.
 pub(crate) fn device_error(e: RcclError) -> Error {
-    let message = format!("device path: {e}");
+    let message = match &e {
+        RcclError::Unavailable { .. }
+        | RcclError::MissingSymbol { .. }
+        | RcclError::TooOld { .. } => format!("{}: {e}", crate::device::UNAVAILABLE),
+        _ => format!("device path: {e}"),
+    };
     match &e {
         RcclError::Nccl { code, .. } => match code {
             2 => Error::SystemError { message },

@@ -43,6 +43,9 @@ mod collectives;
 
 mod boundary;
 
+// The device path (issue 17): haloAllToAll / haloAllToAllv with a stream.
+mod device;
+
 pub use collectives::*;
 pub use comm::*;
 pub use error::*;
