@@ -400,6 +400,7 @@ impl Communicator {
     pub fn set_algo_options(&mut self, options: AlgoOptions) {
         self.core.options = options;
         self.core.cache.clear();
+        self.core.ext.waves = None;
         self.core.chosen.clear();
         self.core.selector.reset();
     }
