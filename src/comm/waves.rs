@@ -193,7 +193,7 @@ impl Communicator {
         let tag_base = self.core.next_tag_base();
         self.core.check_aborted()?;
         let n = self.size();
-        if send.len() != recv.len() || send.len() % n != 0 {
+        if send.len() != recv.len() || !send.len().is_multiple_of(n) {
             return Err(Error::invalid_argument(format!(
                 "all_to_all: send has {} elements and recv {}: both must be the same multiple of the {n} ranks",
                 send.len(),
