@@ -423,6 +423,7 @@ fn memcheck_is_clean() {
         ("errors", "errors ok"),
         ("collectives", "collectives ok"),
         ("abort", "abort ok"),
+        ("device", "device ok"),
     ] {
         let dir = scratch(&format!("memcheck_{name}"));
         let ranks = Job::new(2, &program(name))
