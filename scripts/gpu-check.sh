@@ -55,9 +55,10 @@ if [ "${1:-}" = "--bundle" ]; then
     cp -r "$root/python/halo" "$dir/python/"
     find "$dir/python" -name __pycache__ -prune -exec rm -rf {} +
     cp "$root/scripts/gpu-check.sh" "$dir/gpu-check.sh"
-    # The shared libraries the two need, except glibc's own (the GPU machine has its own).
+    # The shared libraries the two need, except glibc's own and libgcc_s (every system
+    # has them). Built on Debian 12, the bundle needs glibc >= 2.34 (Ubuntu 22.04, RHEL 9).
     ldd "$dir/bin/halo-gpu-check" "$dir/lib/libhalo.so" | awk '/=> \// {print $3}' | sort -u |
-        grep -Ev '/(libc|libm|libdl|libpthread|librt|libutil|ld-linux[^/]*)\.so' |
+        grep -Ev '/(libc|libm|libdl|libpthread|librt|libutil|libgcc_s|ld-linux[^/]*)\.so' |
         while read -r lib; do cp -L "$lib" "$dir/lib/"; done
     echo "== gpu-check: bundle in $dir ($(du -sh "$dir" | cut -f1)): $(ls "$dir/lib" | tr '\n' ' ')"
     echo "== gpu-check: running the bundle here"
