@@ -32,8 +32,10 @@ pub struct Buffers<'a> {
 /// A way to move bytes between the ranks of a communicator.
 ///
 /// Implementations today: the in-process transport in `halo` (ranks as threads) and
-/// the libfabric transport (`halo`'s fabric transport); transports for device memory
-/// are planned. An algorithm never knows which one it runs on.
+/// the libfabric transport (`halo`'s fabric transport). Device memory does not go
+/// through a `Transport`: NCCL has no tags or per-message completion, so the device
+/// path runs schedules as waves ([`crate::execute_waves`]). An algorithm never knows
+/// which one it runs on.
 pub trait Transport {
     /// One collective's use of a set of buffers.
     type Session<'a>: Session
