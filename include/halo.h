@@ -24,7 +24,8 @@
  *   haloAlgorithm_t, haloRedOp_t), so an out-of-range value is an error, never
  *   undefined behaviour.
  * - Collectives are blocking, on host memory, and every rank of a communicator
- *   calls them in the same order. stream must be NULL (host transports).
+ *   calls them in the same order. stream must be NULL (host transports), except
+ *   for haloAllToAll / haloAllToAllv on device buffers (the device path).
  *
  * Ownership and threads:
  * - A communicator (haloComm_t) belongs to the caller from haloCommInit* or
@@ -382,8 +383,9 @@ typedef struct haloConfig_t {
 typedef int32_t haloDataType_t;
 
 /**
- * A device stream (`cudaStream_t`, `hipStream_t`) for device transports. HALO's
- * transports are host transports today: pass NULL.
+ * A device stream (`cudaStream_t`, `hipStream_t`). `haloAllToAll` and `haloAllToAllv`
+ * take device buffers with a stream (the device path); every other call, and host
+ * buffers, take NULL.
  */
 typedef void *haloStream_t;
 
@@ -665,10 +667,23 @@ haloResult_t haloTopologyJson(haloComm_t comm, char *buf, size_t len, size_t *ne
  * Blocking: returns when this rank's part is complete. Every rank calls it with the
  * same `count` and `datatype`.
  *
+ * Device buffers (the device path): with a non-NULL `stream` (`cudaStream_t`,
+ * `hipStream_t`) both buffers must be device memory of one device (told by the
+ * runtime's pointer attributes); the exchange is enqueued on `stream` as NCCL / RCCL
+ * send / receive groups and device copies, and the call returns once it is enqueued
+ * (as `ncclAllToAll`). The first such call on a communicator is collective and makes
+ * its NCCL communicator. NCCL / RCCL and the CUDA / HIP runtime are loaded at run time
+ * (`HALO_NCCL_LIBRARY`, `HALO_CUDART_LIBRARY`, then the usual library names).
+ * Not yet run on a GPU (docs/ARCHITECTURE.md, "The device path").
+ *
  * Errors (nothing is sent and `recvbuff` is untouched):
- * - `haloInvalidArgument`: NULL `comm`; a non-NULL `stream`; `datatype` not a
- *   `haloDataType`; `count * size * nranks` overflows; `sendbuff` or `recvbuff` NULL
- *   with `count` > 0; `sendbuff == recvbuff` (in-place) or overlapping buffers.
+ * - `haloInvalidArgument`: NULL `comm`; `datatype` not a `haloDataType`; `count *
+ *   size * nranks` overflows; `sendbuff` or `recvbuff` NULL with `count` > 0;
+ *   `sendbuff == recvbuff` (in-place) or overlapping buffers; with a stream, host
+ *   buffers or one host and one device buffer.
+ * - `haloUnhandledDeviceError`: with a stream, no CUDA / HIP runtime or no NCCL /
+ *   RCCL could be loaded (`haloGetLastError` names every place tried), or a runtime
+ *   call failed.
  * - `haloInvalidUsage`: another thread is using `comm`.
  *
  * Errors during the exchange: `haloTimeout` (after `timeoutMs`), `haloRemoteError`,
@@ -703,9 +718,13 @@ haloResult_t haloAllToAll(const void *sendbuff,
  * naming the rank that reported. No data moves and `recvbuff` is untouched.
  *
  * Errors:
+ * Device buffers: with a non-NULL `stream`, as `haloAllToAll` (the counts and
+ * displacements stay host arrays; they are exchanged on the host transport first).
+ *
  * - `haloInvalidArgument`, found on this rank before anything is sent: NULL `comm`;
- *   a non-NULL `stream`; `datatype` not a `haloDataType`; a NULL count or
- *   displacement array.
+ *   `datatype` not a `haloDataType`; a NULL count or displacement array; with a
+ *   stream, host buffers or one host and one device buffer.
+ * - `haloUnhandledDeviceError`: with a stream, as `haloAllToAll`.
  * - `haloInvalidArgument`, found after the count exchange (and reported to every
  *   rank): a displacement plus count that overflows, a NULL buffer with a non-zero
  *   count, overlapping receive blocks, `sendbuff` and `recvbuff` overlapping (in-place).

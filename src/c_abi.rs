@@ -134,3 +134,48 @@ impl OpHandle {
 pub fn error_with_context(e: &Error, context: &str) -> Error {
     with_context(e, context)
 }
+/// `haloAllToAll` with a stream and device buffers on `device` (the device path).
+///
+/// # Safety
+/// `send` / `recv` are device memory of `device` covering `count * elem_size * size()`
+/// bytes until `stream` has run the call; `stream` is a live stream of that device.
+///
+/// # Errors
+/// As [`Communicator::all_to_all`]; [`crate::Error::UnhandledDeviceError`] without the
+/// device libraries (naming every place tried); NCCL's errors.
+pub unsafe fn device_all_to_all(
+    comm: &mut Communicator,
+    send: *const std::ffi::c_void,
+    recv: *mut std::ffi::c_void,
+    count: usize,
+    elem_size: usize,
+    stream: *mut std::ffi::c_void,
+    device: i32,
+) -> Result<()> {
+    // SAFETY: the caller upholds `device_all_to_all_raw`'s contract, which is this one's.
+    unsafe { comm.device_all_to_all_raw(send, recv, count, elem_size, stream, device) }
+}
+
+/// `haloAllToAllv` with a stream and device buffers on `device` (the device path).
+///
+/// # Safety
+/// As [`device_all_to_all`], over the extents the counts and displacements reach.
+///
+/// # Errors
+/// As [`Communicator::all_to_all_v`], and the device errors.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn device_all_to_all_v(
+    comm: &mut Communicator,
+    send: *const std::ffi::c_void,
+    send_part: &crate::Partition<'_>,
+    recv: *mut std::ffi::c_void,
+    recv_part: &crate::Partition<'_>,
+    elem_size: usize,
+    stream: *mut std::ffi::c_void,
+    device: i32,
+) -> Result<()> {
+    // SAFETY: the caller upholds `device_all_to_all_v_raw`'s contract, which is this one's.
+    unsafe {
+        comm.device_all_to_all_v_raw(send, send_part, recv, recv_part, elem_size, stream, device)
+    }
+}

@@ -48,6 +48,7 @@ pub mod bootstrap;
 #[doc(hidden)]
 pub mod c_abi;
 mod comm;
+pub mod device;
 mod error;
 pub mod select;
 mod transport;

@@ -32,8 +32,10 @@ pub struct Buffers<'a> {
 /// A way to move bytes between the ranks of a communicator.
 ///
 /// Implementations today: the in-process transport in `halo` (ranks as threads) and
-/// the libfabric transport (`halo`'s fabric transport); transports for device memory
-/// are planned. An algorithm never knows which one it runs on.
+/// the libfabric transport (`halo`'s fabric transport). Device memory does not go
+/// through a `Transport`: NCCL has no tags or per-message completion, so the device
+/// path runs schedules as waves ([`crate::execute_waves`]). An algorithm never knows
+/// which one it runs on.
 pub trait Transport {
     /// One collective's use of a set of buffers.
     type Session<'a>: Session
@@ -272,4 +274,33 @@ fn run<S: Session + ?Sized>(
         }
     }
     Ok(())
+}
+
+/// A borrowed session is a session (so that a wrapper such as
+/// [`crate::SessionWaves`] can run over a session its caller keeps).
+impl<S: Session + ?Sized> Session for &mut S {
+    fn post_send(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()> {
+        (**self).post_send(peer, tag, region, token)
+    }
+    fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()> {
+        (**self).post_recv(peer, tag, region, token)
+    }
+    fn copy(&mut self, src: Region, dst: Region) -> Result<()> {
+        (**self).copy(src, dst)
+    }
+    fn progress(&mut self, completed: &mut Vec<u32>) -> Result<()> {
+        (**self).progress(completed)
+    }
+    fn test(&mut self, token: u32) -> Result<bool> {
+        (**self).test(token)
+    }
+    fn cancel(&mut self, token: u32) -> Result<()> {
+        (**self).cancel(token)
+    }
+    fn post_poison(&mut self, peer: usize, tag: u64) -> Result<()> {
+        (**self).post_poison(peer, tag)
+    }
+    fn wait(&mut self, max: Duration) -> Result<()> {
+        (**self).wait(max)
+    }
 }

@@ -31,6 +31,7 @@ mod reduce;
 mod schedule;
 mod simulate;
 mod verify;
+mod waves;
 
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
 pub use error::{CollectiveError, Result, VerifyError};
@@ -48,4 +49,8 @@ pub use simulate::{
     DEFAULT_NIC_GAP, Egress, LevelTraffic, MoeSizes, ResourceClass, ResourceLoad, Sharing,
     SimOptions, SimReport, Traffic, simulate, simulate_all_to_all,
 };
-pub use verify::{Expectation, VerifyReport, verify, verify_all_gather, verify_all_to_all};
+pub use verify::{
+    Expectation, VerifyReport, WaveReport, verify, verify_all_gather, verify_all_to_all,
+    verify_waves,
+};
+pub use waves::{SessionWaves, Wave, WaveBackend, Waves, execute_waves, group_waves};

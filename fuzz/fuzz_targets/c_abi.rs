@@ -356,6 +356,16 @@ fn check(name: &str, r: i32, known_invalid: bool, comm: haloComm_t) {
     }
 }
 
+/// A stream with host buffers (the device path, issue 17): without a CUDA / HIP runtime
+/// `haloUnhandledDeviceError`; with one, `haloInvalidArgument` (host memory, or an
+/// argument error found later). Never success.
+fn device_refused(name: &str, r: i32) {
+    assert!(
+        r == haloResult::haloUnhandledDeviceError as i32 || r == INVALID_ARGUMENT,
+        "{name} with a stream and host buffers returned {r}"
+    );
+}
+
 fn stream_arg(nonnull: bool) -> haloStream_t {
     if nonnull {
         0x1000 as haloStream_t
@@ -380,7 +390,7 @@ fn run(op: &Op, live: haloComm_t) -> bool {
             let size = elem(dtype);
             let n = count.value();
             let bytes = size.map(|s| n * s).unwrap_or(0);
-            let invalid_early = !ok || stream || size.is_none() || count.huge();
+            let invalid_early = !ok || size.is_none() || count.huge();
             let s = buffer(if count.huge() { 0 } else { bytes }, 1);
             let mut r = buffer(if count.huge() { 0 } else { bytes }, 2);
             let dangling = std::ptr::NonNull::<u64>::dangling().as_ptr();
@@ -400,7 +410,11 @@ fn run(op: &Op, live: haloComm_t) -> bool {
             // SAFETY: buffers are NULL, dangling with an overflowing size, or real and
             // as large as the count says.
             let res = unsafe { haloAllToAll(sp, rp, n, dtype, c, stream_arg(stream)) };
-            check("haloAllToAll", res, invalid_early || null_bad || alias, c);
+            let known = invalid_early || null_bad || alias;
+            check("haloAllToAll", res, known, c);
+            if stream && !known {
+                device_refused("haloAllToAll", res);
+            }
             if res == SUCCESS && !alias && bytes > 0 {
                 assert_eq!(
                     as_bytes(&r, bytes),
@@ -443,7 +457,7 @@ fn run(op: &Op, live: haloComm_t) -> bool {
                 BufArg::Null => null_mut(),
                 BufArg::Real => r.as_mut_ptr().cast(),
             };
-            let invalid_early = !ok || stream || size.is_none() || arrays.iter().any(|&a| !a);
+            let invalid_early = !ok || size.is_none() || arrays.iter().any(|&a| !a);
             // SAFETY: each array is NULL or holds one entry (the communicator has one
             // rank); the buffers cover what the counts and displacements reach, or the
             // counts overflow.
@@ -460,11 +474,16 @@ fn run(op: &Op, live: haloComm_t) -> bool {
                     stream_arg(stream),
                 )
             };
+            // With a stream the buffers' memory is looked up first (the device path).
             let known = invalid_early
                 || (ok
+                    && !stream
                     && size.is_some()
                     && (huge || (sc > 0 && sp.is_null()) || (rc > 0 && rp.is_null())));
             check("haloAllToAllv", res, known, c);
+            if stream && !invalid_early {
+                device_refused("haloAllToAllv", res);
+            }
             if res == SUCCESS {
                 assert_eq!(sc, rc, "haloAllToAllv accepted {sc} sent and {rc} expected");
                 if sc > 0 {

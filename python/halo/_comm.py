@@ -202,8 +202,11 @@ class Communicator:
         """
         h = self._h()
         n = self._size
-        out = as_buffer(output, "output", writable=True)
-        inp = as_buffer(input, "input")
+        out = as_buffer(output, "output", writable=True, device_ok=True)
+        inp = as_buffer(input, "input", device_ok=True)
+        # Device buffers carry their stream (the device path); libhalo tells device from
+        # host memory itself and rejects one of each.
+        stream = out.stream if out.stream is not None else inp.stream
         if inp.dtype_name != out.dtype_name:
             raise TypeError(f"input is {inp.dtype_name} but output is {out.dtype_name}")
         if not inp.shape or not out.shape:
@@ -229,7 +232,7 @@ class Communicator:
                     keep=(output, input),
                 )
             check(
-                lib.haloAllToAll(inp.ptr, out.ptr, send[0] * row, inp.dtype, h, None),
+                lib.haloAllToAll(inp.ptr, out.ptr, send[0] * row, inp.dtype, h, stream),
                 h,
             )
             return output
@@ -260,7 +263,7 @@ class Communicator:
                 _size_array(rd),
                 inp.dtype,
                 h,
-                None,
+                stream,
             ),
             h,
         )
@@ -286,9 +289,11 @@ class Communicator:
                 f"input_list has {len(ins)} and output_list {len(outs)} entries; the "
                 f"communicator has {n} ranks"
             )
-        ib = [as_buffer(x, f"input_list[{q}]") for q, x in enumerate(ins)]
-        ob = [as_buffer(x, f"output_list[{q}]", writable=True) for q, x in enumerate(outs)]
+        ib = [as_buffer(x, f"input_list[{q}]", device_ok=True) for q, x in enumerate(ins)]
+        ob = [as_buffer(x, f"output_list[{q}]", writable=True, device_ok=True) for q, x in enumerate(outs)]
         _same_dtype(ib + ob, "input_list and output_list")
+        streams = {b.stream for b in ib + ob}
+        stream = next((x for x in streams if x is not None), None)
         dtype, itemsize = ib[0].dtype, ib[0].itemsize
         sc = [b.numel for b in ib]
         rc = [b.numel for b in ob]
@@ -296,6 +301,11 @@ class Communicator:
         rd, rtotal = _prefix(rc)
 
         send_ptr = _consecutive(ib)
+        if stream is not None and (send_ptr is None or _consecutive(ob) is None):
+            raise ValueError(
+                "device arrays in all_to_all must be the consecutive pieces of one array "
+                "each way (HALO does not stage device memory); use all_to_all_single"
+            )
         staged_send = None
         if send_ptr is None:
             staged_send = (ctypes.c_ubyte * (stotal * itemsize))()
@@ -317,7 +327,7 @@ class Communicator:
                 _size_array(rd),
                 dtype,
                 h,
-                None,
+                stream,
             ),
             h,
         )

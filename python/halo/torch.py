@@ -25,9 +25,14 @@ and the job is started with ``halo launch`` (or torchrun: HALO reads the same
 
 What to know:
 
-- HALO's transports move host memory today: tensors must be contiguous CPU tensors;
-  a CUDA/ROCm tensor raises ``ValueError`` (keep device tensors on NCCL/RCCL until
-  HALO has a device transport; Megatron allocates ``output`` on the current device).
+- ``all_to_all_single`` and ``all_to_all`` take contiguous CPU tensors (the host
+  transports) or CUDA / ROCm tensors (the device path: libhalo gets ``data_ptr()`` and
+  ``torch.cuda.current_stream().cuda_stream``, and enqueues the exchange on that stream
+  as NCCL / RCCL groups, like torch.distributed with NCCL). The device path needs NCCL or
+  RCCL at run time (torch's own ``nvidia-nccl`` wheel is found); without it the call
+  raises :class:`halo.HaloError` (``UNHANDLED_DEVICE_ERROR``) naming every place
+  libhalo looked. It has not been run on a GPU yet (docs/ARCHITECTURE.md). The other
+  calls take CPU tensors only.
 - The world communicator is made on first use with :func:`halo.init` (or set with
   :func:`init`). HALO's ranks must be torch.distributed's global ranks (both come
   from ``RANK`` under ``halo launch`` and torchrun); this is checked when

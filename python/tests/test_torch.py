@@ -81,6 +81,11 @@ class TorchTest(unittest.TestCase):
         if torch.cuda.is_available():
             with self.assertRaisesRegex(ValueError, "host memory"):
                 as_buffer(torch.zeros(4, device="cuda"), "t")
+            # The device path: data_ptr() and the current stream (0 -> cudaStreamLegacy).
+            t = torch.zeros(4, device="cuda")
+            b = as_buffer(t, "t", device_ok=True)
+            self.assertEqual(b.ptr, t.data_ptr())
+            self.assertEqual(b.stream, torch.cuda.current_stream().cuda_stream or 1)
 
     def test_against_torch_distributed_on_4_ranks(self):
         job = launch(self, 4, [WORKERS / "torch_worker.py"])

@@ -42,14 +42,14 @@ fn read_u32(b: &[u8], at: usize) -> u32 {
 }
 
 /// The arguments of one call, in elements.
-struct Args<'a> {
-    send_len: usize,
-    recv_len: usize,
-    send_counts: &'a [usize],
-    send_displs: &'a [usize],
-    recv_counts: &'a [usize],
-    recv_displs: &'a [usize],
-    elem: usize,
+pub(super) struct Args<'a> {
+    pub(super) send_len: usize,
+    pub(super) recv_len: usize,
+    pub(super) send_counts: &'a [usize],
+    pub(super) send_displs: &'a [usize],
+    pub(super) recv_counts: &'a [usize],
+    pub(super) recv_displs: &'a [usize],
+    pub(super) elem: usize,
 }
 
 impl Communicator {
@@ -211,7 +211,7 @@ impl Communicator {
     }
 
     /// Checks this rank's arguments and fills the pooled byte counts and displacements.
-    fn validate_v(&mut self, send: &[u8], recv: &[u8], a: &Args<'_>) -> Result<()> {
+    pub(super) fn validate_v(&mut self, send: &[u8], recv: &[u8], a: &Args<'_>) -> Result<()> {
         let n = self.size();
         for (name, v) in [
             ("send_counts", a.send_counts),

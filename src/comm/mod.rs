@@ -14,11 +14,13 @@ mod all_gather;
 mod all_reduce;
 mod all_to_all;
 mod all_to_all_v;
+mod device;
 mod init;
 mod nonblocking;
 mod p2p;
 mod partition;
 mod split;
+mod waves;
 
 pub use all_reduce::{ReduceOp, Reducible};
 pub use init::InitConfig;
@@ -401,6 +403,7 @@ impl Communicator {
     pub fn set_algo_options(&mut self, options: AlgoOptions) {
         self.core.options = options;
         self.core.cache.clear();
+        self.core.ext.waves = None;
         self.core.chosen.clear();
         self.core.selector.reset();
     }
@@ -462,4 +465,7 @@ pub(crate) struct Ext {
     pub(super) reduce_forced: Option<AllReduceAlgorithm>,
     /// The worker thread of [`Communicator::scope`], once one ran.
     pub(super) pool: Option<Arc<rayon_core::ThreadPool>>,
+    /// The device path's last uniform plan (algorithm, block bytes) and its state.
+    pub(super) waves: Option<(Algorithm, usize, Arc<waves::WavePlan>)>,
+    pub(super) device: Option<Box<crate::transport::device::DeviceState>>,
 }

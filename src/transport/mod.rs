@@ -8,6 +8,7 @@
 //! - `sys`: safe wrappers over the system calls the library needs elsewhere
 //!   (the host's network interfaces, for the bootstrap).
 
+pub(crate) mod device;
 mod emulation;
 pub(crate) mod fabric;
 pub mod local;
@@ -17,7 +18,37 @@ pub(crate) mod sys;
 
 pub(crate) use shared::{MAX_COMMS, SharedBackend, SharedTickets, Ticket};
 
-use halo_collectives::{Buffers, CollectiveError, ExecOptions, Schedule, Transport, execute};
+use halo_collectives::{
+    Buffers, CollectiveError, ExecOptions, Schedule, Session, SessionWaves, Transport, Waves,
+    execute, execute_waves,
+};
+
+/// What one pass runs: a schedule step by step (the engine, [`execute`]) or as waves
+/// (the CPU twin of the device path, [`execute_waves`] over [`SessionWaves`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Program<'p> {
+    /// Ready steps posted as they become ready.
+    Steps(&'p Schedule),
+    /// Wave by wave, each wave's messages posted together and waited for together.
+    Waves(&'p Schedule, &'p Waves),
+}
+
+impl Program<'_> {
+    /// Runs the program on an open session.
+    pub(crate) fn run_on_session<S: Session>(
+        self,
+        session: &mut S,
+        opts: &ExecOptions<'_>,
+    ) -> halo_collectives::Result<()> {
+        match self {
+            Program::Steps(schedule) => execute(schedule, session, opts),
+            Program::Waves(schedule, waves) => {
+                let mut twin = SessionWaves::new(&mut *session, *opts, schedule.algorithm());
+                execute_waves(schedule, waves, &mut twin)
+            }
+        }
+    }
+}
 
 /// The transport a communicator runs on.
 // One per communicator and never moved in a hot path: the variants' sizes do not matter.
@@ -50,17 +81,28 @@ impl Backend {
         bufs: Buffers<'_>,
         opts: &ExecOptions<'_>,
     ) -> halo_collectives::Result<()> {
+        self.run_program(Program::Steps(schedule), tag_base, bufs, opts)
+    }
+
+    /// Runs one rank's program (steps or waves) over `bufs`.
+    pub(crate) fn run_program(
+        &mut self,
+        program: Program<'_>,
+        tag_base: u64,
+        bufs: Buffers<'_>,
+        opts: &ExecOptions<'_>,
+    ) -> halo_collectives::Result<()> {
         match self {
-            Backend::Local(t) => run_on(t, schedule, tag_base, bufs, opts),
-            Backend::Fabric(t) => run_on(&mut **t, schedule, tag_base, bufs, opts),
-            Backend::Shared(s) => s.run(schedule, tag_base, bufs, opts),
+            Backend::Local(t) => run_on(t, program, tag_base, bufs, opts),
+            Backend::Fabric(t) => run_on(&mut **t, program, tag_base, bufs, opts),
+            Backend::Shared(s) => s.run(program, tag_base, bufs, opts),
         }
     }
 }
 
 fn run_on<T: Transport>(
     transport: &mut T,
-    schedule: &Schedule,
+    program: Program<'_>,
     tag_base: u64,
     bufs: Buffers<'_>,
     opts: &ExecOptions<'_>,
@@ -68,7 +110,7 @@ fn run_on<T: Transport>(
     let mut session = transport.begin(tag_base, bufs)?;
     // The session is dropped before returning, on every path: that cancels what is
     // still outstanding before the caller's buffers are released.
-    let out = execute(schedule, &mut session, opts);
+    let out = program.run_on_session(&mut session, opts);
     drop(session);
     out
 }

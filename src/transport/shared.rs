@@ -21,9 +21,7 @@
 
 use super::Backend;
 use super::emulation::Emulation;
-use halo_collectives::{
-    Buffers, CollectiveError, ExecOptions, Region, Schedule, Session, Transport, execute,
-};
+use halo_collectives::{Buffers, CollectiveError, ExecOptions, Region, Session, Transport};
 use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -276,7 +274,7 @@ impl SharedBackend {
     /// Runs one pass over the shared endpoint, peers mapped to world ranks.
     pub(crate) fn run(
         &self,
-        schedule: &Schedule,
+        program: super::Program<'_>,
         tag_base: u64,
         bufs: Buffers<'_>,
         opts: &ExecOptions<'_>,
@@ -324,7 +322,7 @@ impl SharedBackend {
                 }
             }
         };
-        let out = self.run_in_turn(schedule, tag_base, bufs, opts);
+        let out = self.run_in_turn(program, tag_base, bufs, opts);
         if let Some(t) = own_turn {
             self.endpoint.turns.blocking.store(false, Ordering::Release);
             drop(t);
@@ -334,7 +332,7 @@ impl SharedBackend {
 
     fn run_in_turn(
         &self,
-        schedule: &Schedule,
+        program: super::Program<'_>,
         tag_base: u64,
         bufs: Buffers<'_>,
         opts: &ExecOptions<'_>,
@@ -355,8 +353,8 @@ impl SharedBackend {
         };
         let map = self.map.as_deref();
         match guard.as_mut() {
-            Some(Backend::Local(t)) => run_mapped(t, map, schedule, tag_base, bufs, opts),
-            Some(Backend::Fabric(t)) => run_mapped(&mut **t, map, schedule, tag_base, bufs, opts),
+            Some(Backend::Local(t)) => run_mapped(t, map, program, tag_base, bufs, opts),
+            Some(Backend::Fabric(t)) => run_mapped(&mut **t, map, program, tag_base, bufs, opts),
             _ => Err(CollectiveError::Internal(
                 "shared endpoint without a transport".into(),
             )),
@@ -367,20 +365,20 @@ impl SharedBackend {
 fn run_mapped<T: Transport>(
     transport: &mut T,
     map: Option<&[u32]>,
-    schedule: &Schedule,
+    program: super::Program<'_>,
     tag_base: u64,
     bufs: Buffers<'_>,
     opts: &ExecOptions<'_>,
 ) -> CResult<()> {
     let Some(map) = map else {
-        return super::run_on(transport, schedule, tag_base, bufs, opts);
+        return super::run_on(transport, program, tag_base, bufs, opts);
     };
     let session = transport.begin(tag_base, bufs)?;
     let mut mapped = Mapped {
         inner: session,
         map,
     };
-    let out = execute(schedule, &mut mapped, opts);
+    let out = program.run_on_session(&mut mapped, opts);
     // Dropped before returning on every path: that cancels what is outstanding.
     drop(mapped);
     out.map_err(|e| match e {

@@ -31,12 +31,18 @@
 //!    dependencies on writers, single writes) are found in the same walk.
 //! 4. [`placement`]: every block exactly once at its place in the receive buffers,
 //!    and routed blocks where the schedule says.
+//!
+//! For the device path, [`verify_waves`] proves the grouping of verified schedules
+//! into NCCL-style waves ([`crate::group_waves`]) sound.
 
 mod content;
 mod matching;
 mod placement;
 mod replay;
 mod shape;
+mod waves;
+
+pub use waves::{WaveReport, verify_waves};
 
 use crate::error::VerifyError;
 use crate::layout::{BlockSizes, Layout, UniformSizes};

@@ -55,10 +55,23 @@ pub(crate) fn check_buffer(
 /// Blocking: returns when this rank's part is complete. Every rank calls it with the
 /// same `count` and `datatype`.
 ///
+/// Device buffers (the device path): with a non-NULL `stream` (`cudaStream_t`,
+/// `hipStream_t`) both buffers must be device memory of one device (told by the
+/// runtime's pointer attributes); the exchange is enqueued on `stream` as NCCL / RCCL
+/// send / receive groups and device copies, and the call returns once it is enqueued
+/// (as `ncclAllToAll`). The first such call on a communicator is collective and makes
+/// its NCCL communicator. NCCL / RCCL and the CUDA / HIP runtime are loaded at run time
+/// (`HALO_NCCL_LIBRARY`, `HALO_CUDART_LIBRARY`, then the usual library names).
+/// Not yet run on a GPU (docs/ARCHITECTURE.md, "The device path").
+///
 /// Errors (nothing is sent and `recvbuff` is untouched):
-/// - `haloInvalidArgument`: NULL `comm`; a non-NULL `stream`; `datatype` not a
-///   `haloDataType`; `count * size * nranks` overflows; `sendbuff` or `recvbuff` NULL
-///   with `count` > 0; `sendbuff == recvbuff` (in-place) or overlapping buffers.
+/// - `haloInvalidArgument`: NULL `comm`; `datatype` not a `haloDataType`; `count *
+///   size * nranks` overflows; `sendbuff` or `recvbuff` NULL with `count` > 0;
+///   `sendbuff == recvbuff` (in-place) or overlapping buffers; with a stream, host
+///   buffers or one host and one device buffer.
+/// - `haloUnhandledDeviceError`: with a stream, no CUDA / HIP runtime or no NCCL /
+///   RCCL could be loaded (`haloGetLastError` names every place tried), or a runtime
+///   call failed.
 /// - `haloInvalidUsage`: another thread is using `comm`.
 ///
 /// Errors during the exchange: `haloTimeout` (after `timeoutMs`), `haloRemoteError`,
@@ -79,7 +92,6 @@ pub unsafe extern "C" fn haloAllToAll(
     stream: haloStream_t,
 ) -> haloResult_t {
     call_comm("haloAllToAll", comm, |c| {
-        check_stream(stream)?;
         let elem = haloDataType::from_raw(datatype)?.size();
         let bytes = total_bytes(count, elem, c.size(), "count")?;
         check_buffer(sendbuff, bytes, "sendbuff", count)?;
@@ -89,6 +101,13 @@ pub unsafe extern "C" fn haloAllToAll(
                 "sendbuff == recvbuff: in-place all-to-all is not supported (HALO's \
                  all-to-all is out-of-place; use a separate receive buffer)",
             ));
+        }
+        if !stream.is_null() {
+            // The device path (issue 17).
+            // SAFETY: the contract with a stream: device buffers of `bytes` bytes.
+            return unsafe {
+                crate::device::all_to_all(c, sendbuff, recvbuff, count, elem, stream)
+            };
         }
         let mut guard = c.lock()?;
         // SAFETY: per the contract the buffers are valid for `bytes` bytes (checked to
@@ -131,9 +150,13 @@ pub(crate) unsafe fn counts<'a>(ptr: *const usize, n: usize, what: &str) -> FfiR
 /// naming the rank that reported. No data moves and `recvbuff` is untouched.
 ///
 /// Errors:
+/// Device buffers: with a non-NULL `stream`, as `haloAllToAll` (the counts and
+/// displacements stay host arrays; they are exchanged on the host transport first).
+///
 /// - `haloInvalidArgument`, found on this rank before anything is sent: NULL `comm`;
-///   a non-NULL `stream`; `datatype` not a `haloDataType`; a NULL count or
-///   displacement array.
+///   `datatype` not a `haloDataType`; a NULL count or displacement array; with a
+///   stream, host buffers or one host and one device buffer.
+/// - `haloUnhandledDeviceError`: with a stream, as `haloAllToAll`.
 /// - `haloInvalidArgument`, found after the count exchange (and reported to every
 ///   rank): a displacement plus count that overflows, a NULL buffer with a non-zero
 ///   count, overlapping receive blocks, `sendbuff` and `recvbuff` overlapping (in-place).
@@ -159,7 +182,6 @@ pub unsafe extern "C" fn haloAllToAllv(
     stream: haloStream_t,
 ) -> haloResult_t {
     call_comm("haloAllToAllv", comm, |c| {
-        check_stream(stream)?;
         let elem = haloDataType::from_raw(datatype)?.size();
         let n = c.size();
         // SAFETY: (four reads) each array is NULL or holds `n` entries per the contract.
@@ -171,6 +193,14 @@ pub unsafe extern "C" fn haloAllToAllv(
                 counts(rdispls, n, "rdispls")?,
             )
         };
+        if !stream.is_null() {
+            // The device path (issue 17).
+            // SAFETY: the contract with a stream: device buffers covering what the
+            // counts and displacements reach.
+            return unsafe {
+                crate::device::all_to_all_v(c, sendbuff, (sc, sd), recvbuff, (rc, rd), elem, stream)
+            };
+        }
         let mut guard = c.lock()?;
         // SAFETY: per the contract the buffers cover what the counts and displacements
         // reach and nobody else accesses them; the communicator checks extents, NULL and

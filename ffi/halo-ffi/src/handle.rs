@@ -242,6 +242,7 @@ impl haloComm {
     /// may be out of step (a transport or remote failure, a timeout, an abort, a bug)
     /// the asynchronous error.
     pub(crate) fn record_failure(&self, code: haloResult, message: CString) {
+        let usable = crate::device::leaves_comm_usable(code, &message);
         *self
             .last_error
             .lock()
@@ -252,7 +253,7 @@ impl haloComm {
                 | haloResult::haloInvalidArgument
                 | haloResult::haloInvalidUsage
                 | haloResult::haloInProgress
-        );
+        ) && !usable;
         if fatal {
             let _ = self.async_error.compare_exchange(
                 0,

@@ -45,6 +45,9 @@ mod requests;
 
 mod boundary;
 
+// The device path (issue 17): haloAllToAll / haloAllToAllv with a stream.
+mod device;
+
 pub use collectives::*;
 pub use comm::*;
 pub use error::*;

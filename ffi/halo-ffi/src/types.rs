@@ -174,18 +174,19 @@ impl haloRedOp {
     }
 }
 
-/// A device stream (`cudaStream_t`, `hipStream_t`) for device transports. HALO's
-/// transports are host transports today: pass NULL.
+/// A device stream (`cudaStream_t`, `hipStream_t`). `haloAllToAll` and `haloAllToAllv`
+/// take device buffers with a stream (the device path); every other call, and host
+/// buffers, take NULL.
 pub type haloStream_t = *mut c_void;
 
-/// Checks that no stream was given to a host transport.
+/// Checks that no stream was given to a call that has no device path.
 pub(crate) fn check_stream(stream: haloStream_t) -> FfiResult<()> {
     if stream.is_null() {
         Ok(())
     } else {
         Err(Failure::invalid(
-            "stream must be NULL: this communicator's transport works on host memory \
-             (libfabric), and device streams are not supported",
+            "stream must be NULL: only haloAllToAll and haloAllToAllv take device buffers \
+             with a stream; this call works on host memory",
         ))
     }
 }

@@ -377,6 +377,18 @@ fn invalid_calls_return_their_documented_codes() {
     assert_all_ok(&ranks, "errors ok");
 }
 
+/// The device path without a GPU stack (issue 17): `haloAllToAll` / `haloAllToAllv`
+/// with a stream return `haloUnhandledDeviceError` naming every place tried, on every
+/// rank, and the host path keeps working (tests/c/device.c).
+#[test]
+fn device_calls_without_a_gpu_stack_name_the_places_tried() {
+    let dir = scratch("device3");
+    let ranks = Job::new(3, &program("device"))
+        .env("HALO_TIMEOUT_MS", "20000")
+        .run(&dir);
+    assert_all_ok(&ranks, "device ok");
+}
+
 /// A uniform all-to-all with count 4 on rank 0 and 8 on the others: every rank fails
 /// (never `haloSuccess`), rank 0 and at least one other with `haloInvalidUsage`
 /// saying "size mismatch", the others as soon as they notice, with every algorithm.
@@ -456,6 +468,7 @@ fn memcheck_is_clean() {
         ("collectives", "collectives ok"),
         ("abort", "abort ok"),
         ("nonblocking", "nonblocking ok"),
+        ("device", "device ok"),
     ] {
         let dir = scratch(&format!("memcheck_{name}"));
         let ranks = Job::new(2, &program(name))
