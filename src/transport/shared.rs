@@ -77,6 +77,10 @@ impl Backend {
                         .map(|p| t.provider_to(p).map(str::to_string))
                         .collect(),
                 ),
+                Backend::Shm(t) => (
+                    None,
+                    vec![Some(super::shm::PROVIDER.to_string()); t.size()],
+                ),
                 Backend::Shared(_) => unreachable!("checked above"),
             };
             let endpoint = Arc::new(Endpoint {
@@ -183,6 +187,7 @@ impl SharedBackend {
         match guard.as_mut() {
             Some(Backend::Local(t)) => run_mapped(t, map, schedule, tag_base, bufs, opts),
             Some(Backend::Fabric(t)) => run_mapped(&mut **t, map, schedule, tag_base, bufs, opts),
+            Some(Backend::Shm(t)) => run_mapped(&mut **t, map, schedule, tag_base, bufs, opts),
             _ => Err(CollectiveError::Internal(
                 "shared endpoint without a transport".into(),
             )),
