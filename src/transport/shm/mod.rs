@@ -171,6 +171,7 @@ impl ShmTransport {
             return Err(Error::internal("shm transport: one process per rank expected"));
         }
         seg.attach();
+        wait_attached(&seg, rank, &procs)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let yield_spin = size > cores;
         let spin = match std::env::var("HALO_SHM_SPIN_US") {
@@ -207,6 +208,47 @@ impl ShmTransport {
             yield_spin,
         })
     }
+}
+
+/// Waits until every rank has mapped the segment (so that none is left unable to
+/// open it because the file is gone: the last rank to attach unlinks it, and rank 0
+/// removes it when it ends before that). Fails when a rank's process ended first, or
+/// after the bootstrap timeout (`HALO_BOOTSTRAP_TIMEOUT_MS`).
+fn wait_attached(seg: &Segment, rank: usize, procs: &[Option<Proc>]) -> Result<()> {
+    let start = std::time::Instant::now();
+    let limit = crate::bootstrap::bootstrap_timeout();
+    let mut pause = Duration::from_micros(10);
+    let mut looked = start;
+    while seg.attached() < procs.len() {
+        if looked.elapsed() >= Duration::from_millis(50) {
+            looked = std::time::Instant::now();
+            if let Some(p) = (0..procs.len())
+                .find(|&p| procs[p].is_some_and(crate::transport::fabric::has_ended))
+            {
+                return Err(Error::RemoteError {
+                    peer: p,
+                    message: format!(
+                        "rank {p} ended before it mapped the shared-memory segment (rank {rank} \
+                         waited for it)"
+                    ),
+                });
+            }
+        }
+        if start.elapsed() >= limit {
+            return Err(Error::SystemError {
+                message: format!(
+                    "rank {rank}: only {} of {} ranks mapped the shared-memory segment {} within \
+                     {limit:?} (HALO_BOOTSTRAP_TIMEOUT_MS)",
+                    seg.attached(),
+                    procs.len(),
+                    seg.path()
+                ),
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 impl Transport for ShmTransport {

@@ -385,6 +385,11 @@ impl Segment {
         false
     }
 
+    /// How many ranks have attached.
+    pub(crate) fn attached(&self) -> usize {
+        self.header().attached.load(Ordering::Acquire) as usize
+    }
+
     /// The control block of ring `(s, r)`.
     pub(super) fn ring(&self, s: usize, r: usize) -> &RingCtl {
         debug_assert!(s < self.nranks && r < self.nranks);

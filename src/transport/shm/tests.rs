@@ -20,9 +20,12 @@ fn pattern(rank: usize, round: usize, i: usize, len: usize) -> Vec<u8> {
 fn pair(slots: usize, cell: usize) -> (ShmTransport, ShmTransport) {
     let a = Segment::create_with(2, slots, cell).unwrap();
     let b = Segment::open(a.path(), 2).unwrap();
-    let ta = ShmTransport::new(0, 2, a, vec![None, None]).unwrap();
-    let tb = ShmTransport::new(1, 2, b, vec![None, None]).unwrap();
-    (ta, tb)
+    // Each waits until both attached: on two threads.
+    std::thread::scope(|s| {
+        let hb = s.spawn(|| ShmTransport::new(1, 2, b, vec![None, None]).unwrap());
+        let ta = ShmTransport::new(0, 2, a, vec![None, None]).unwrap();
+        (ta, hb.join().unwrap())
+    })
 }
 
 /// Drives `s` until every token in `want` completed (or fails after 20 s).
