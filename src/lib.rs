@@ -64,6 +64,6 @@ pub use half::{bf16, f16};
 pub use halo_collectives as collectives;
 pub use halo_collectives::{AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm};
 pub use transport::fabric::{FabricConfig, FabricProgress};
-pub use transport::shm::TransportChoice;
 pub use transport::local;
 pub use transport::local::{Emulation, LocalCluster};
+pub use transport::shm::TransportChoice;

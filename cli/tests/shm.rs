@@ -191,7 +191,8 @@ fn chosen_for_one_host_and_forced_either_way() {
     let (_, stderr) = output(&dir);
     assert!(!st.success());
     assert!(
-        stderr.contains("asked for HALO_TRANSPORT=shm") && stderr.contains("rank 1 uses the fabric"),
+        stderr.contains("asked for HALO_TRANSPORT=shm")
+            && stderr.contains("rank 1 uses the fabric"),
         "{stderr}"
     );
 }

@@ -235,13 +235,17 @@ fn use_shm(cards: &[Card]) -> Result<bool> {
     let ns = |c: &Card| c.process.as_ref().map(|(ns, _)| ns.clone());
     let apart: Vec<usize> = (0..cards.len())
         .filter(|&r| {
-            cards[r].host != cards[0].host || ns(&cards[r]).is_none() || ns(&cards[r]) != ns(&cards[0])
+            cards[r].host != cards[0].host
+                || ns(&cards[r]).is_none()
+                || ns(&cards[r]) != ns(&cards[0])
         })
         .collect();
     let ok = fabric.is_empty() && apart.is_empty() && cards[0].shm.is_some();
     if !shm.is_empty() && !ok {
         let why = if let Some(&f) = fabric.first() {
-            format!("rank {f} uses the fabric (HALO_TRANSPORT=fabric, or a provider forced with HALO_FABRIC_PROVIDER)")
+            format!(
+                "rank {f} uses the fabric (HALO_TRANSPORT=fabric, or a provider forced with HALO_FABRIC_PROVIDER)"
+            )
         } else if let Some(&a) = apart.first() {
             format!(
                 "rank {a} is on host {:?} (or in another PID namespace), rank 0 on {:?}",

@@ -77,10 +77,7 @@ impl Backend {
                         .map(|p| t.provider_to(p).map(str::to_string))
                         .collect(),
                 ),
-                Backend::Shm(t) => (
-                    None,
-                    vec![Some(super::shm::PROVIDER.to_string()); t.size()],
-                ),
+                Backend::Shm(t) => (None, vec![Some(super::shm::PROVIDER.to_string()); t.size()]),
                 Backend::Shared(_) => unreachable!("checked above"),
             };
             let endpoint = Arc::new(Endpoint {

@@ -168,7 +168,9 @@ impl ShmTransport {
         procs: Vec<Option<Proc>>,
     ) -> Result<ShmTransport> {
         if procs.len() != size || rank >= size {
-            return Err(Error::internal("shm transport: one process per rank expected"));
+            return Err(Error::internal(
+                "shm transport: one process per rank expected",
+            ));
         }
         seg.attach();
         wait_attached(&seg, rank, &procs)?;
@@ -271,7 +273,12 @@ impl Transport for ShmTransport {
             )));
         }
         let block = bufs.block;
-        Ok(ShmSession::new(self, RawBuffers::new(bufs), tag_base, block))
+        Ok(ShmSession::new(
+            self,
+            RawBuffers::new(bufs),
+            tag_base,
+            block,
+        ))
     }
 }
 

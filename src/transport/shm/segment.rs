@@ -246,7 +246,12 @@ impl Segment {
         let own = Some((path.clone(), meta.dev(), meta.ino()));
         let map = f
             .set_len(total as u64)
-            .map_err(|e| sys(&format!("cannot size {} to {total} bytes", path.display()), e))
+            .map_err(|e| {
+                sys(
+                    &format!("cannot size {} to {total} bytes", path.display()),
+                    e,
+                )
+            })
             .and_then(|()| Self::map(&f, total, nranks, slots, cell, own.clone()));
         let seg = match map {
             Ok(s) => s,
@@ -424,7 +429,14 @@ impl Segment {
         if w.load(Ordering::Relaxed) == ASLEEP && w.swap(AWAKE, Ordering::SeqCst) == ASLEEP {
             // SAFETY: FUTEX_WAKE on a valid, aligned u32 in a shared mapping (not
             // FUTEX_PRIVATE: the waiter may be another process); no other argument is read.
-            unsafe { libc::syscall(libc::SYS_futex, ptr::from_ref(w), libc::FUTEX_WAKE, 1 as c_int) };
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    ptr::from_ref(w),
+                    libc::FUTEX_WAKE,
+                    1 as c_int,
+                )
+            };
         }
     }
 

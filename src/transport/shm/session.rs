@@ -186,7 +186,14 @@ impl ShmSession<'_> {
 
     /// The error when a message of `len` bytes and block `block` from `peer` meets a
     /// receive of `want` bytes; `None` when they agree.
-    fn refuse(&self, peer: usize, tag: u64, len: usize, block: u64, want: usize) -> Option<CollectiveError> {
+    fn refuse(
+        &self,
+        peer: usize,
+        tag: u64,
+        len: usize,
+        block: u64,
+        want: usize,
+    ) -> Option<CollectiveError> {
         let (theirs, ours) = (block_of(block), block_of(self.block));
         let differ = len != want || matches!((theirs, ours), (Some(a), Some(b)) if a != b);
         differ.then(|| {
@@ -434,7 +441,13 @@ impl ShmSession<'_> {
             .position(|r| r.peer == peer && r.tag == tag)
     }
 
-    fn post_recv_inner(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
+    fn post_recv_inner(
+        &mut self,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+    ) -> CResult<()> {
         self.check_peer(peer)?;
         let tag = self.full_tag(tag)?;
         let dst = self.bufs.locate_write(region)?;
@@ -735,7 +748,10 @@ impl Drop for ShmSession<'_> {
             q.clear();
         }
         self.done.clear();
-        tracing::warn!(rank = self.t.rank, "{why}; the shared-memory transport is now unusable");
+        tracing::warn!(
+            rank = self.t.rank,
+            "{why}; the shared-memory transport is now unusable"
+        );
         self.t.broken = Some(why);
     }
 }

@@ -79,7 +79,8 @@ fn round(t: &mut ShmTransport, r: usize, reverse: bool) {
         }
         for &i in &order {
             let region = Region::new(Buf::Recv, offsets[i], LENS[i]);
-            s.post_recv(peer, i as u64, region, 1000 + i as u32).unwrap();
+            s.post_recv(peer, i as u64, region, 1000 + i as u32)
+                .unwrap();
         }
         for (i, &l) in LENS.iter().enumerate() {
             let region = Region::new(Buf::Send, offsets[i], l);
@@ -133,7 +134,8 @@ fn a_message_of_another_length_is_a_mismatch_naming_both_sizes() {
                 block: None,
             };
             let mut s = a.begin(0, bufs).unwrap();
-            s.post_send(1, 3, Region::new(Buf::Send, 0, 100), 0).unwrap();
+            s.post_send(1, 3, Region::new(Buf::Send, 0, 100), 0)
+                .unwrap();
             complete(&mut s, 1).unwrap();
         });
         s.spawn(|| {
