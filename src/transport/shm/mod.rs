@@ -29,12 +29,16 @@
 //! (`process_vm_readv`) is not used.
 //!
 //! # Waiting
-//! When nothing completes, a rank polls for `HALO_SHM_SPIN_US` (default 50 us, or
-//! 5 us yielding between polls when the host has fewer cores than this job has ranks),
-//! then sleeps on its *bell*, a futex word in the segment: it marks the word asleep,
-//! looks at its rings once more, and waits on the futex (bounded by the engine's wait,
-//! at most 1 ms). A rank that publishes cells to a peer, or frees cells of a peer's
-//! ring, wakes the peer if its word says it sleeps (one shared load otherwise).
+//! When nothing completes, a rank polls without pause for 5 us (not when the host has
+//! fewer cores than this job has ranks), then yields the processor between polls
+//! until `HALO_SHM_SPIN_US` (default 1000 us) have passed, then sleeps on its *bell*,
+//! a futex word in the segment: it marks the word asleep, looks at its rings once
+//! more, and waits on the futex (bounded by the engine's wait, at most 1 ms). A rank
+//! that publishes cells to a peer, or frees cells of a peer's ring, wakes the peer if
+//! its word says it sleeps (one shared load otherwise). Yielding before sleeping
+//! matters on a loaded host: a woken rank waits for a processor, and sleeping after
+//! 5-50 us of silence cost 75-130 us per 1-byte ping-pong (2 ranks, load 5-9 on 2
+//! cores) and 77 us per 1-byte all-to-all (4 ranks) — docs/BENCHMARKS.md.
 //!
 //! # Failures (as the fabric transport)
 //! - A peer whose process ended is noticed while waiting for it (every 50 ms): what it
@@ -112,6 +116,9 @@ impl std::fmt::Display for TransportChoice {
     }
 }
 
+/// How long a rank polls (yielding) before it sleeps on its bell (`HALO_SHM_SPIN_US`).
+const SPIN_DEFAULT: Duration = Duration::from_micros(1000);
+
 /// The name [`crate::Communicator::provider_to`] gives this transport.
 pub(crate) const PROVIDER: &str = "halo-shm";
 
@@ -136,7 +143,9 @@ pub(crate) struct ShmTransport {
     pub(super) broken: Option<String>,
     /// How long to poll before sleeping on the bell.
     pub(super) spin: Duration,
-    /// Whether to yield between polls (more ranks than cores).
+    /// How long to poll without yielding first (unless oversubscribed).
+    pub(super) pure: Duration,
+    /// Whether to yield from the first poll on (more ranks than cores).
     pub(super) yield_spin: bool,
 }
 
@@ -182,9 +191,12 @@ impl ShmTransport {
                     "HALO_SHM_SPIN_US={v:?} is not a number of microseconds"
                 ))
             })?),
-            Err(_) if yield_spin => Duration::from_micros(5),
-            Err(_) => Duration::from_micros(50),
+            Err(_) => SPIN_DEFAULT,
         };
+        let pure = std::env::var("HALO_SHM_PURE_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(spin, Duration::from_micros);
         tracing::info!(
             rank,
             size,
@@ -207,6 +219,7 @@ impl ShmTransport {
             procs,
             broken: None,
             spin,
+            pure,
             yield_spin,
         })
     }

@@ -688,14 +688,14 @@ impl Session for ShmSession<'_> {
         let r = self.watch_peers();
         self.note(r)?;
         let idle = self.idle_since.get_or_insert_with(Instant::now).elapsed();
-        if idle < self.t.spin {
-            if self.t.yield_spin {
-                std::thread::yield_now();
-            } else {
-                for _ in 0..16 {
-                    std::hint::spin_loop();
-                }
+        if idle < self.t.pure && !self.t.yield_spin {
+            for _ in 0..16 {
+                std::hint::spin_loop();
             }
+            return Ok(());
+        }
+        if idle < self.t.spin {
+            std::thread::yield_now();
             return Ok(());
         }
         let timeout = max.clamp(Duration::from_micros(1), SLEEP_MAX);
