@@ -29,15 +29,16 @@
 //! (`process_vm_readv`) is not used.
 //!
 //! # Waiting
-//! When nothing completes, a rank polls without pause for 5 us (not when the host has
-//! fewer cores than this job has ranks), then yields the processor between polls
-//! until `HALO_SHM_SPIN_US` (default 1000 us) have passed, then sleeps on its *bell*,
+//! When nothing completes, a rank polls without pause (not when the host has fewer
+//! cores than this job has ranks: then it yields the processor between polls) until
+//! `HALO_SHM_SPIN_US` (default 1000 us) have passed — `HALO_SHM_PURE_US` makes the
+//! part without yielding shorter — then sleeps on its *bell*,
 //! a futex word in the segment: it marks the word asleep, looks at its rings once
 //! more, and waits on the futex (bounded by the engine's wait, at most 1 ms). A rank
 //! that publishes cells to a peer, or frees cells of a peer's ring, wakes the peer if
-//! its word says it sleeps (one shared load otherwise). Yielding before sleeping
-//! matters on a loaded host: a woken rank waits for a processor, and sleeping after
-//! 5-50 us of silence cost 75-130 us per 1-byte ping-pong (2 ranks, load 5-9 on 2
+//! its word says it sleeps (one shared load otherwise). Not sleeping early matters on a
+//! loaded host: a woken rank waits for a processor, and sleeping after 5-50 us of
+//! silence cost 75-130 us per 1-byte ping-pong (2 ranks, load 5-9 on 2
 //! cores) and 77 us per 1-byte all-to-all (4 ranks) — docs/BENCHMARKS.md.
 //!
 //! # Failures (as the fabric transport)
