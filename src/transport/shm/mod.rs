@@ -14,7 +14,9 @@
 //!
 //! # Rings
 //! One ring per ordered pair of ranks (sender, receiver): `slots` cells of `cell`
-//! bytes (32 x 8 KiB by default, 16 above 16 ranks; `HALO_SHM_SLOTS`, `HALO_SHM_CELL`).
+//! bytes (32 x 8 KiB by default, 16 above 16 ranks, 8 above 64: the segment is
+//! `N x N x slots x cell` bytes, all of it resident once an all-to-all has used every
+//! ring; `HALO_SHM_SLOTS`, `HALO_SHM_CELL`).
 //! The sender alone writes cells and the tail, the receiver alone the head; a cell is
 //! published by the tail's Release store and freed by the head's. A message is a first
 //! cell (tag, length, block size, the first bytes: small messages travel inline, eager)

@@ -129,8 +129,11 @@ pub(super) fn geometry(nranks: usize) -> (usize, usize) {
         .and_then(|v| v.trim().parse::<usize>().ok())
     {
         Some(s) if (2..=1 << 16).contains(&s) => s,
+        // Every ring is used in an all-to-all, so all of it ends up resident:
+        // N x N x slots x cell bytes (8 ranks: 16 MiB; 64 ranks: 512 MiB; 128: 1 GiB).
         _ if nranks <= 16 => 32,
-        _ => 16,
+        _ if nranks <= 64 => 16,
+        _ => 8,
     };
     let cell = match std::env::var("HALO_SHM_CELL")
         .ok()
