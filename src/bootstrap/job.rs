@@ -265,3 +265,95 @@ fn use_shm(cards: &[Card]) -> Result<bool> {
     }
     Ok(ok)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::fabric::Proc;
+
+    fn card(host: &str, ns: &str, transport: &str, shm: Option<&str>) -> Card {
+        Card {
+            host: host.into(),
+            topology: String::new(),
+            names: [None, None],
+            process: Some((ns.into(), Proc { pid: 7, start: 1 })),
+            bell: None,
+            shm: shm.map(str::to_string),
+            transport: Some(transport.into()),
+        }
+    }
+
+    const SEG: Option<&str> = Some("/dev/shm/halo-shm-1-2-0");
+
+    #[test]
+    fn one_host_auto_uses_shm_every_rank_deciding_alike() {
+        let cards = vec![
+            card("a", "pid:[1]", "auto", SEG),
+            card("a", "pid:[1]", "auto", None),
+            card("a", "pid:[1]", "shm", None),
+        ];
+        assert!(use_shm(&cards).unwrap());
+    }
+
+    #[test]
+    fn another_host_a_forced_fabric_or_no_segment_means_the_fabric() {
+        for cards in [
+            vec![
+                card("a", "pid:[1]", "auto", SEG),
+                card("b", "pid:[1]", "auto", None),
+            ],
+            vec![
+                card("a", "pid:[1]", "auto", SEG),
+                card("a", "pid:[2]", "auto", None),
+            ],
+            vec![
+                card("a", "pid:[1]", "auto", SEG),
+                card("a", "pid:[1]", "fabric", None),
+            ],
+            vec![
+                card("a", "pid:[1]", "auto", None),
+                card("a", "pid:[1]", "auto", None),
+            ],
+        ] {
+            assert!(!use_shm(&cards).unwrap(), "{cards:?}");
+        }
+    }
+
+    #[test]
+    fn forced_shm_that_cannot_be_is_an_error_naming_why() {
+        let cases = [
+            (
+                vec![
+                    card("a", "pid:[1]", "shm", SEG),
+                    card("b", "pid:[1]", "shm", None),
+                ],
+                "rank 1 is on host \"b\"",
+            ),
+            (
+                vec![
+                    card("a", "pid:[1]", "shm", SEG),
+                    card("a", "pid:[1]", "fabric", None),
+                ],
+                "rank 1 uses the fabric",
+            ),
+            (
+                vec![
+                    card("a", "pid:[1]", "auto", None),
+                    card("a", "pid:[1]", "shm", None),
+                ],
+                "rank 0 could not create",
+            ),
+        ];
+        for (cards, why) in cases {
+            match use_shm(&cards) {
+                Err(Error::InvalidUsage { message, .. }) => {
+                    assert!(
+                        message.contains("HALO_TRANSPORT=shm") && message.contains(why),
+                        "{message}"
+                    )
+                }
+                other => panic!("{why}: {other:?}"),
+            }
+        }
+    }
+}
