@@ -67,3 +67,4 @@ pub use halo_collectives::{AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduce
 pub use transport::fabric::{FabricConfig, FabricProgress};
 pub use transport::local;
 pub use transport::local::{Emulation, LocalCluster};
+pub use transport::shm::TransportChoice;

@@ -8,7 +8,7 @@
 //! The emulated-host tests and the tests that give ranks their own host names skip
 //! with a printed reason when not root or when namespaces cannot be created.
 
-use halo::{Communicator, Error, InitConfig, UniqueId};
+use halo::{Communicator, Error, InitConfig, TransportChoice, UniqueId};
 use halo_cli::check::{CheckOptions, pair_bytes};
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt as _;
@@ -74,6 +74,9 @@ fn launch(dir: &Path, args: &[&str], check: &[&str], env: &[(&str, &str)]) -> Ru
         .arg("--")
         .arg(HALO)
         .args(check)
+        // The libfabric transport (HALO's own shared memory would carry same-host
+        // peers by default; its tests are in shm.rs).
+        .env("HALO_TRANSPORT", "fabric")
         .envs(env.iter().copied())
         .env_remove("HALO_DEBUG")
         .stdin(Stdio::null())
@@ -416,6 +419,7 @@ fn kill_trial(
                 .env("HALO_SECRET", "5a".repeat(32))
                 .env("HALO_TIMEOUT_MS", &timeout_ms)
                 .env("HALO_BOOTSTRAP_TIMEOUT_MS", "60000")
+                .env("HALO_TRANSPORT", "fabric")
                 .envs(env.iter().copied())
                 .env_remove("HALO_DEBUG")
                 .stdin(Stdio::null())
@@ -584,6 +588,17 @@ fn sigkilled_rank_survivors_fail_fast_shm() {
     kill_trial(&dir, 8, 5, 11, &[], false);
 }
 
+/// The same over HALO's shared-memory transport (`HALO_TRANSPORT=shm`).
+#[test]
+fn sigkilled_rank_survivors_fail_fast_halo_shm() {
+    let dir = scratch("kill_halo_shm");
+    let env = [("HALO_TRANSPORT", "shm")];
+    for (die, after) in [(2, 0), (1, 7), (3, 19), (0, 42)] {
+        kill_trial(&dir, 4, die, after, &env, false);
+    }
+    kill_trial(&dir, 8, 5, 11, &env, false);
+}
+
 #[test]
 fn sigkilled_rank_survivors_fail_fast_tcp() {
     let dir = scratch("kill_tcp");
@@ -722,7 +737,10 @@ fn pair(config: &InitConfig) -> (Communicator, mpsc::Sender<()>, std::thread::Jo
 }
 
 fn config(provider: Option<&str>, timeout: Duration) -> InitConfig {
-    let mut c = InitConfig::default();
+    let mut c = InitConfig {
+        transport: TransportChoice::Fabric,
+        ..InitConfig::default()
+    };
     if let Some(p) = provider {
         c.fabric.force(p);
     }
@@ -733,8 +751,13 @@ fn config(provider: Option<&str>, timeout: Duration) -> InitConfig {
 
 #[test]
 fn abort_from_another_thread_returns_within_a_second() {
-    for provider in [None, Some("tcp;ofi_rxm")] {
-        let (mut comm, release, idle) = pair(&config(provider, Duration::from_secs(60)));
+    for (provider, shm) in [(None, false), (Some("tcp;ofi_rxm"), false), (None, true)] {
+        let mut c = config(provider, Duration::from_secs(60));
+        if shm {
+            c.transport = TransportChoice::Shm;
+        }
+        let (mut comm, release, idle) = pair(&c);
+        let provider = (provider, comm.provider_to(1).map(str::to_string));
         let handle = comm.abort_handle();
         let (tx, rx) = mpsc::channel();
         let aborter = std::thread::spawn(move || {
@@ -768,9 +791,14 @@ fn abort_from_another_thread_returns_within_a_second() {
 
 #[test]
 fn communicator_is_unusable_after_a_failure() {
-    for provider in [None, Some("tcp;ofi_rxm")] {
+    for (provider, shm) in [(None, false), (Some("tcp;ofi_rxm"), false), (None, true)] {
         let timeout = Duration::from_millis(400);
-        let (mut comm, release, idle) = pair(&config(provider, timeout));
+        let mut c = config(provider, timeout);
+        if shm {
+            c.transport = TransportChoice::Shm;
+        }
+        let (mut comm, release, idle) = pair(&c);
+        let provider = (provider, comm.provider_to(1).map(str::to_string));
         let send = vec![1u32; 2 * 64];
         let mut recv = vec![0u32; 2 * 64];
         let t = Instant::now();

@@ -217,7 +217,10 @@ fn local_transport_both_ends_name_each_other() {
 // ---------------------------------------------------------------------------
 
 fn fabric_config(provider: Option<&str>, timeout: Duration) -> InitConfig {
-    let mut c = InitConfig::default();
+    let mut c = InitConfig {
+        transport: halo::TransportChoice::Fabric,
+        ..InitConfig::default()
+    };
     if let Some(p) = provider {
         c.fabric.force(p);
     }
@@ -334,6 +337,17 @@ fn rank_program() {
 /// One mismatched job of `N` processes; with `all_invalid_usage` every rank must get
 /// `InvalidUsage` (over `shm` the poison always arrives).
 fn processes(provider: Option<&str>, alg: Algorithm, types: bool, all_invalid_usage: bool) {
+    processes_on("fabric", provider, alg, types, all_invalid_usage);
+}
+
+/// [`processes`] on the transport `transport` (`HALO_TRANSPORT`).
+fn processes_on(
+    transport: &str,
+    provider: Option<&str>,
+    alg: Algorithm,
+    types: bool,
+    all_invalid_usage: bool,
+) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(HALO);
     cmd.args(["launch", "--timeout", "60", "-n", &N.to_string(), "--"])
@@ -343,6 +357,7 @@ fn processes(provider: Option<&str>, alg: Algorithm, types: bool, all_invalid_us
         .env("HALO_TOPOLOGY", TOPOLOGY)
         .env("HALO_TIMEOUT_MS", "3000")
         .env("SHORT_RECEIVE_TYPES", if types { "1" } else { "0" })
+        .env("HALO_TRANSPORT", transport)
         .env_remove("HALO_DEBUG")
         .stdin(Stdio::null());
     match provider {
@@ -352,7 +367,10 @@ fn processes(provider: Option<&str>, alg: Algorithm, types: bool, all_invalid_us
     let start = Instant::now();
     let out = cmd.output().expect("run halo launch");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let what = format!("processes {provider:?} {} types={types}", alg.name());
+    let what = format!(
+        "processes {transport} {provider:?} {} types={types}",
+        alg.name()
+    );
     assert!(
         out.status.success(),
         "{what}: {:?}\n{stdout}\n{}",
@@ -410,6 +428,16 @@ fn fabric_shm_processes_every_algorithm_every_rank_fails() {
     for types in [false, true] {
         for alg in Algorithm::ALL {
             processes(None, alg, types, true);
+        }
+    }
+}
+
+/// HALO's shared-memory transport: every rank `InvalidUsage`, as over libfabric's `shm`.
+#[test]
+fn halo_shm_processes_every_algorithm_every_rank_fails() {
+    for types in [false, true] {
+        for alg in Algorithm::ALL {
+            processes_on("shm", None, alg, types, true);
         }
     }
 }

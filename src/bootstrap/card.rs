@@ -35,6 +35,10 @@ pub(super) struct Card {
     pub(super) process: Option<(String, Proc)>,
     /// Its doorbell file, for peers on the same host (`block`).
     pub(super) bell: Option<String>,
+    /// The job's shared-memory segment (rank 0's card, when it created one).
+    pub(super) shm: Option<String>,
+    /// Its `HALO_TRANSPORT` (`auto`, `shm` or `fabric`; missing: `auto`).
+    pub(super) transport: Option<String>,
 }
 
 impl Card {
@@ -48,6 +52,12 @@ impl Card {
         });
         if let Some(b) = &self.bell {
             v["bell"] = b.as_str().into();
+        }
+        if let Some(p) = &self.shm {
+            v["shm"] = p.as_str().into();
+        }
+        if let Some(t) = &self.transport {
+            v["transport"] = t.as_str().into();
         }
         if let Some((ns, p)) = &self.process {
             v["pidns"] = ns.as_str().into();
@@ -143,12 +153,29 @@ impl Card {
                 ));
             }
         }
+        let shm = text("shm", 255)?;
+        if let Some(p) = &shm
+            && !crate::transport::shm::is_segment_path(p)
+        {
+            return Err(bad(
+                "shm",
+                "is not a HALO shared-memory segment (/dev/shm/halo-shm-N-N-N)",
+            ));
+        }
+        let transport = text("transport", 16)?;
+        if let Some(t) = &transport
+            && !matches!(t.as_str(), "auto" | "shm" | "fabric")
+        {
+            return Err(bad("transport", "is not auto, shm or fabric"));
+        }
         Ok(Card {
             host,
             topology,
             names,
             process,
             bell,
+            shm,
+            transport,
         })
     }
 }

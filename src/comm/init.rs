@@ -7,6 +7,7 @@ use crate::bootstrap::{EnvBootstrap, EnvSource, UniqueId, bootstrap_timeout, exc
 use crate::error::{Error, Result};
 use crate::transport::Backend;
 use crate::transport::fabric::FabricConfig;
+use crate::transport::shm::TransportChoice;
 use halo_collectives::Algorithm;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,9 @@ pub struct InitConfig {
     pub bootstrap_timeout: Duration,
     /// Force an algorithm (`HALO_ALGO`: flat, pairwise, bruck, halo, halo2d; default automatic).
     pub algorithm: Option<Algorithm>,
+    /// Which transport carries the messages (`HALO_TRANSPORT`: auto, shm, fabric):
+    /// by default HALO's shared-memory transport when every rank is on one host.
+    pub transport: TransportChoice,
 }
 
 impl Default for InitConfig {
@@ -35,13 +39,14 @@ impl Default for InitConfig {
             timeout: super::DEFAULT_TIMEOUT,
             bootstrap_timeout: Duration::from_secs(120),
             algorithm: None,
+            transport: TransportChoice::Auto,
         }
     }
 }
 
 impl InitConfig {
     /// The defaults, changed by `HALO_FABRIC_PROVIDER`, `HALO_FABRIC_NET_PROVIDER`,
-    /// `HALO_FABRIC_ADDR`, `HALO_TOPOLOGY`, `HALO_TIMEOUT_MS`, `HALO_BOOTSTRAP_TIMEOUT_MS`
+    /// `HALO_FABRIC_ADDR`, `HALO_TRANSPORT`, `HALO_TOPOLOGY`, `HALO_TIMEOUT_MS`, `HALO_BOOTSTRAP_TIMEOUT_MS`
     /// and `HALO_ALGO` (and checks `HALO_BARRIER_ALGO`, which the barrier reads). A
     /// malformed value is an error naming the variable.
     pub fn from_env() -> Result<InitConfig> {
@@ -70,6 +75,9 @@ impl InitConfig {
         }
         if let Some(t) = ms("HALO_BOOTSTRAP_TIMEOUT_MS")? {
             c.bootstrap_timeout = t;
+        }
+        if let Ok(t) = std::env::var("HALO_TRANSPORT") {
+            c.transport = t.parse()?;
         }
         if let Ok(a) = std::env::var("HALO_BARRIER_ALGO") {
             a.parse::<Algorithm>()
@@ -137,14 +145,16 @@ impl Communicator {
         config: &InitConfig,
         join: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
     ) -> Result<Communicator> {
-        let (transport, topology) =
-            establish(rank, size, root, &config.fabric, &config.topology, join)?;
-        let mut comm = Communicator::from_backend(
-            Backend::Fabric(Box::new(transport)),
+        let (backend, topology) = establish(
             rank,
             size,
-            Arc::new(topology),
-        );
+            root,
+            &config.fabric,
+            config.transport,
+            &config.topology,
+            join,
+        )?;
+        let mut comm = Communicator::from_backend(backend, rank, size, Arc::new(topology));
         comm.set_timeout(config.timeout);
         comm.set_algorithm(config.algorithm);
         tracing::info!(rank, size, topology = %comm.topology().name(), "communicator ready");
@@ -169,6 +179,10 @@ impl Communicator {
     pub fn provider_to(&self, peer: usize) -> Option<&str> {
         match &self.core.backend {
             Backend::Fabric(t) => t.provider_to(peer),
+            Backend::Shm(t) => {
+                use halo_collectives::Transport as _;
+                (peer < t.size() && peer != t.rank()).then_some(crate::transport::shm::PROVIDER)
+            }
             Backend::Local(_) => None,
             Backend::Shared(s) => s.provider_to(peer),
         }

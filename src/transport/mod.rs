@@ -4,6 +4,8 @@
 //! - [`local`]: ranks as threads of one process, with optional link emulation.
 //! - [`fabric`]: ranks as processes over libfabric (`shm` within a host, `tcp;ofi_rxm`
 //!   or `cxi` between hosts).
+//! - [`shm`]: ranks as processes on one host, over HALO's own shared-memory rings
+//!   (chosen automatically when every rank is on one host; `HALO_TRANSPORT`).
 //! - `shared`: either of them shared by a communicator and its sub-communicators.
 //! - `sys`: safe wrappers over the system calls the library needs elsewhere
 //!   (the host's network interfaces, for the bootstrap).
@@ -14,6 +16,7 @@ pub(crate) mod fabric;
 pub mod local;
 mod raw;
 mod shared;
+pub(crate) mod shm;
 pub(crate) mod sys;
 
 pub(crate) use shared::{MAX_COMMS, SharedBackend, SharedTickets, Ticket};
@@ -59,6 +62,8 @@ pub(crate) enum Backend {
     Local(local::LocalTransport),
     /// Ranks as processes, over libfabric.
     Fabric(Box<fabric::FabricTransport>),
+    /// Ranks as processes on one host, over shared-memory rings.
+    Shm(Box<shm::ShmTransport>),
     /// One of the above, shared by the communicators of a split tree (see `shared`).
     Shared(SharedBackend),
 }
@@ -95,6 +100,7 @@ impl Backend {
         match self {
             Backend::Local(t) => run_on(t, program, tag_base, bufs, opts),
             Backend::Fabric(t) => run_on(&mut **t, program, tag_base, bufs, opts),
+            Backend::Shm(t) => run_on(&mut **t, program, tag_base, bufs, opts),
             Backend::Shared(s) => s.run(program, tag_base, bufs, opts),
         }
     }

@@ -185,6 +185,7 @@ impl Backend {
                         .map(|p| t.provider_to(p).map(str::to_string))
                         .collect(),
                 ),
+                Backend::Shm(t) => (None, vec![Some(super::shm::PROVIDER.to_string()); t.size()]),
                 Backend::Shared(_) => unreachable!("checked above"),
             };
             let endpoint = Arc::new(Endpoint {
@@ -355,6 +356,7 @@ impl SharedBackend {
         match guard.as_mut() {
             Some(Backend::Local(t)) => run_mapped(t, map, program, tag_base, bufs, opts),
             Some(Backend::Fabric(t)) => run_mapped(&mut **t, map, program, tag_base, bufs, opts),
+            Some(Backend::Shm(t)) => run_mapped(&mut **t, map, program, tag_base, bufs, opts),
             _ => Err(CollectiveError::Internal(
                 "shared endpoint without a transport".into(),
             )),

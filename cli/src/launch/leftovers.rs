@@ -2,7 +2,9 @@
 //!
 //! - **Shared memory of dead ranks.** A rank that dies without closing libfabric
 //!   (SIGKILL, `--timeout`, Ctrl-C) leaves the 16 MiB region of the shm provider,
-//!   `/dev/shm/<pid>:<n>:<n>`, and HALO's doorbell `/dev/shm/halo-bell-<ns>-<pid>-<n>`.
+//!   `/dev/shm/<pid>:<n>:<n>`, HALO's doorbell `/dev/shm/halo-bell-<ns>-<pid>-<n>`,
+//!   and, when the job dies before every rank mapped it, the segment of HALO's
+//!   shared-memory transport `/dev/shm/halo-shm-<ns>-<pid>-<n>` (rank 0's pid).
 //!   The launcher removes those of every process it started, by pid, once the process
 //!   is reaped ([`remove_shm_of`]).
 //! - **A launcher that died** (SIGKILL, OOM killer) cannot do that. Each launcher
@@ -70,7 +72,8 @@ fn pid_free(pid: i32) -> bool {
 }
 
 /// Whether `name` is a shared-memory file of process `pid`: libfabric's shm region
-/// `<pid>:<n>[:<n>...]` or HALO's bell `halo-bell-<ns>-<pid>-<n>`.
+/// `<pid>:<n>[:<n>...]`, HALO's bell `halo-bell-<ns>-<pid>-<n>` or the segment of
+/// HALO's shared-memory transport `halo-shm-<ns>-<pid>-<n>` (made by rank 0).
 fn shm_of(name: &str, pid: i32) -> bool {
     let pid = pid.to_string();
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
@@ -80,7 +83,10 @@ fn shm_of(name: &str, pid: i32) -> bool {
     {
         return rest.split(':').all(digits);
     }
-    if let Some(rest) = name.strip_prefix("halo-bell-") {
+    if let Some(rest) = name
+        .strip_prefix("halo-bell-")
+        .or_else(|| name.strip_prefix("halo-shm-"))
+    {
         let parts: Vec<&str> = rest.split('-').collect();
         return parts.len() == 3 && parts.iter().all(|p| digits(p)) && parts[1] == pid;
     }
@@ -329,6 +335,8 @@ mod tests {
         assert!(!shm_of("1234:0:x", 1234));
         assert!(!shm_of("1234", 1234));
         assert!(shm_of("halo-bell-4026531836-1234-0", 1234));
+        assert!(shm_of("halo-shm-4026531836-1234-0", 1234));
+        assert!(!shm_of("halo-shm-4026531836-12345-0", 1234));
         assert!(!shm_of("halo-bell-4026531836-12345-0", 1234));
         assert!(!shm_of("halo-bell-1234-77-0", 1234));
         assert_eq!(

@@ -51,6 +51,9 @@ pub(crate) fn start(dir: &Path, args: &[&str]) -> std::process::Child {
     Command::new(HALO)
         .arg("launch")
         .args(args)
+        // These tests are about libfabric's shared memory (its regions in /dev/shm);
+        // HALO's own shared-memory transport has its tests in shm.rs.
+        .env("HALO_TRANSPORT", "fabric")
         .env_remove("HALO_DEBUG")
         .stdin(Stdio::null())
         .stdout(out)

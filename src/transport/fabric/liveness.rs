@@ -103,7 +103,7 @@ pub(crate) fn this_process() -> Option<(String, Proc)> {
 
 /// Whether a watched process has ended: gone, a zombie, or its id taken by another
 /// process. `false` when that cannot be told.
-pub(super) fn has_ended(p: Proc) -> bool {
+pub(crate) fn has_ended(p: Proc) -> bool {
     match proc_stat(&format!("/proc/{}/stat", p.pid)) {
         Ok((state, start)) => start != p.start || matches!(state, b'Z' | b'X' | b'x'),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,

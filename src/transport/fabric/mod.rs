@@ -90,7 +90,7 @@ mod transport;
 mod watchdog;
 
 pub(crate) use endpoint::MAX_NAME;
-pub(crate) use liveness::{Proc, this_process};
+pub(crate) use liveness::{Proc, has_ended, this_process};
 pub(crate) use transport::FabricTransport;
 
 use crate::error::{Error, Result};

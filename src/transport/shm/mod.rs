@@ -1,0 +1,302 @@
+//! HALO's shared-memory transport: ranks as processes on one host, messages through
+//! lock-free single-producer/single-consumer rings in one shared segment per job.
+//!
+//! # Segment
+//! Rank 0 creates `/dev/shm/halo-shm-NS-PID-N` before the bootstrap exchange and
+//! publishes its path in its card; after the exchange every rank maps it, and the last
+//! rank to map it unlinks it, so a running job has no file in `/dev/shm` at all and a
+//! job that dies in any way leaves none. A job that dies during set-up (before every
+//! rank mapped the segment) leaves the file: rank 0 removes it when its transport is
+//! dropped, `halo launch` when it reaps rank 0 (the name carries rank 0's pid, like
+//! the doorbells, `cli/src/launch/leftovers.rs`), and the next segment created in the
+//! same PID namespace removes those of processes that no longer run. Layout:
+//! `segment.rs`.
+//!
+//! # Rings
+//! One ring per ordered pair of ranks (sender, receiver): `slots` cells of `cell`
+//! bytes (32 x 8 KiB by default, 16 above 16 ranks, 8 above 64: the segment is
+//! `N x N x slots x cell` bytes, all of it resident once an all-to-all has used every
+//! ring; `HALO_SHM_SLOTS`, `HALO_SHM_CELL`).
+//! The sender alone writes cells and the tail, the receiver alone the head; a cell is
+//! published by the tail's Release store and freed by the head's. A message is a first
+//! cell (tag, length, block size, the first bytes: small messages travel inline, eager)
+//! and as many further cells as its length needs, pipelined: the sender fills cells as
+//! the receiver frees them, so messages larger than the ring pass through it. A send
+//! completes when its last byte is in the ring. The receiver drains every ring it has
+//! whenever it progresses: a message whose receive is posted is copied straight into
+//! the caller's buffer, any other into memory of the transport's own ("unexpected")
+//! until its receive is posted — so a ring never blocks on a message nobody asked for
+//! yet, and the schedules' deadlock freedom (proved under rendezvous) carries over.
+//! Large messages are copied twice (into the ring, out of it); cross-memory attach
+//! (`process_vm_readv`) is not used.
+//!
+//! # Waiting
+//! When nothing completes, a rank polls without pause (not when the host has fewer
+//! cores than this job has ranks: then it yields the processor between polls) until
+//! `HALO_SHM_SPIN_US` (default 1000 us) have passed — `HALO_SHM_PURE_US` makes the
+//! part without yielding shorter — then sleeps on its *bell*,
+//! a futex word in the segment: it marks the word asleep, looks at its rings once
+//! more, and waits on the futex (bounded by the engine's wait, at most 1 ms). A rank
+//! that publishes cells to a peer, or frees cells of a peer's ring, wakes the peer if
+//! its word says it sleeps (one shared load otherwise). Not sleeping early matters on a
+//! loaded host: a woken rank waits for a processor, and sleeping after 5-50 us of
+//! silence cost 75-130 us per 1-byte ping-pong (2 ranks, load 5-9 on 2
+//! cores) and 77 us per 1-byte all-to-all (4 ranks) — docs/BENCHMARKS.md.
+//!
+//! # Failures (as the fabric transport)
+//! - A peer whose process ended is noticed while waiting for it (every 50 ms): what it
+//!   published before it ended is still read, and if the collective still needs it,
+//!   the collective fails with `Remote` naming it. There are no locks, so a killed peer
+//!   cannot leave anything spinning.
+//! - A receive completes only with exactly its posted length: a message of another
+//!   length, or another uniform block size, is a `Mismatch` naming both ranks and both
+//!   sizes; poison (`post_poison`) takes the place of messages a failed rank will not
+//!   send.
+//! - A collective that fails on this rank leaves the transport broken: every later one
+//!   fails at once with `InvalidUsage`. After a mismatch the rank first delivers its
+//!   queued sends (and poison) for up to 500 ms, so that its peers fail with the
+//!   mismatch too, not at their timeout.
+//!
+//! # Files
+//! `segment.rs`: the segment, its layout, bells and the futex (all the `unsafe`);
+//! `session.rs`: posting, matching, progress, waiting and the [`Session`] impl.
+//!
+//! [`Session`]: halo_collectives::Session
+
+mod segment;
+mod session;
+
+pub(crate) use segment::{Segment, is_segment_path};
+
+use crate::error::{Error, Result};
+use crate::transport::fabric::Proc;
+use crate::transport::raw::RawBuffers;
+use halo_collectives::{Buffers, CollectiveError, Transport};
+use session::{InRing, OutRing, ShmSession, Unexpected};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+type CResult<T> = std::result::Result<T, CollectiveError>;
+
+/// Which transport carries the messages of a job of processes (`HALO_TRANSPORT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TransportChoice {
+    /// HALO's shared-memory transport when every rank is on one host (same host name
+    /// and PID namespace) and no libfabric provider is forced (`HALO_FABRIC_PROVIDER`);
+    /// libfabric otherwise. The default.
+    #[default]
+    Auto,
+    /// HALO's shared-memory transport; an error at initialisation unless every rank is
+    /// on one host.
+    Shm,
+    /// libfabric for every peer (`shm` within a host, the network provider between).
+    Fabric,
+}
+
+impl std::str::FromStr for TransportChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<TransportChoice> {
+        match s.trim() {
+            "auto" | "" => Ok(TransportChoice::Auto),
+            "shm" => Ok(TransportChoice::Shm),
+            "fabric" => Ok(TransportChoice::Fabric),
+            other => Err(Error::invalid_argument(format!(
+                "HALO_TRANSPORT={other:?}: expected auto, shm or fabric"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Shm => "shm",
+            TransportChoice::Fabric => "fabric",
+        })
+    }
+}
+
+/// How long a rank polls (yielding) before it sleeps on its bell (`HALO_SHM_SPIN_US`).
+const SPIN_DEFAULT: Duration = Duration::from_micros(1000);
+
+/// The name [`crate::Communicator::provider_to`] gives this transport.
+pub(crate) const PROVIDER: &str = "halo-shm";
+
+/// The shared-memory transport of one rank.
+pub(crate) struct ShmTransport {
+    pub(super) rank: usize,
+    pub(super) size: usize,
+    pub(super) seg: Segment,
+    /// Per peer: this rank's end of the ring to it.
+    pub(super) out: Vec<OutRing>,
+    /// Per peer: this rank's end of the ring from it.
+    pub(super) inn: Vec<InRing>,
+    /// Per peer: sends not yet wholly in the ring, in posting order.
+    pub(super) sendq: Vec<VecDeque<session::SendOp>>,
+    /// Receives posted and not yet matched.
+    pub(super) recvs: Vec<session::PostedRecv>,
+    /// Whole messages that arrived before their receive, in arrival order.
+    pub(super) unexpected: Vec<Unexpected>,
+    /// Same-host peers' processes, by rank.
+    pub(super) procs: Vec<Option<Proc>>,
+    /// Why the transport may no longer be used.
+    pub(super) broken: Option<String>,
+    /// How long to poll before sleeping on the bell.
+    pub(super) spin: Duration,
+    /// How long to poll without yielding first (unless oversubscribed).
+    pub(super) pure: Duration,
+    /// Whether to yield from the first poll on (more ranks than cores).
+    pub(super) yield_spin: bool,
+}
+
+// SAFETY: the raw pointers inside (queued sends, posted receives) point into the
+// buffers of the session in progress, which borrows the transport mutably and empties
+// them before it ends, and into the segment's mapping, owned by the transport; the
+// transport is used by one thread at a time (the communicator is Send, not Sync).
+unsafe impl Send for ShmTransport {}
+
+impl std::fmt::Debug for ShmTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmTransport")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("segment", &self.seg)
+            .field("broken", &self.broken)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShmTransport {
+    /// The transport of `rank` of `size` over the mapped segment `seg` (every rank
+    /// calls [`Segment::attach`] through this); `procs[r]`: rank r's process, watched
+    /// while waiting for it.
+    pub(crate) fn new(
+        rank: usize,
+        size: usize,
+        seg: Segment,
+        procs: Vec<Option<Proc>>,
+    ) -> Result<ShmTransport> {
+        if procs.len() != size || rank >= size {
+            return Err(Error::internal(
+                "shm transport: one process per rank expected",
+            ));
+        }
+        seg.attach();
+        wait_attached(&seg, rank, &procs)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let yield_spin = size > cores;
+        let spin = match std::env::var("HALO_SHM_SPIN_US") {
+            Ok(v) => Duration::from_micros(v.trim().parse::<u64>().map_err(|_| {
+                Error::invalid_argument(format!(
+                    "HALO_SHM_SPIN_US={v:?} is not a number of microseconds"
+                ))
+            })?),
+            Err(_) => SPIN_DEFAULT,
+        };
+        let pure = std::env::var("HALO_SHM_PURE_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(spin, Duration::from_micros);
+        tracing::info!(
+            rank,
+            size,
+            segment = seg.path(),
+            slots = seg.slots(),
+            payload = seg.payload(),
+            ?spin,
+            yield_spin,
+            "shared-memory transport ready"
+        );
+        Ok(ShmTransport {
+            rank,
+            size,
+            seg,
+            out: (0..size).map(|_| OutRing::default()).collect(),
+            inn: (0..size).map(|_| InRing::default()).collect(),
+            sendq: (0..size).map(|_| VecDeque::new()).collect(),
+            recvs: Vec::new(),
+            unexpected: Vec::new(),
+            procs,
+            broken: None,
+            spin,
+            pure,
+            yield_spin,
+        })
+    }
+}
+
+/// Waits until every rank has mapped the segment (so that none is left unable to
+/// open it because the file is gone: the last rank to attach unlinks it, and rank 0
+/// removes it when it ends before that). Fails when a rank's process ended first, or
+/// after the bootstrap timeout (`HALO_BOOTSTRAP_TIMEOUT_MS`).
+fn wait_attached(seg: &Segment, rank: usize, procs: &[Option<Proc>]) -> Result<()> {
+    let start = std::time::Instant::now();
+    let limit = crate::bootstrap::bootstrap_timeout();
+    let mut pause = Duration::from_micros(10);
+    let mut looked = start;
+    while seg.attached() < procs.len() {
+        if looked.elapsed() >= Duration::from_millis(50) {
+            looked = std::time::Instant::now();
+            if let Some(p) = (0..procs.len())
+                .find(|&p| procs[p].is_some_and(crate::transport::fabric::has_ended))
+            {
+                return Err(Error::RemoteError {
+                    peer: p,
+                    message: format!(
+                        "rank {p} ended before it mapped the shared-memory segment (rank {rank} \
+                         waited for it)"
+                    ),
+                });
+            }
+        }
+        if start.elapsed() >= limit {
+            return Err(Error::SystemError {
+                message: format!(
+                    "rank {rank}: only {} of {} ranks mapped the shared-memory segment {} within \
+                     {limit:?} (HALO_BOOTSTRAP_TIMEOUT_MS)",
+                    seg.attached(),
+                    procs.len(),
+                    seg.path()
+                ),
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+impl Transport for ShmTransport {
+    type Session<'a> = ShmSession<'a>;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<ShmSession<'a>> {
+        if let Some(why) = &self.broken {
+            return Err(CollectiveError::InvalidUsage(format!(
+                "rank {}: this communicator can no longer be used: {why}; drop it and create \
+                 a new one (HALO_TIMEOUT_MS sets the timeout)",
+                self.rank
+            )));
+        }
+        let block = bufs.block;
+        Ok(ShmSession::new(
+            self,
+            RawBuffers::new(bufs),
+            tag_base,
+            block,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,538 @@
+//! The job's shared-memory segment: one file in `/dev/shm`, created by rank 0, mapped
+//! by every rank, unlinked by the last rank to map it; its layout; the rings' and
+//! bells' raw access; the futex.
+//!
+//! Layout (all offsets from the start of the mapping; a fresh file is all zero, and
+//! all zero is a valid state — every ring empty, every bell awake — so ranks may map
+//! it as soon as rank 0 has written the header):
+//! - page 0: [`Header`];
+//! - from page 1: one [`Bell`] (64 bytes) per rank, padded to a page;
+//! - then `N x N` rings, ring `(s, r)` (sender `s`, receiver `r`) at index `s * N + r`
+//!   (the diagonal is unused), each a [`RingCtl`] (128 bytes) followed by `slots`
+//!   cells of `cell` bytes: a [`CellHead`] (32 bytes) and the payload.
+
+use halo_collectives::CollectiveError;
+use std::ffi::{c_int, c_long};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::time::Duration;
+
+type CResult<T> = std::result::Result<T, CollectiveError>;
+
+/// The header's magic: `"HALOSHM1"`.
+const MAGIC: u64 = u64::from_le_bytes(*b"HALOSHM1");
+/// Page size used for the layout (the mapping itself is page-aligned).
+const PAGE: usize = 4096;
+/// Bytes of a ring's control block (head and tail on their own cache lines).
+const CTL: usize = 128;
+/// Bytes of a cell's header.
+pub(super) const CELL_HEAD: usize = std::mem::size_of::<CellHead>();
+/// Prefix of the segment files' names in `/dev/shm`.
+pub(crate) const FILE_PREFIX: &str = "halo-shm-";
+
+/// A bell's word: its owner sleeps (or is about to).
+const ASLEEP: u32 = 1;
+/// A bell's word: its owner is awake, or was rung.
+const AWAKE: u32 = 0;
+
+/// The segment's first page.
+#[repr(C)]
+struct Header {
+    /// [`MAGIC`], written last by the creator (Release).
+    magic: AtomicU64,
+    nranks: AtomicU32,
+    slots: AtomicU32,
+    cell: AtomicU32,
+    /// Ranks that have mapped the segment; the one that makes it `nranks` unlinks the file.
+    attached: AtomicU32,
+}
+
+/// One ring's control block: `tail` (cells published, written by the sender) and
+/// `head` (cells consumed, written by the receiver), each on its own cache line.
+#[repr(C, align(64))]
+pub(super) struct RingCtl {
+    pub(super) tail: AtomicU64,
+    _pad: [u8; 56],
+    pub(super) head: AtomicU64,
+    _pad2: [u8; 56],
+}
+
+/// A rank's bell: one futex word, on its own cache line.
+#[repr(C, align(64))]
+struct Bell {
+    word: AtomicU32,
+}
+
+/// What a cell carries before its payload. Written by the sender before it publishes
+/// the cell (the tail's Release store), read by the receiver after it sees it (Acquire).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CellHead {
+    /// The message's full tag.
+    pub(super) tag: u64,
+    /// The message's length in bytes (all its cells together).
+    pub(super) len: u64,
+    /// The sender's uniform block size, or `u64::MAX` for none.
+    pub(super) block: u64,
+    /// [`KIND_FIRST`], [`KIND_MORE`] or [`KIND_POISON`].
+    pub(super) kind: u32,
+    /// Payload bytes in this cell.
+    pub(super) chunk: u32,
+}
+
+/// The first cell of a message.
+pub(super) const KIND_FIRST: u32 = 1;
+/// A further cell of the message in progress.
+pub(super) const KIND_MORE: u32 = 2;
+/// Poison in place of the message `tag` (no payload).
+pub(super) const KIND_POISON: u32 = 3;
+
+/// A mapped segment.
+pub(crate) struct Segment {
+    base: *mut u8,
+    len: usize,
+    nranks: usize,
+    slots: usize,
+    cell: usize,
+    bells_at: usize,
+    rings_at: usize,
+    ring_len: usize,
+    /// The file and its (device, inode), for the creator: it removes the file on drop
+    /// if the file is still there (a rank never attached).
+    own: Option<(PathBuf, u64, u64)>,
+    path: String,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("path", &self.path)
+            .field("nranks", &self.nranks)
+            .field("slots", &self.slots)
+            .field("cell", &self.cell)
+            .finish()
+    }
+}
+
+// SAFETY: the mapping is process-wide shared memory; everything other ranks (or
+// threads) also write is accessed through atomics or, for cells, under the rings'
+// single-producer/single-consumer protocol; the pointer itself is owned by this value.
+unsafe impl Send for Segment {}
+
+/// The layout for `nranks` ranks: (slots per ring, bytes per cell).
+pub(super) fn geometry(nranks: usize) -> (usize, usize) {
+    let slots = match std::env::var("HALO_SHM_SLOTS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        Some(s) if (2..=1 << 16).contains(&s) => s,
+        // Every ring is used in an all-to-all, so all of it ends up resident:
+        // N x N x slots x cell bytes (8 ranks: 16 MiB; 64 ranks: 512 MiB; 128: 1 GiB).
+        _ if nranks <= 16 => 32,
+        _ if nranks <= 64 => 16,
+        _ => 8,
+    };
+    let cell = match std::env::var("HALO_SHM_CELL")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        Some(c) if (CELL_HEAD + 8..=1 << 24).contains(&c) => c.next_multiple_of(64),
+        _ => 8192,
+    };
+    (slots, cell)
+}
+
+fn round_page(n: usize) -> usize {
+    n.next_multiple_of(PAGE)
+}
+
+/// Byte offsets: (bells, rings, one ring's length, total).
+fn layout(nranks: usize, slots: usize, cell: usize) -> Option<(usize, usize, usize, usize)> {
+    let bells_at = PAGE;
+    let rings_at = bells_at + round_page(nranks.checked_mul(64)?);
+    let ring_len = CTL + slots.checked_mul(cell)?;
+    let total = rings_at + nranks.checked_mul(nranks)?.checked_mul(ring_len)?;
+    Some((bells_at, rings_at, ring_len, round_page(total)))
+}
+
+fn sys(what: &str, e: impl std::fmt::Display) -> CollectiveError {
+    CollectiveError::System(format!("shared-memory transport: {what}: {e}"))
+}
+
+/// This process's PID namespace number (for file names that tell processes apart).
+fn pid_ns() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|l| {
+            l.to_string_lossy()
+                .chars()
+                .filter(char::is_ascii_digit)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `path` names a segment file (`/dev/shm/halo-shm-N-N-N`).
+pub(crate) fn is_segment_path(path: &str) -> bool {
+    path.strip_prefix("/dev/shm/")
+        .and_then(|n| n.strip_prefix(FILE_PREFIX))
+        .is_some_and(|rest| {
+            let parts: Vec<&str> = rest.split('-').collect();
+            parts.len() == 3
+                && parts
+                    .iter()
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+}
+
+/// Removes the segment files of processes of this PID namespace that ended without
+/// removing theirs (killed during set-up).
+fn remove_stale(ns: &str) {
+    let prefix = format!("{FILE_PREFIX}{ns}-");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+impl Segment {
+    /// Creates the job's segment for `nranks` ranks (rank 0 does, before the card
+    /// exchange): `/dev/shm/halo-shm-NS-PID-N`.
+    pub(crate) fn create(nranks: usize) -> CResult<Segment> {
+        let (slots, cell) = geometry(nranks);
+        Self::create_with(nranks, slots, cell)
+    }
+
+    /// [`Segment::create`] with `slots` cells of `cell` bytes per ring (`cell` a
+    /// multiple of 64 above the cell header, `slots >= 2`).
+    pub(crate) fn create_with(nranks: usize, slots: usize, cell: usize) -> CResult<Segment> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        if slots < 2 || cell <= CELL_HEAD || !cell.is_multiple_of(64) {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "shared-memory rings of {slots} cells of {cell} bytes: need at least 2 cells \
+                 of a multiple of 64 bytes above {CELL_HEAD}"
+            )));
+        }
+        let (_, _, _, total) = layout(nranks, slots, cell)
+            .ok_or_else(|| sys("segment size", format!("too large for {nranks} ranks")))?;
+        let ns = pid_ns();
+        remove_stale(&ns);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = PathBuf::from(format!(
+            "/dev/shm/{FILE_PREFIX}{ns}-{}-{n}",
+            std::process::id()
+        ));
+        // A file of a dead process whose id this one reuses: replace it.
+        let _ = std::fs::remove_file(&path);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| sys(&format!("cannot create {}", path.display()), e))?;
+        let meta = f.metadata().map_err(|e| sys("stat", e))?;
+        let own = Some((path.clone(), meta.dev(), meta.ino()));
+        let map = f
+            .set_len(total as u64)
+            .map_err(|e| {
+                sys(
+                    &format!("cannot size {} to {total} bytes", path.display()),
+                    e,
+                )
+            })
+            .and_then(|()| Self::map(&f, total, nranks, slots, cell, own.clone()));
+        let seg = match map {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
+        let h = seg.header();
+        h.nranks.store(nranks as u32, Ordering::Relaxed);
+        h.slots.store(slots as u32, Ordering::Relaxed);
+        h.cell.store(cell as u32, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+        tracing::debug!(path = %path.display(), total, slots, cell, "shared-memory segment created");
+        Ok(seg)
+    }
+
+    /// Maps the segment rank 0 created at `path` for `nranks` ranks, after checking its
+    /// header and size.
+    pub(crate) fn open(path: &str, nranks: usize) -> CResult<Segment> {
+        if !is_segment_path(path) {
+            return Err(CollectiveError::InvalidUsage(format!(
+                "{path:?} is not a HALO shared-memory segment (/dev/shm/{FILE_PREFIX}N-N-N)"
+            )));
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| sys(&format!("cannot open {path}"), e))?;
+        let size = f.metadata().map_err(|e| sys("stat", e))?.len() as usize;
+        if size < PAGE {
+            return Err(sys(path, format!("{size} bytes, not a segment")));
+        }
+        // Map the header first to learn the geometry.
+        let probe = Self::map(&f, PAGE, nranks, 1, CELL_HEAD + 8, None)?;
+        let h = probe.header();
+        if h.magic.load(Ordering::Acquire) != MAGIC {
+            return Err(sys(path, "no HALO segment header"));
+        }
+        let (n, slots, cell) = (
+            h.nranks.load(Ordering::Relaxed) as usize,
+            h.slots.load(Ordering::Relaxed) as usize,
+            h.cell.load(Ordering::Relaxed) as usize,
+        );
+        drop(probe);
+        if n != nranks {
+            return Err(CollectiveError::InvalidUsage(format!(
+                "shared-memory segment {path} was made for {n} ranks, this job has {nranks}"
+            )));
+        }
+        let total = layout(nranks, slots, cell)
+            .map(|l| l.3)
+            .filter(|&t| t == size && slots >= 2 && cell > CELL_HEAD)
+            .ok_or_else(|| sys(path, "size does not match its header"))?;
+        let mut seg = Self::map(&f, total, nranks, slots, cell, None)?;
+        seg.path = path.to_string();
+        Ok(seg)
+    }
+
+    fn map(
+        f: &std::fs::File,
+        len: usize,
+        nranks: usize,
+        slots: usize,
+        cell: usize,
+        own: Option<(PathBuf, u64, u64)>,
+    ) -> CResult<Segment> {
+        let (bells_at, rings_at, ring_len, _) =
+            layout(nranks, slots, cell).ok_or_else(|| sys("layout", "overflow"))?;
+        // SAFETY: a fresh shared mapping of `len` bytes of a file at least that long
+        // (created and sized by us, or checked by `open`); the result is checked
+        // against MAP_FAILED before use.
+        let base = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED || base.is_null() {
+            return Err(sys("mmap", std::io::Error::last_os_error()));
+        }
+        let path = own
+            .as_ref()
+            .map(|o| o.0.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(Segment {
+            base: base.cast(),
+            len,
+            nranks,
+            slots,
+            cell,
+            bells_at,
+            rings_at,
+            ring_len,
+            own,
+            path,
+        })
+    }
+
+    /// The file's path.
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Slots per ring.
+    pub(super) fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Payload bytes per cell.
+    pub(super) fn payload(&self) -> usize {
+        self.cell - CELL_HEAD
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping is page-aligned and at least a page long; the header's
+        // fields are atomics, so shared access from other processes is sound.
+        unsafe { &*self.base.cast::<Header>() }
+    }
+
+    /// Counts this rank as attached; the rank that completes the count removes the
+    /// file (every rank has it mapped now, so nothing is left in `/dev/shm` however
+    /// the job ends). Returns whether this call removed it.
+    pub(crate) fn attach(&self) -> bool {
+        let n = self.header().attached.fetch_add(1, Ordering::AcqRel) + 1;
+        if n as usize == self.nranks && !self.path.is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+            tracing::debug!(path = %self.path, "shared-memory segment unlinked: every rank attached");
+            return true;
+        }
+        false
+    }
+
+    /// How many ranks have attached.
+    pub(crate) fn attached(&self) -> usize {
+        self.header().attached.load(Ordering::Acquire) as usize
+    }
+
+    /// The control block of ring `(s, r)`.
+    pub(super) fn ring(&self, s: usize, r: usize) -> &RingCtl {
+        debug_assert!(s < self.nranks && r < self.nranks);
+        let at = self.rings_at + (s * self.nranks + r) * self.ring_len;
+        // SAFETY: `at + CTL` is inside the mapping (layout), 64-aligned (page-aligned
+        // base, CTL and cell multiples of 64); the fields are atomics.
+        unsafe { &*self.base.add(at).cast::<RingCtl>() }
+    }
+
+    /// A pointer to cell `i` (`< slots`) of ring `(s, r)`; `cell` bytes from there
+    /// lie inside the mapping.
+    pub(super) fn cell(&self, s: usize, r: usize, i: usize) -> *mut u8 {
+        debug_assert!(s < self.nranks && r < self.nranks && i < self.slots);
+        let at = self.rings_at + (s * self.nranks + r) * self.ring_len + CTL + i * self.cell;
+        // SAFETY: in bounds of the mapping by the layout (see `layout`).
+        unsafe { self.base.add(at) }
+    }
+
+    fn bell(&self, rank: usize) -> &Bell {
+        debug_assert!(rank < self.nranks);
+        // SAFETY: inside the bells' pages, 64-aligned; the word is atomic.
+        unsafe { &*self.base.add(self.bells_at + rank * 64).cast::<Bell>() }
+    }
+
+    /// Wakes `rank` if it sleeps on its bell. Call after publishing something it may
+    /// wait for (a tail or a head).
+    pub(super) fn ring_bell(&self, rank: usize) {
+        // Pairs with the fence in `sleep`: either this load sees ASLEEP or the
+        // sleeper's look after its store sees what was published before this fence.
+        fence(Ordering::SeqCst);
+        let w = &self.bell(rank).word;
+        if w.load(Ordering::Relaxed) == ASLEEP && w.swap(AWAKE, Ordering::SeqCst) == ASLEEP {
+            // SAFETY: FUTEX_WAKE on a valid, aligned u32 in a shared mapping (not
+            // FUTEX_PRIVATE: the waiter may be another process); no other argument is read.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    ptr::from_ref(w),
+                    libc::FUTEX_WAKE,
+                    1 as c_int,
+                )
+            };
+        }
+    }
+
+    /// Marks `rank` asleep on its bell. The caller then looks at its rings once more
+    /// and, if it found nothing, calls [`Segment::futex_wait`]; then
+    /// [`Segment::mark_awake`].
+    pub(super) fn mark_asleep(&self, rank: usize) {
+        self.bell(rank).word.store(ASLEEP, Ordering::SeqCst);
+        // Pairs with the fence in `ring_bell`: either the waker sees ASLEEP or the look
+        // after this fence sees what it published.
+        fence(Ordering::SeqCst);
+    }
+
+    /// Sleeps until `rank`'s bell is rung or `timeout` passes (at once if it was rung
+    /// since [`Segment::mark_asleep`]).
+    pub(super) fn futex_wait(&self, rank: usize, timeout: Duration) {
+        let w = &self.bell(rank).word;
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: c_long::from(timeout.subsec_nanos() as i32),
+        };
+        // SAFETY: FUTEX_WAIT on a valid, aligned, shared u32 with a valid relative
+        // timeout; it returns at once if the word is no longer ASLEEP.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                ptr::from_ref(w),
+                libc::FUTEX_WAIT,
+                ASLEEP as c_int,
+                &ts as *const libc::timespec,
+            )
+        };
+    }
+
+    /// Marks `rank` awake.
+    pub(super) fn mark_awake(&self, rank: usize) {
+        self.bell(rank).word.store(AWAKE, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once; nothing borrows it any more
+        // (borrows of `self` end before drop).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+        if let Some((path, dev, ino)) = &self.own
+            && let Ok(m) = std::fs::metadata(path)
+            && m.dev() == *dev
+            && m.ino() == *ino
+        {
+            // A rank never attached (the job failed during set-up): the creator removes it.
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_paths() {
+        assert!(is_segment_path("/dev/shm/halo-shm-4026531836-1234-0"));
+        assert!(!is_segment_path("/dev/shm/halo-shm-1-2"));
+        assert!(!is_segment_path("/dev/shm/halo-shm-1-2-x"));
+        assert!(!is_segment_path("/tmp/halo-shm-1-2-3"));
+        assert!(!is_segment_path("/dev/shm/../etc/halo-shm-1-2-3"));
+    }
+
+    #[test]
+    fn create_open_attach_unlinks_once_all_attached() {
+        let a = Segment::create(2).unwrap();
+        let path = a.path().to_string();
+        let b = Segment::open(&path, 2).unwrap();
+        assert!(matches!(
+            Segment::open(&path, 3),
+            Err(CollectiveError::InvalidUsage(_))
+        ));
+        assert!(!a.attach());
+        assert!(std::path::Path::new(&path).exists());
+        assert!(b.attach());
+        assert!(!std::path::Path::new(&path).exists());
+        // Both still share the memory.
+        a.ring(0, 1).tail.store(7, Ordering::Release);
+        assert_eq!(b.ring(0, 1).tail.load(Ordering::Acquire), 7);
+    }
+
+    #[test]
+    fn creator_removes_the_file_when_nobody_attached() {
+        let a = Segment::create(3).unwrap();
+        let path = a.path().to_string();
+        assert!(std::path::Path::new(&path).exists());
+        drop(a);
+        assert!(!std::path::Path::new(&path).exists());
+    }
+}

@@ -1,0 +1,757 @@
+//! One collective's operations on the shared-memory transport: posting, matching,
+//! moving cells through the rings, waiting, and the [`Session`] impl.
+
+use super::segment::{CELL_HEAD, CellHead, KIND_FIRST, KIND_MORE, KIND_POISON};
+use super::{CResult, ShmTransport};
+use crate::transport::fabric::has_ended;
+use crate::transport::raw::RawBuffers;
+use crate::transport::{Expected, mismatch, poisoned};
+use halo_collectives::{CollectiveError, Region, Session, TAG_BITS};
+use std::ptr;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The token of poison messages (never a step of a schedule, never reported).
+const POISON_TOKEN: u32 = u32::MAX;
+/// How long a rank that found a size mismatch keeps delivering its queued sends
+/// before the transport breaks (as the fabric transport).
+const FLUSH_SENDS: Duration = Duration::from_millis(500);
+/// How often, while waiting, the processes of the peers waited for are looked at.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+/// The longest single sleep on the bell (a lost wake-up costs at most this).
+const SLEEP_MAX: Duration = Duration::from_millis(1);
+/// `block` of a message without a uniform block size.
+const NO_BLOCK: u64 = u64::MAX;
+
+/// This rank's end of the ring to one peer.
+#[derive(Debug, Default)]
+pub(crate) struct OutRing {
+    /// Cells this rank has published.
+    tail: u64,
+    /// The peer's head as last read (cells it has freed).
+    head_cache: u64,
+}
+
+/// This rank's end of the ring from one peer.
+#[derive(Debug, Default)]
+pub(crate) struct InRing {
+    /// Cells this rank has consumed.
+    head: u64,
+    /// The peer's tail as last read.
+    tail_cache: u64,
+    /// The message whose cells are arriving.
+    partial: Option<Partial>,
+}
+
+/// A send not yet wholly in the ring.
+#[derive(Debug)]
+pub(crate) struct SendOp {
+    token: u32,
+    tag: u64,
+    /// The bytes, in a buffer of the session in progress (the queue is emptied before
+    /// the session ends).
+    src: *const u8,
+    len: usize,
+    /// Bytes already in the ring.
+    sent: usize,
+    /// Whether the first cell is in the ring.
+    started: bool,
+    block: u64,
+    poison: bool,
+}
+
+/// A receive posted and not yet matched.
+#[derive(Debug)]
+pub(crate) struct PostedRecv {
+    token: u32,
+    peer: usize,
+    tag: u64,
+    /// Where the bytes go, in a buffer of the session in progress.
+    dst: *mut u8,
+    len: usize,
+}
+
+/// A message that arrived whole before its receive was posted.
+#[derive(Debug)]
+pub(crate) struct Unexpected {
+    peer: usize,
+    tag: u64,
+    block: u64,
+    poison: bool,
+    data: Vec<u8>,
+}
+
+/// Where the cells of the message in progress go.
+#[derive(Debug)]
+enum Dest {
+    /// Into a posted receive.
+    Recv { token: u32, dst: *mut u8 },
+    /// Into memory of the transport's own, until its receive is posted.
+    Heap(Vec<u8>),
+    /// Nowhere (a refused message, or after a failure).
+    Discard,
+}
+
+/// The message whose cells are arriving on one ring.
+#[derive(Debug)]
+pub(crate) struct Partial {
+    tag: u64,
+    len: usize,
+    block: u64,
+    got: usize,
+    dest: Dest,
+}
+
+fn block_of(b: u64) -> Option<usize> {
+    (b != NO_BLOCK).then_some(b as usize)
+}
+
+/// One collective's operations on the shared-memory transport.
+pub(crate) struct ShmSession<'a> {
+    t: &'a mut ShmTransport,
+    bufs: RawBuffers<'a>,
+    tag_base: u64,
+    /// This call's uniform block size, as carried in cells.
+    block: u64,
+    /// Tokens completed and not yet reported.
+    done: Vec<u32>,
+    /// The first error this session returned (why the transport breaks on drop).
+    error: Option<String>,
+    /// Whether that error is a size mismatch.
+    mismatch: bool,
+    /// Since when nothing has moved (`None`: something just did).
+    idle_since: Option<Instant>,
+    last_watch: Instant,
+}
+
+impl std::fmt::Debug for ShmSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmSession")
+            .field("rank", &self.t.rank)
+            .field("recvs", &self.t.recvs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> ShmSession<'a> {
+    pub(super) fn new(
+        t: &'a mut ShmTransport,
+        bufs: RawBuffers<'a>,
+        tag_base: u64,
+        block: Option<usize>,
+    ) -> ShmSession<'a> {
+        ShmSession {
+            t,
+            bufs,
+            tag_base,
+            block: block.map_or(NO_BLOCK, |b| b as u64),
+            done: Vec::new(),
+            error: None,
+            mismatch: false,
+            idle_since: None,
+            last_watch: Instant::now(),
+        }
+    }
+}
+
+impl ShmSession<'_> {
+    /// Keeps the first error (for the reason the transport breaks) and returns it.
+    fn note<T>(&mut self, r: CResult<T>) -> CResult<T> {
+        if let Err(e) = &r
+            && self.error.is_none()
+        {
+            self.error = Some(e.to_string());
+            self.mismatch = matches!(e, CollectiveError::Mismatch { .. });
+        }
+        r
+    }
+
+    fn full_tag(&self, tag: u64) -> CResult<u64> {
+        if tag >> TAG_BITS != 0 {
+            return Err(CollectiveError::Internal(format!(
+                "tag {tag:#x} wider than {TAG_BITS} bits"
+            )));
+        }
+        Ok(self.tag_base | tag)
+    }
+
+    fn check_peer(&self, peer: usize) -> CResult<()> {
+        if peer >= self.t.size || peer == self.t.rank {
+            return Err(CollectiveError::Internal(format!(
+                "no route to rank {peer}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The error when a message of `len` bytes and block `block` from `peer` meets a
+    /// receive of `want` bytes; `None` when they agree.
+    fn refuse(
+        &self,
+        peer: usize,
+        tag: u64,
+        len: usize,
+        block: u64,
+        want: usize,
+    ) -> Option<CollectiveError> {
+        let (theirs, ours) = (block_of(block), block_of(self.block));
+        let differ = len != want || matches!((theirs, ours), (Some(a), Some(b)) if a != b);
+        differ.then(|| {
+            let me = self.t.rank;
+            mismatch(
+                peer,
+                me,
+                tag,
+                (Some(len), theirs),
+                Expected {
+                    len: want,
+                    block: ours,
+                },
+                me,
+            )
+        })
+    }
+
+    /// Moves cells both ways with every peer; whether anything moved.
+    fn poll(&mut self) -> CResult<bool> {
+        let mut moved = false;
+        for p in 0..self.t.size {
+            if p == self.t.rank {
+                continue;
+            }
+            moved |= self.push(p);
+            moved |= self.drain(p)?;
+        }
+        Ok(moved)
+    }
+
+    /// Writes queued sends to `peer` into its ring while there is room.
+    fn push(&mut self, p: usize) -> bool {
+        let t = &mut *self.t;
+        let me = t.rank;
+        let seg = &t.seg;
+        let (out, q) = (&mut t.out[p], &mut t.sendq[p]);
+        if q.is_empty() {
+            return false;
+        }
+        let slots = seg.slots() as u64;
+        let payload = seg.payload();
+        let ring = seg.ring(me, p);
+        let mut moved = false;
+        while let Some(op) = q.front_mut() {
+            if out.tail - out.head_cache >= slots {
+                out.head_cache = ring.head.load(Ordering::Acquire);
+                if out.tail - out.head_cache >= slots {
+                    break;
+                }
+            }
+            let cell = seg.cell(me, p, (out.tail % slots) as usize);
+            let n = (op.len - op.sent).min(payload);
+            let head = CellHead {
+                tag: op.tag,
+                len: op.len as u64,
+                block: op.block,
+                kind: if op.poison {
+                    KIND_POISON
+                } else if op.started {
+                    KIND_MORE
+                } else {
+                    KIND_FIRST
+                },
+                chunk: n as u32,
+            };
+            // SAFETY: the cell is `cell` bytes inside the mapping, 64-aligned, and free
+            // (tail - head < slots: the receiver consumed it and will not read it until
+            // the tail's Release store below publishes it); `op.src + sent .. + n` lies
+            // in the send region bounds-checked when the send was posted, in a buffer
+            // the session borrows (the queue is emptied before the session ends);
+            // `n <= payload` fits the cell after its header.
+            unsafe {
+                ptr::write(cell.cast::<CellHead>(), head);
+                if n > 0 {
+                    ptr::copy_nonoverlapping(op.src.add(op.sent), cell.add(CELL_HEAD), n);
+                }
+            }
+            op.sent += n;
+            op.started = true;
+            out.tail += 1;
+            ring.tail.store(out.tail, Ordering::Release);
+            moved = true;
+            if op.sent == op.len {
+                let (token, poison) = (op.token, op.poison);
+                q.pop_front();
+                if !poison {
+                    self.done.push(token);
+                }
+            }
+        }
+        if moved {
+            seg.ring_bell(p);
+        }
+        moved
+    }
+
+    /// Reads every published cell of the ring from `p`.
+    fn drain(&mut self, p: usize) -> CResult<bool> {
+        let me = self.t.rank;
+        let slots = self.t.seg.slots() as u64;
+        let payload = self.t.seg.payload();
+        {
+            let inn = &mut self.t.inn[p];
+            if inn.head == inn.tail_cache {
+                inn.tail_cache = self.t.seg.ring(p, me).tail.load(Ordering::Acquire);
+                if inn.head == inn.tail_cache {
+                    return Ok(false);
+                }
+            }
+        }
+        let mut out = Ok(());
+        while self.t.inn[p].head < self.t.inn[p].tail_cache {
+            let cell = self
+                .t
+                .seg
+                .cell(p, me, (self.t.inn[p].head % slots) as usize);
+            // SAFETY: the cell is inside the mapping, 64-aligned, and published (below
+            // the tail read with Acquire); the sender does not touch it again until the
+            // head's Release store frees it.
+            let head: CellHead = unsafe { ptr::read(cell.cast::<CellHead>()) };
+            let chunk = (head.chunk as usize).min(payload);
+            // SAFETY: as above; the payload follows the header inside the cell.
+            let data = unsafe { cell.add(CELL_HEAD) };
+            out = self.accept(p, &head, data, chunk);
+            let inn = &mut self.t.inn[p];
+            inn.head += 1;
+            self.t
+                .seg
+                .ring(p, me)
+                .head
+                .store(inn.head, Ordering::Release);
+            if out.is_err() {
+                break;
+            }
+        }
+        self.t.seg.ring_bell(p);
+        out.map(|()| true)
+    }
+
+    /// Takes one cell from `p`.
+    fn accept(&mut self, p: usize, h: &CellHead, data: *const u8, chunk: usize) -> CResult<()> {
+        let me = self.t.rank;
+        let part = match self.t.inn[p].partial.take() {
+            Some(part) => {
+                if h.kind != KIND_MORE || h.tag != part.tag {
+                    return Err(CollectiveError::Internal(format!(
+                        "shm ring from rank {p}: cell of kind {} (tag {:#x}) inside message \
+                         {:#x}",
+                        h.kind, h.tag, part.tag
+                    )));
+                }
+                part
+            }
+            None => match h.kind {
+                KIND_POISON => {
+                    if let Some(i) = self.find_recv(p, h.tag) {
+                        self.t.recvs.remove(i);
+                        return Err(poisoned(p, me, h.tag));
+                    }
+                    self.t.unexpected.push(Unexpected {
+                        peer: p,
+                        tag: h.tag,
+                        block: h.block,
+                        poison: true,
+                        data: Vec::new(),
+                    });
+                    return Ok(());
+                }
+                KIND_FIRST => {
+                    let len = usize::try_from(h.len).unwrap_or(usize::MAX);
+                    let mut part = Partial {
+                        tag: h.tag,
+                        len,
+                        block: h.block,
+                        got: 0,
+                        dest: Dest::Discard,
+                    };
+                    match self.find_recv(p, h.tag) {
+                        Some(i) => {
+                            let r = self.t.recvs.remove(i);
+                            if let Some(e) = self.refuse(p, h.tag, len, h.block, r.len) {
+                                // The rest of it is read and dropped.
+                                part.got = chunk.min(len);
+                                if part.got < len {
+                                    self.t.inn[p].partial = Some(part);
+                                }
+                                return Err(e);
+                            }
+                            part.dest = Dest::Recv {
+                                token: r.token,
+                                dst: r.dst,
+                            };
+                        }
+                        None => part.dest = Dest::Heap(Vec::with_capacity(len.min(1 << 20))),
+                    }
+                    part
+                }
+                k => {
+                    return Err(CollectiveError::Internal(format!(
+                        "shm ring from rank {p}: a message starts with a cell of kind {k}"
+                    )));
+                }
+            },
+        };
+        let mut part = part;
+        let n = chunk.min(part.len - part.got);
+        match &mut part.dest {
+            Dest::Recv { dst, .. } => {
+                // SAFETY: `dst .. + len` is the posted receive region, bounds-checked at
+                // post time in a buffer the session borrows mutably (receives are
+                // withdrawn before the session ends); `got + n <= len`; the source is
+                // `n <= payload` published bytes of the cell.
+                unsafe { ptr::copy_nonoverlapping(data, dst.add(part.got), n) };
+            }
+            Dest::Heap(v) => {
+                // SAFETY: `n` published payload bytes of the cell (see `drain`).
+                v.extend_from_slice(unsafe { std::slice::from_raw_parts(data, n) });
+            }
+            Dest::Discard => {}
+        }
+        part.got += n;
+        if part.got < part.len {
+            self.t.inn[p].partial = Some(part);
+            return Ok(());
+        }
+        match part.dest {
+            Dest::Recv { token, .. } => self.done.push(token),
+            Dest::Heap(data) => self.t.unexpected.push(Unexpected {
+                peer: p,
+                tag: part.tag,
+                block: part.block,
+                poison: false,
+                data,
+            }),
+            Dest::Discard => {}
+        }
+        Ok(())
+    }
+
+    fn find_recv(&self, peer: usize, tag: u64) -> Option<usize> {
+        self.t
+            .recvs
+            .iter()
+            .position(|r| r.peer == peer && r.tag == tag)
+    }
+
+    fn post_recv_inner(
+        &mut self,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+    ) -> CResult<()> {
+        self.check_peer(peer)?;
+        let tag = self.full_tag(tag)?;
+        let dst = self.bufs.locate_write(region)?;
+        let want = region.len;
+        let me = self.t.rank;
+        if let Some(i) = self
+            .t
+            .unexpected
+            .iter()
+            .position(|u| u.peer == peer && u.tag == tag)
+        {
+            let u = self.t.unexpected.remove(i);
+            if u.poison {
+                return Err(poisoned(peer, me, tag));
+            }
+            if let Some(e) = self.refuse(peer, tag, u.data.len(), u.block, want) {
+                return Err(e);
+            }
+            // SAFETY: `dst .. + want` was bounds-checked just above in a buffer the
+            // session borrows mutably; `u.data` holds exactly `want` bytes (checked).
+            unsafe { ptr::copy_nonoverlapping(u.data.as_ptr(), dst, want) };
+            self.done.push(token);
+            return Ok(());
+        }
+        let in_progress = matches!(
+            &self.t.inn[peer].partial,
+            Some(Partial { tag: t, dest: Dest::Heap(_), .. }) if *t == tag
+        );
+        if in_progress {
+            let (len, block) = {
+                let part = self.t.inn[peer].partial.as_ref().expect("checked");
+                (part.len, part.block)
+            };
+            let refused = self.refuse(peer, tag, len, block, want);
+            let part = self.t.inn[peer].partial.as_mut().expect("checked");
+            let dest = std::mem::replace(&mut part.dest, Dest::Discard);
+            if let Some(e) = refused {
+                return Err(e);
+            }
+            if let Dest::Heap(v) = dest {
+                // SAFETY: `v` holds the `got <= want` bytes that arrived so far; the
+                // destination was bounds-checked for `want` bytes above.
+                unsafe { ptr::copy_nonoverlapping(v.as_ptr(), dst, v.len()) };
+            }
+            part.dest = Dest::Recv { token, dst };
+            return Ok(());
+        }
+        self.t.recvs.push(PostedRecv {
+            token,
+            peer,
+            tag,
+            dst,
+            len: want,
+        });
+        Ok(())
+    }
+
+    fn post_send_inner(
+        &mut self,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+        poison: bool,
+    ) -> CResult<()> {
+        self.check_peer(peer)?;
+        let tag = self.full_tag(tag)?;
+        let src = self.bufs.locate(region)?;
+        self.t.sendq[peer].push_back(SendOp {
+            token,
+            tag,
+            src,
+            len: region.len,
+            sent: 0,
+            started: false,
+            block: self.block,
+            poison,
+        });
+        // Eager: into the ring now, if there is room.
+        self.push(peer);
+        Ok(())
+    }
+
+    /// The peers an outstanding operation of this rank needs.
+    fn waited_for(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.t.recvs.iter().map(|r| r.peer).collect();
+        for p in 0..self.t.size {
+            let partial_recv = matches!(
+                self.t.inn[p].partial,
+                Some(Partial {
+                    dest: Dest::Recv { .. },
+                    ..
+                })
+            );
+            if partial_recv || !self.t.sendq[p].is_empty() {
+                v.push(p);
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Every `WATCH_EVERY` while waiting: fails with `Remote` when the process of a
+    /// peer an outstanding operation needs has ended (after reading what it published).
+    fn watch_peers(&mut self) -> CResult<()> {
+        if self.last_watch.elapsed() < WATCH_EVERY || self.t.procs.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        self.last_watch = Instant::now();
+        let ended = self
+            .waited_for()
+            .into_iter()
+            .find_map(|p| self.t.procs[p].filter(|&w| has_ended(w)).map(|w| (p, w)));
+        let Some((peer, proc_)) = ended else {
+            return Ok(());
+        };
+        // What it published before it ended is still in the ring.
+        self.poll()?;
+        if !self.waited_for().contains(&peer) {
+            self.t.procs[peer] = None;
+            return Ok(());
+        }
+        Err(CollectiveError::Remote {
+            peer,
+            message: format!(
+                "rank {peer} (process {} on this host) ended while rank {} was waiting for it",
+                proc_.pid, self.t.rank
+            ),
+        })
+    }
+
+    fn outstanding(&self) -> bool {
+        !self.t.recvs.is_empty()
+            || self.t.sendq.iter().any(|q| !q.is_empty())
+            || self.t.inn.iter().any(|i| {
+                matches!(
+                    i.partial,
+                    Some(Partial {
+                        dest: Dest::Recv { .. },
+                        ..
+                    })
+                )
+            })
+    }
+
+    /// Withdraws every receive (what arrives for them from now on is kept or dropped
+    /// by the transport, never written to this session's buffers).
+    fn withdraw_recvs(&mut self) {
+        self.t.recvs.clear();
+        for i in &mut self.t.inn {
+            if let Some(part) = &mut i.partial
+                && matches!(part.dest, Dest::Recv { .. })
+            {
+                part.dest = Dest::Discard;
+            }
+        }
+    }
+}
+
+impl Session for ShmSession<'_> {
+    fn post_send(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
+        let r = self.post_send_inner(peer, tag, region, token, false);
+        self.note(r)
+    }
+
+    fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
+        let r = self.post_recv_inner(peer, tag, region, token);
+        self.note(r)
+    }
+
+    fn post_poison(&mut self, peer: usize, tag: u64) -> CResult<()> {
+        if peer == self.t.rank || peer >= self.t.size {
+            return Ok(());
+        }
+        let empty = Region::new(halo_collectives::Buf::Send, 0, 0);
+        self.post_send_inner(peer, tag, empty, POISON_TOKEN, true)
+    }
+
+    fn copy(&mut self, src: Region, dst: Region) -> CResult<()> {
+        self.bufs.copy(src, dst)
+    }
+
+    fn progress(&mut self, completed: &mut Vec<u32>) -> CResult<()> {
+        let r = self.poll();
+        let moved = self.note(r)?;
+        if moved || !self.done.is_empty() {
+            self.idle_since = None;
+        }
+        completed.append(&mut self.done);
+        Ok(())
+    }
+
+    fn test(&mut self, token: u32) -> CResult<bool> {
+        let r = self.poll();
+        self.note(r)?;
+        if let Some(i) = self.done.iter().position(|&t| t == token) {
+            self.done.swap_remove(i);
+            return Ok(true);
+        }
+        let pending = self.t.recvs.iter().any(|r| r.token == token)
+            || self.t.sendq.iter().flatten().any(|s| s.token == token)
+            || self.t.inn.iter().any(|i| {
+                matches!(i.partial, Some(Partial { dest: Dest::Recv { token: t, .. }, .. }) if t == token)
+            });
+        Ok(!pending)
+    }
+
+    fn cancel(&mut self, token: u32) -> CResult<()> {
+        self.t.recvs.retain(|r| r.token != token);
+        for i in &mut self.t.inn {
+            if let Some(part) = &mut i.partial
+                && matches!(part.dest, Dest::Recv { token: t, .. } if t == token)
+            {
+                part.dest = Dest::Discard;
+            }
+        }
+        let mut torn = false;
+        for q in &mut self.t.sendq {
+            torn |= q.iter().any(|s| s.token == token && s.started);
+            q.retain(|s| s.token != token || s.started);
+        }
+        if torn {
+            // Part of the message is in the ring: the rest must follow or the ring is
+            // out of step. It stays queued; the session breaks the transport on drop.
+            let r: CResult<()> = Err(CollectiveError::Internal(format!(
+                "operation {token} cancelled halfway through its message"
+            )));
+            return self.note(r);
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, max: Duration) -> CResult<()> {
+        if !self.done.is_empty() {
+            return Ok(());
+        }
+        let r = self.watch_peers();
+        self.note(r)?;
+        let idle = self.idle_since.get_or_insert_with(Instant::now).elapsed();
+        if idle < self.t.pure && !self.t.yield_spin {
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+            return Ok(());
+        }
+        if idle < self.t.spin {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        let timeout = max.clamp(Duration::from_micros(1), SLEEP_MAX);
+        let me = self.t.rank;
+        self.t.seg.mark_asleep(me);
+        // Look once more after marking: a peer that published before the mark did not
+        // see it (see `Segment::ring_bell`).
+        let r = self.poll();
+        if matches!(r, Ok(false)) && self.done.is_empty() {
+            self.t.seg.futex_wait(me, timeout);
+        }
+        self.t.seg.mark_awake(me);
+        if matches!(r, Ok(true)) {
+            self.idle_since = None;
+        }
+        self.note(r).map(|_| ())
+    }
+}
+
+impl Drop for ShmSession<'_> {
+    fn drop(&mut self) {
+        // Operations still outstanding mean the collective did not complete (the
+        // engine returns success only when every step has): the transport breaks.
+        let failed = self.outstanding() || self.error.is_some();
+        if !failed {
+            return;
+        }
+        let peers = self.waited_for();
+        let why = match &self.error {
+            Some(e) => format!("a collective failed on this rank ({e})"),
+            None => format!(
+                "a collective did not complete on this rank (timed out or aborted while \
+                 waiting for ranks {peers:?})"
+            ),
+        };
+        self.withdraw_recvs();
+        if self.mismatch {
+            // Let this rank's queued sends and poison reach their receivers, so that
+            // they fail with the mismatch too; keep draining meanwhile so that peers
+            // blocked on a full ring to this rank move on.
+            let deadline = Instant::now() + FLUSH_SENDS;
+            while Instant::now() < deadline && self.t.sendq.iter().any(|q| !q.is_empty()) {
+                // Errors (more mismatches, poison) are expected here.
+                let _ = self.poll();
+                self.withdraw_recvs();
+                std::thread::yield_now();
+            }
+        }
+        for q in &mut self.t.sendq {
+            q.clear();
+        }
+        self.done.clear();
+        tracing::warn!(
+            rank = self.t.rank,
+            "{why}; the shared-memory transport is now unusable"
+        );
+        self.t.broken = Some(why);
+    }
+}
