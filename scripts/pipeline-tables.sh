@@ -13,6 +13,7 @@
 #    nodes:2x4 (8 ranks, 2 emulated hosts) with this machine's measured CPU profile
 #    (the cpu_profile example), each run as `halo train --emulate` with the planner's M
 #    and 64 sequences per step; predicted vs measured step time and rank.
+# 4. Overlap: PP 2 x EP 4 on 2 emulated hosts, blocking vs --overlap, emulation x1 and x50.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-12}
@@ -80,3 +81,22 @@ n = len(rows)
 d2 = sum((int(r[0]) - mrank[tuple(r[1:5])]) ** 2 for r in rows)
 print(f"\nSpearman rank correlation: {1 - 6 * d2 / (n * (n * n - 1)):.2f} over {n} layouts")
 EOF
+
+echo
+echo "## 4. Overlap (threads, PP 2 x EP 4 on nodes:2x4 with link emulation, $steps steps)"
+echo "| emulation scale | blocking s/step | --overlap s/step | ratio | same losses |"
+echo "|---|---|---|---|---|"
+for scale in 1 50; do
+  $halo train --hosts 2 --emulate "$scale" --steps "$steps" --json >"$tmp/plain.json"
+  $halo train --hosts 2 --emulate "$scale" --steps "$steps" --json --overlap >"$tmp/over.json"
+  python3 - "$tmp/plain.json" "$tmp/over.json" "$scale" <<'PY'
+import json, sys, statistics
+def load(p):
+    return [json.loads(l) for l in open(p) if '"loss"' in l]
+a, b = load(sys.argv[1]), load(sys.argv[2])
+ma = statistics.median(r["seconds"] for r in a[2:])
+mb = statistics.median(r["seconds"] for r in b[2:])
+same = all(x["loss"] == y["loss"] for x, y in zip(a, b)) and len(a) == len(b)
+print(f"| {sys.argv[3]} | {ma:.4f} | {mb:.4f} | {ma / mb:.2f}x | {'bitwise' if same else 'NO'} |")
+PY
+done
