@@ -244,3 +244,26 @@ fn the_planner_chooses_the_layout() {
         stderr(&err)
     );
 }
+
+/// `halo launch --hosts 2` (network namespaces, as root): the 8 ranks of PP 2 x EP 4 on
+/// two emulated hosts, over tcp between them, give the threads' losses bit for bit.
+#[test]
+fn processes_on_emulated_hosts_give_the_threads_losses() {
+    if let Some(why) = halo_cli::launch::emulation_unavailable() {
+        halo_cli::testing::skip(&format!("emulated hosts unavailable: {why}"));
+        return;
+    }
+    let args = ["train", "--microbatches", "4", "--steps", "2", "--json"];
+    let threads = json_lines(&ok(&args));
+    let mut launched = vec!["launch", "-n", "8", "--hosts", "2", "--", HALO];
+    launched.extend(args);
+    let o = Command::new(HALO)
+        .args(&launched)
+        .env("HALO_TIMEOUT_MS", "60000")
+        .env_remove("HALO_DEBUG")
+        .output()
+        .expect("run halo launch --hosts");
+    assert!(o.status.success(), "{:?}\n{}", o.status, stderr(&o));
+    let procs = json_lines(&stdout(&o));
+    assert_eq!(losses(&procs), losses(&threads));
+}
