@@ -303,6 +303,11 @@ impl ScheduleBuilder {
         self.deps.reserve(deps);
     }
 
+    /// Reserves capacity for `blocks` routed blocks ([`ScheduleBuilder::note_routed`]).
+    pub fn reserve_routed(&mut self, blocks: usize) {
+        self.routed.reserve(blocks);
+    }
+
     /// Appends a step that may start once `deps` are complete; returns its id.
     pub fn push(&mut self, step: Step, deps: &[StepId]) -> StepId {
         debug_assert!(
