@@ -51,6 +51,7 @@ mod comm;
 mod error;
 pub mod select;
 mod transport;
+pub mod tune;
 
 pub use bootstrap::UniqueId;
 #[doc(hidden)]

@@ -82,12 +82,17 @@ fn main() {
     }
     let mut attention = Vec::new();
     for seq in [16usize, 32, 64, 128] {
-        let cfg = MoeConfig { seq, ..tiny.clone() };
+        let cfg = MoeConfig {
+            seq,
+            ..tiny.clone()
+        };
         let p = DenseParams::init(&cfg, 1, 0);
         let mut g = DenseParams::zeros(&cfg);
         let rows = 4 * seq;
         let d = cfg.hidden;
-        let x: Vec<f32> = (0..rows * d).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
+        let x: Vec<f32> = (0..rows * d)
+            .map(|i| ((i % 13) as f32 - 6.0) / 6.0)
+            .collect();
         let secs = time(|| {
             let (out, saved) = dense_forward(&cfg, &p, &x).expect("dense forward");
             dense_backward(&cfg, &p, &saved, &out.h, &out.u, &mut g).expect("dense backward");

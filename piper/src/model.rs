@@ -306,9 +306,8 @@ impl ModelConfig {
     /// As [`ModelConfig::preset`] and [`ModelConfig::load`].
     pub fn resolve(spec: &str) -> Result<Self> {
         if let Some(preset) = spec.strip_prefix("reference:") {
-            let cfg = halo_moe::MoeConfig::preset(preset).map_err(|e| {
-                PiperError::invalid("model", "reference", e.to_string())
-            })?;
+            let cfg = halo_moe::MoeConfig::preset(preset)
+                .map_err(|e| PiperError::invalid("model", "reference", e.to_string()))?;
             return Ok(ModelConfig::from(&cfg));
         }
         let p = Path::new(spec);

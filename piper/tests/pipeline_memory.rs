@@ -82,8 +82,10 @@ fn activation_peaks_follow_1f1b_and_the_resource_model() {
             let layers = resource::stage_layers(model.layers, pp as u64, stage as u64) as f64;
             let held = expected as f64;
             // f32: twice the equations' 2-byte values.
-            let literal =
-                2.0 * layers * held * resource::stored_activation_bytes(&model, mb, s, ep as u64, opt);
+            let literal = 2.0
+                * layers
+                * held
+                * resource::stored_activation_bytes(&model, mb, s, ep as u64, opt);
             let per_gpu = 2.0
                 * layers
                 * held
