@@ -316,7 +316,12 @@ impl ScheduleBuilder {
         );
         let id = self.steps.len() as StepId;
         self.steps.push(step);
-        self.deps.extend_from_slice(deps);
+        // Most steps have no or one dependency: no memcpy call for those.
+        match deps {
+            [] => {}
+            [d] => self.deps.push(*d),
+            _ => self.deps.extend_from_slice(deps),
+        }
         self.dep_start.push(self.deps.len() as u32);
         id
     }

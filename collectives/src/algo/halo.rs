@@ -44,6 +44,8 @@ struct Plan {
     pos: Vec<u32>,
     /// Per tier j < m, per domain: [lo, hi) in `order`.
     span: Vec<Vec<(u32, u32)>>,
+    /// Whether `order` is the identity (every domain is the run of ranks `span` gives).
+    identity: bool,
 }
 
 impl Plan {
@@ -51,6 +53,9 @@ impl Plan {
         let mut tiers = levels.to_vec();
         tiers.push(Level::System);
         let n = topo.size();
+        if let Some(plan) = Plan::contiguous(topo, &tiers) {
+            return plan;
+        }
         // LSD radix sort: by rank (given), then by domain at t_0, t_1, ... (stable).
         let mut order: Vec<u32> = (0..n as u32).collect();
         let mut next = vec![0u32; n];
@@ -91,7 +96,44 @@ impl Plan {
             order,
             pos,
             span,
+            identity: false,
         }
+    }
+
+    /// The plan without sorting when every tier's domains are runs of consecutive
+    /// ranks in domain order (every preset, and most machines): the routing order is
+    /// then the ranks' own, and the spans are the runs. O(N) reads, no domain lookups.
+    fn contiguous(topo: &Topology, tiers: &[Level]) -> Option<Plan> {
+        let n = topo.size();
+        let mut span = Vec::with_capacity(tiers.len() - 1);
+        for &level in &tiers[..tiers.len() - 1] {
+            let d = topo.num_domains(level);
+            let mut s = Vec::with_capacity(d);
+            let mut at = 0u32;
+            for k in 0..d {
+                let members = topo.ranks(level, k);
+                if members.is_empty()
+                    || members.iter().enumerate().any(|(i, &r)| r != at + i as u32)
+                {
+                    return None;
+                }
+                let end = at + members.len() as u32;
+                s.push((at, end));
+                at = end;
+            }
+            if at as usize != n {
+                return None;
+            }
+            span.push(s);
+        }
+        let order: Vec<u32> = (0..n as u32).collect();
+        Some(Plan {
+            tiers: tiers.to_vec(),
+            pos: order.clone(),
+            order,
+            span,
+            identity: true,
+        })
     }
 
     fn m(&self) -> usize {
@@ -149,17 +191,36 @@ impl Plan {
         let mine = topo.domain(x, level);
         let my_size = topo.domain_size(level, mine);
         let k = topo.local_index(x, level);
-        let (lo, hi) = self.interval(topo, x, j);
-        for (a, _) in self.children(topo, j, lo, hi) {
-            let d = topo.domain(self.order[a] as usize, level);
-            if d == mine {
-                continue;
+        if j == self.m() && self.identity {
+            // Every domain of t_{m-1} is a run of ranks, in index order.
+            for (d, &(a, b)) in self.span[j - 1].iter().enumerate() {
+                if d != mine {
+                    out.extend((a as usize + k..b as usize).step_by(my_size));
+                }
             }
+            return;
+        }
+        let mut push = |d: usize| {
             let members = topo.ranks(level, d);
             let mut p = k;
             while p < members.len() {
                 out.push(members[p] as usize);
                 p += my_size;
+            }
+        };
+        if j == self.m() {
+            // The children of the top are every domain of t_{m-1}, in index order (the
+            // routing order's first key).
+            for d in (0..topo.num_domains(level)).filter(|&d| d != mine) {
+                push(d);
+            }
+            return;
+        }
+        let (lo, hi) = self.interval(topo, x, j);
+        for (a, _) in self.children(topo, j, lo, hi) {
+            let d = topo.domain(self.order[a] as usize, level);
+            if d != mine {
+                push(d);
             }
         }
     }
@@ -491,9 +552,19 @@ pub(crate) fn build(ctx: &BuildCtx<'_>) -> Result<Schedule> {
     let plan = Plan::new(ctx.topology, &levels);
     let n = ctx.size();
     let mut b = ScheduleBuilder::new(ctx.rank, n, "halo");
-    // About one receive and one send or copy per block handled, one dependency per
-    // forward, one routed block per rank: reserved at once instead of grown.
-    b.reserve(2 * n + 64, n + 64);
+    // Reserved at once instead of grown (growing copies every step pushed so far):
+    // at tier 0 at most one receive and one send or copy per block (2N), above it one
+    // receive and one send per chunk of each packet (about N / R packets per tier,
+    // chunked as the uniform packet of this rank's own blocks would be), a dependency
+    // or two per forward, one routed block per rank.
+    let r0 = levels
+        .first()
+        .map_or(1, |&l| ctx.topology.max_domain_size(l).max(1));
+    let (k, _) = ctx
+        .options
+        .chunks(ctx.sizes.bytes(ctx.rank, ctx.rank).saturating_mul(r0));
+    let per_tier = 2 * k * (n / r0 + 1);
+    b.reserve(2 * n + levels.len() * per_tier + 64, 2 * n + 64);
     b.reserve_routed(n);
     let builder = Builder {
         ctx,
