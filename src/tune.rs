@@ -7,9 +7,10 @@
 //!
 //! 1. **Candidates**: the simulator's (or the alpha-beta model's) ranking for the class
 //!    ([`crate::select`]), cheapest first, skipping algorithms that do not build and
-//!    algorithms whose program for this rank is the same as an earlier candidate's
-//!    (on one node HALO and HALO-2D are the flat fan-out), at most [`MAX_CANDIDATES`].
-//!    The ranking does not depend on the rank, so every rank has the same list.
+//!    algorithms whose programs are the same as an earlier candidate's (tags aside),
+//!    both judged on the first and the last rank's programs, at most
+//!    [`MAX_CANDIDATES`]. Neither the ranking nor these tests depend on the calling
+//!    rank, so every rank has the same list.
 //! 2. **Trials**: the next `TRIALS x candidates` calls of the class run the candidates
 //!    in turn (round robin, [`TRIALS`] calls each); each rank keeps, per candidate, the
 //!    fastest of its calls.
@@ -222,34 +223,50 @@ fn start(candidates: Vec<Algorithm>) -> State {
     }
 }
 
-/// The candidates for a uniform all-to-all of `block` bytes on `rank`: the ranking's
-/// algorithms that build, cheapest first, without those whose program is the same as
-/// an earlier one's (tags aside), at most [`MAX_CANDIDATES`]. Algorithms that do not
+/// The candidates for a uniform all-to-all of `block` bytes: the ranking's algorithms
+/// that build, cheapest first, without those whose programs are the same as an earlier
+/// candidate's (tags aside), at most [`MAX_CANDIDATES`]. Both tests look at the programs
+/// of the first and the last rank only — never at the calling rank's — so every rank
+/// computes the same list (as [`crate::select::buildable`] does). Algorithms that do not
 /// build are marked unavailable in `selector`.
 pub(crate) fn candidates(
     selector: &mut Selector,
     topology: &Topology,
     options: &AlgoOptions,
-    rank: Rank,
     block: usize,
 ) -> Vec<Algorithm> {
     let sizes = UniformSizes(block);
-    let ctx = BuildCtx {
-        topology,
-        rank,
-        layout: Layout::Uniform { block },
-        sizes: &sizes,
-        options,
+    let probes: Vec<Rank> = {
+        let last = topology.size().saturating_sub(1);
+        if last == 0 { vec![0] } else { vec![0, last] }
     };
     let mut out = Vec::new();
-    let mut programs: Vec<Schedule> = Vec::new();
+    let mut programs: Vec<Vec<Schedule>> = Vec::new();
     for a in selector.candidates(topology, options, block) {
         if out.len() == MAX_CANDIDATES {
             break;
         }
-        match halo_collectives::build(a, &ctx) {
+        let built: Result<Vec<Schedule>, _> = probes
+            .iter()
+            .map(|&rank| {
+                halo_collectives::build(
+                    a,
+                    &BuildCtx {
+                        topology,
+                        rank,
+                        layout: Layout::Uniform { block },
+                        sizes: &sizes,
+                        options,
+                    },
+                )
+            })
+            .collect();
+        match built {
             Ok(s) => {
-                if !programs.iter().any(|p| same_program(p, &s)) {
+                let duplicate = programs
+                    .iter()
+                    .any(|p| p.iter().zip(&s).all(|(x, y)| same_program(x, y)));
+                if !duplicate {
                     out.push(a);
                     programs.push(s);
                 }

@@ -58,13 +58,7 @@ impl Communicator {
         let class = super::class(block);
         let core = &mut self.core;
         let picked = core.tuner.pick(class, || {
-            crate::tune::candidates(
-                &mut core.selector,
-                &core.topology,
-                &core.options,
-                core.rank,
-                block,
-            )
+            crate::tune::candidates(&mut core.selector, &core.topology, &core.options, block)
         });
         let started = std::time::Instant::now();
         let ran = core.uniform(picked, tag_base, send, recv, block, &mut self.pool.scratch)?;
