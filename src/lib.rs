@@ -52,6 +52,7 @@ pub mod device;
 mod error;
 pub mod select;
 mod transport;
+pub mod tune;
 
 pub use bootstrap::UniqueId;
 #[doc(hidden)]

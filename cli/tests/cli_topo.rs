@@ -204,3 +204,46 @@ fn halo_debug_logs_to_stderr() {
         stderr(&bad)
     );
 }
+
+/// `halo simulate --algos flat,halo,auto`: the automatic column is the simulated time of
+/// the algorithm `halo::select` picks, named in the last column.
+#[test]
+fn simulate_auto_column_is_the_model_pick() {
+    let out = ok(&[
+        "simulate",
+        "--topology",
+        "frontier:2",
+        "--sizes",
+        "1K:64K",
+        "--algos",
+        "flat,halo,auto",
+    ]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[1].contains("auto time") && lines[1].ends_with("auto picks"),
+        "{out}"
+    );
+    let topo = Topology::preset("frontier:2").unwrap();
+    let options = halo::AlgoOptions::default();
+    let rows: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    // The ladder steps by 4x: 1, 4, 16 and 64 KiB.
+    assert_eq!(rows.len(), 4, "{out}");
+    for (row, block) in rows.iter().zip([1usize << 10, 4 << 10, 16 << 10, 64 << 10]) {
+        let pick = halo::select::choose(&topo, block, &options);
+        assert_eq!(row.split_whitespace().last(), Some(pick.name()), "{row}");
+        // The auto column repeats the time of its pick when that one is a column too.
+        let f: Vec<&str> = row.split_whitespace().collect();
+        // Size (2 fields: "1", "KiB"), then time (2 fields) + algbw per column.
+        let time = |col: usize| format!("{} {}", f[2 + col * 3], f[3 + col * 3]);
+        match pick.name() {
+            "flat" => assert_eq!(time(2), time(0), "{row}"),
+            "halo" => assert_eq!(time(2), time(1), "{row}"),
+            _ => {}
+        }
+    }
+    fails_with_2(&["simulate", "--algos", "flat,automatic"]);
+}

@@ -86,3 +86,32 @@ fn moe_dispatch_as_processes_under_halo_launch() {
         );
     }
 }
+
+#[test]
+fn measured_auto_agrees_across_processes() {
+    let exe = example("auto_select");
+    let out = run_ok(
+        Command::new(HALO)
+            .args(["launch", "-n", "4", "--timeout", "120", "--"])
+            .arg(&exe),
+    );
+    for r in 0..4 {
+        for block in [16, 4096, 65536] {
+            assert!(
+                out.contains(&format!("rank {r}/4: {block} B per peer -> ")),
+                "rank {r}, {block} B missing:\n{out}"
+            );
+        }
+    }
+    assert_eq!(out.matches("all ranks agree").count(), 12, "{out}");
+    // The same choice printed by every rank, size by size.
+    for block in [16, 4096, 65536] {
+        let picks: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains(&format!(": {block} B per peer -> ")))
+            .map(|l| l.split(" -> ").nth(1).unwrap().split(' ').next().unwrap())
+            .collect();
+        assert_eq!(picks.len(), 4, "{out}");
+        assert!(picks.iter().all(|p| *p == picks[0]), "{block} B: {picks:?}");
+    }
+}

@@ -303,6 +303,11 @@ impl ScheduleBuilder {
         self.deps.reserve(deps);
     }
 
+    /// Reserves capacity for `blocks` routed blocks ([`ScheduleBuilder::note_routed`]).
+    pub fn reserve_routed(&mut self, blocks: usize) {
+        self.routed.reserve(blocks);
+    }
+
     /// Appends a step that may start once `deps` are complete; returns its id.
     pub fn push(&mut self, step: Step, deps: &[StepId]) -> StepId {
         debug_assert!(
@@ -311,7 +316,12 @@ impl ScheduleBuilder {
         );
         let id = self.steps.len() as StepId;
         self.steps.push(step);
-        self.deps.extend_from_slice(deps);
+        // Most steps have no or one dependency: no memcpy call for those.
+        match deps {
+            [] => {}
+            [d] => self.deps.push(*d),
+            _ => self.deps.extend_from_slice(deps),
+        }
         self.dep_start.push(self.deps.len() as u32);
         id
     }

@@ -49,9 +49,32 @@ impl Communicator {
             ));
         }
         let forced = self.core.forced;
-        self.core
-            .uniform(forced, tag_base, send, recv, block, &mut self.pool.scratch)?;
+        if forced.is_some() {
+            self.core
+                .uniform(forced, tag_base, send, recv, block, &mut self.pool.scratch)?;
+            return Ok(());
+        }
+        // Automatic: measured per size class (crate::tune).
+        let class = super::class(block);
+        let core = &mut self.core;
+        let picked = core.tuner.pick(class, || {
+            crate::tune::candidates(&mut core.selector, &core.topology, &core.options, block)
+        });
+        let started = std::time::Instant::now();
+        let ran = core.uniform(picked, tag_base, send, recv, block, &mut self.pool.scratch)?;
+        if let Some(local) = core.tuner.record(class, ran, started.elapsed()) {
+            let mut agreed = vec![0u64; local.len()];
+            self.all_reduce(&local, &mut agreed, crate::ReduceOp::Max)?;
+            self.core.tuner.agree(class, &agreed);
+        }
         Ok(())
+    }
+
+    /// What the automatic mode measured and chose for all-to-alls of `block` bytes per
+    /// peer (their size class), once the trials of that class are over and agreed on
+    /// (see [`crate::tune`]); `None` before, or when an algorithm is forced.
+    pub fn tuned(&self, block: usize) -> Option<crate::tune::Tuned> {
+        self.core.tuner.tuned(super::class(block))
     }
 
     /// All-to-all over raw memory, for the C ABI: `count` elements of `elem_size` bytes

@@ -113,6 +113,8 @@ pub(crate) struct Core {
     timeout: Duration,
     abort: AbortHandle,
     selector: Selector,
+    /// Measured automatic selection of the uniform all-to-all (`crate::tune`).
+    tuner: crate::tune::Tuner,
     chosen: HashMap<(Kind, u32), Algorithm>,
     /// Uniform schedules, most recently used first.
     cache: Vec<(Algorithm, usize, Schedule)>,
@@ -358,6 +360,7 @@ impl Communicator {
                 timeout: DEFAULT_TIMEOUT,
                 abort: AbortHandle::default(),
                 selector: Selector::default(),
+                tuner: crate::tune::Tuner::default(),
                 chosen: HashMap::new(),
                 cache: Vec::with_capacity(CACHED_SCHEDULES),
                 last: None,
@@ -406,6 +409,7 @@ impl Communicator {
         self.core.ext.waves = None;
         self.core.chosen.clear();
         self.core.selector.reset();
+        self.core.tuner.reset();
     }
 
     /// The builders' knobs.

@@ -31,7 +31,10 @@ pub(crate) struct SimulateArgs {
     /// alltoallv, the mean bytes per peer (tokens are derived from it).
     #[arg(long, default_value = "1K:16M")]
     sizes: String,
-    /// Algorithms, comma separated (flat, pairwise, bruck, halo, halo2d).
+    /// Algorithms, comma separated (flat, pairwise, bruck, halo, halo2d, auto). `auto`
+    /// is what a communicator's model would pick before it measures (`halo::select`:
+    /// the simulator's cheapest up to 128 ranks, the alpha-beta model's above), with
+    /// its pick in the last column.
     #[arg(long, default_value = "flat,halo,halo2d", value_delimiter = ',')]
     algos: Vec<String>,
     /// HALO aggregation levels, comma separated (default: node).
@@ -115,11 +118,17 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
         }
         return super::emit(&validate(&topo, file, &opts)?);
     }
-    let algos: Vec<Algorithm> = args
+    // `None` is `auto`.
+    let algos: Vec<Option<Algorithm>> = args
         .algos
         .iter()
-        .map(|a| a.parse::<Algorithm>().map_err(Failure::input))
+        .map(|a| match a.as_str() {
+            "auto" => Ok(None),
+            a => a.parse::<Algorithm>().map(Some).map_err(Failure::input),
+        })
         .collect::<Result<_, _>>()?;
+    let name = |a: &Option<Algorithm>| a.map_or("auto", |a| a.name());
+    let flat = Some(Algorithm::Flat);
     let v = match args.op.as_str() {
         "alltoall" => false,
         "alltoallv" => true,
@@ -168,19 +177,27 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
     );
     let _ = write!(out, "{:<12}", "# Size");
     for a in &algos {
-        let _ = write!(out, "{:>14}{:>12}", format!("{a} time"), "algbw GB/s");
+        let _ = write!(
+            out,
+            "{:>14}{:>12}",
+            format!("{} time", name(a)),
+            "algbw GB/s"
+        );
     }
-    if algos.contains(&Algorithm::Flat) {
-        for a in algos.iter().filter(|a| **a != Algorithm::Flat) {
-            let _ = write!(out, "{:>14}", format!("{a}/flat"));
+    if algos.contains(&flat) {
+        for a in algos.iter().filter(|a| **a != flat) {
+            let _ = write!(out, "{:>14}", format!("{}/flat", name(a)));
         }
+    }
+    if algos.contains(&None) {
+        let _ = write!(out, "{:>12}", "auto picks");
     }
     out.push('\n');
     super::emit(&out)?;
     let mut series: Vec<Series> = algos
         .iter()
         .map(|a| Series {
-            name: a.to_string(),
+            name: name(a).to_string(),
             points: Vec::new(),
         })
         .collect();
@@ -214,12 +231,18 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
         };
         let mut line = format!("{:<12}", fmt_bytes(size as f64));
         let mut times = Vec::new();
+        let mut auto_pick = None;
         for (i, &a) in algos.iter().enumerate() {
             let traffic = if v {
                 Traffic::V(&moe)
             } else {
                 Traffic::Uniform(size)
             };
+            let a = a.unwrap_or_else(|| {
+                let pick = halo::select::choose(&topo, size, &opts.algo);
+                auto_pick = Some(pick);
+                pick
+            });
             let simulated = simulate_all_to_all(&topo, a, traffic, &opts);
             bar.inc(1);
             match simulated {
@@ -240,12 +263,8 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
                 }
             }
         }
-        if let Some(fi) = algos.iter().position(|a| *a == Algorithm::Flat) {
-            for (i, _) in algos
-                .iter()
-                .enumerate()
-                .filter(|(_, a)| **a != Algorithm::Flat)
-            {
+        if let Some(fi) = algos.iter().position(|a| *a == flat) {
+            for (i, _) in algos.iter().enumerate().filter(|(_, a)| **a != flat) {
                 match (times[fi], times[i]) {
                     (Some(f), Some(t)) if t > 0.0 => {
                         let _ = write!(line, "{:>13.2}x", f / t);
@@ -255,6 +274,9 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
                     }
                 }
             }
+        }
+        if let Some(pick) = auto_pick {
+            let _ = write!(line, "{:>12}", pick.name());
         }
         line.push('\n');
         bar.suspend(|| super::emit(&line))?;

@@ -30,7 +30,6 @@ use super::pack::contiguous;
 use crate::error::{CollectiveError, Result};
 use crate::schedule::{Buf, Region, Schedule, ScheduleBuilder, StepId};
 use halo_topology::{Level, Rank, Topology};
-use std::rc::Rc;
 
 fn tag(tier: usize, chunk: usize, src: Rank) -> u64 {
     ((tier as u64) << 44) | ((chunk as u64) << 32) | src as u64
@@ -41,8 +40,12 @@ struct Plan {
     tiers: Vec<Level>,
     /// order[i]: the rank at position i.
     order: Vec<u32>,
+    /// pos[r]: the position of rank r (the inverse of `order`).
+    pos: Vec<u32>,
     /// Per tier j < m, per domain: [lo, hi) in `order`.
     span: Vec<Vec<(u32, u32)>>,
+    /// Whether `order` is the identity (every domain is the run of ranks `span` gives).
+    identity: bool,
 }
 
 impl Plan {
@@ -50,6 +53,9 @@ impl Plan {
         let mut tiers = levels.to_vec();
         tiers.push(Level::System);
         let n = topo.size();
+        if let Some(plan) = Plan::contiguous(topo, &tiers) {
+            return plan;
+        }
         // LSD radix sort: by rank (given), then by domain at t_0, t_1, ... (stable).
         let mut order: Vec<u32> = (0..n as u32).collect();
         let mut next = vec![0u32; n];
@@ -81,7 +87,53 @@ impl Plan {
                 s
             })
             .collect();
-        Plan { tiers, order, span }
+        let mut pos = vec![0u32; n];
+        for (i, &r) in order.iter().enumerate() {
+            pos[r as usize] = i as u32;
+        }
+        Plan {
+            tiers,
+            order,
+            pos,
+            span,
+            identity: false,
+        }
+    }
+
+    /// The plan without sorting when every tier's domains are runs of consecutive
+    /// ranks in domain order (every preset, and most machines): the routing order is
+    /// then the ranks' own, and the spans are the runs. O(N) reads, no domain lookups.
+    fn contiguous(topo: &Topology, tiers: &[Level]) -> Option<Plan> {
+        let n = topo.size();
+        let mut span = Vec::with_capacity(tiers.len() - 1);
+        for &level in &tiers[..tiers.len() - 1] {
+            let d = topo.num_domains(level);
+            let mut s = Vec::with_capacity(d);
+            let mut at = 0u32;
+            for k in 0..d {
+                let members = topo.ranks(level, k);
+                if members.is_empty()
+                    || members.iter().enumerate().any(|(i, &r)| r != at + i as u32)
+                {
+                    return None;
+                }
+                let end = at + members.len() as u32;
+                s.push((at, end));
+                at = end;
+            }
+            if at as usize != n {
+                return None;
+            }
+            span.push(s);
+        }
+        let order: Vec<u32> = (0..n as u32).collect();
+        Some(Plan {
+            tiers: tiers.to_vec(),
+            pos: order.clone(),
+            order,
+            span,
+            identity: true,
+        })
     }
 
     fn m(&self) -> usize {
@@ -120,56 +172,90 @@ impl Plan {
         })
     }
 
-    /// Ranks `g` that send packets for `x`'s `t_{j-1}` domain to `x` at tier `j`:
-    /// those in `x`'s `t_j` domain, outside its `t_{j-1}` domain, whose aligned peer there is `x`.
-    fn senders_to(&self, topo: &Topology, x: Rank, j: usize) -> Vec<Rank> {
+    /// Positions `[lo, hi)` that `x` keeps of a packet it receives at tier `j`: its
+    /// own `t_{j-2}` domain, or its own position at tier 1.
+    fn kept(&self, topo: &Topology, x: Rank, j: usize) -> (usize, usize) {
+        if j >= 2 {
+            self.interval(topo, x, j - 2)
+        } else {
+            let p = self.pos[x] as usize;
+            (p, p + 1)
+        }
+    }
+
+    /// Appends the ranks `g` that send packets for `x`'s `t_{j-1}` domain to `x` at
+    /// tier `j` to `out`: those in `x`'s `t_j` domain, outside its `t_{j-1}` domain,
+    /// whose aligned peer there is `x`.
+    fn senders_to(&self, topo: &Topology, x: Rank, j: usize, out: &mut Vec<Rank>) {
         let level = self.tiers[j - 1];
         let mine = topo.domain(x, level);
         let my_size = topo.domain_size(level, mine);
         let k = topo.local_index(x, level);
-        let (lo, hi) = self.interval(topo, x, j);
-        let mut out = Vec::new();
-        for (a, _) in self.children(topo, j, lo, hi) {
-            let d = topo.domain(self.order[a] as usize, level);
-            if d == mine {
-                continue;
+        if j == self.m() && self.identity {
+            // Every domain of t_{m-1} is a run of ranks, in index order.
+            for (d, &(a, b)) in self.span[j - 1].iter().enumerate() {
+                if d != mine {
+                    out.extend((a as usize + k..b as usize).step_by(my_size));
+                }
             }
+            return;
+        }
+        let mut push = |d: usize| {
             let members = topo.ranks(level, d);
             let mut p = k;
             while p < members.len() {
                 out.push(members[p] as usize);
                 p += my_size;
             }
+        };
+        if j == self.m() {
+            // The children of the top are every domain of t_{m-1}, in index order (the
+            // routing order's first key).
+            for d in (0..topo.num_domains(level)).filter(|&d| d != mine) {
+                push(d);
+            }
+            return;
         }
-        out
+        let (lo, hi) = self.interval(topo, x, j);
+        for (a, _) in self.children(topo, j, lo, hi) {
+            let d = topo.domain(self.order[a] as usize, level);
+            if d != mine {
+                push(d);
+            }
+        }
     }
 
-    /// Sources whose packet for `x`'s `t_j` domain `x` holds.
+    /// Appends the sources whose packet for `x`'s `t_j` domain `x` holds to `out`.
     fn sources(&self, topo: &Topology, x: Rank, j: usize, out: &mut Vec<Rank>) {
         if j == self.m() {
             out.push(x);
             return;
         }
         self.sources(topo, x, j + 1, out);
-        for g in self.senders_to(topo, x, j + 1) {
+        if j + 1 == self.m() {
+            // The senders' sources at the top are the senders themselves.
+            self.senders_to(topo, x, j + 1, out);
+            return;
+        }
+        let mut senders = Vec::new();
+        self.senders_to(topo, x, j + 1, &mut senders);
+        for g in senders {
             self.sources(topo, g, j + 1, out);
         }
     }
 }
 
 /// Where a held packet's bytes are.
-#[derive(Clone)]
+#[derive(Clone, Copy)]
 enum Loc {
     /// This rank's own row: block q at `layout.send_region(q)`.
     Own,
-    /// Contiguous in scratch from `start`, received as chunks `(start, end, step)` (absolute offsets).
-    Scratch {
-        start: usize,
-        chunks: Rc<Vec<(usize, usize, StepId)>>,
-    },
+    /// Contiguous in scratch from `start`, received as the chunks
+    /// `Builder::chunks[first..end]`.
+    Scratch { start: usize, first: u32, end: u32 },
 }
 
-#[derive(Clone)]
+#[derive(Clone, Copy)]
 struct Packet {
     src: Rank,
     lo: usize,
@@ -177,11 +263,23 @@ struct Packet {
     at: Loc,
 }
 
+/// One rank's build. Every buffer is reused from packet to packet: building allocates
+/// a fixed number of times, not per packet (docs/BENCHMARKS.md, "Schedule build time").
 struct Builder<'c, 'a> {
     ctx: &'c BuildCtx<'a>,
     plan: Plan,
     b: ScheduleBuilder,
+    /// The steps the region last returned by `region` depends on.
     deps: Vec<StepId>,
+    /// Every received chunk `(start, end, step)`, absolute scratch offsets; packets
+    /// refer to ranges of it.
+    chunks: Vec<(usize, usize, StepId)>,
+    /// Block offsets of the packet being handled (see `offsets`).
+    off: Vec<usize>,
+    /// Sources of the packets being received.
+    srcs: Vec<Rank>,
+    /// Senders of the packets being received.
+    senders: Vec<Rank>,
 }
 
 impl Builder<'_, '_> {
@@ -189,16 +287,17 @@ impl Builder<'_, '_> {
         self.ctx.sizes.bytes(src, self.plan.order[pos] as usize)
     }
 
-    /// Byte offsets of the blocks at positions lo..hi relative to lo (len hi-lo+1).
-    fn offsets(&self, src: Rank, lo: usize, hi: usize) -> Vec<usize> {
-        let mut off = Vec::with_capacity(hi - lo + 1);
+    /// Byte offsets of the blocks at positions lo..hi relative to lo (len hi-lo+1),
+    /// written into `off`.
+    fn offsets(&self, src: Rank, lo: usize, hi: usize, off: &mut Vec<usize>) {
+        off.clear();
+        off.reserve(hi - lo + 1);
         let mut acc = 0usize;
         off.push(0);
         for i in lo..hi {
             acc += self.bytes(src, i);
             off.push(acc);
         }
-        off
     }
 
     /// The region holding positions `a..b` of packet `p` (whose offsets are `off`),
@@ -208,11 +307,15 @@ impl Builder<'_, '_> {
         self.deps.clear();
         let (ra, rb) = (off[a - p.lo], off[b - p.lo]);
         let len = rb - ra;
-        match &p.at {
-            Loc::Scratch { start, chunks } => {
+        match p.at {
+            Loc::Scratch { start, first, end } => {
                 let (s, e) = (start + ra, start + rb);
-                self.deps
-                    .extend(chunks.iter().filter(|c| c.0 < e && c.1 > s).map(|c| c.2));
+                self.deps.extend(
+                    self.chunks[first as usize..end as usize]
+                        .iter()
+                        .filter(|c| c.0 < e && c.1 > s)
+                        .map(|c| c.2),
+                );
                 Region::new(Buf::Scratch, s, len)
             }
             Loc::Own => {
@@ -241,32 +344,62 @@ impl Builder<'_, '_> {
         self.ctx.options.chunks(len)
     }
 
-    /// Sends `region` to `peer` at tier `j` in chunks.
-    fn send_chunked(&mut self, peer: Rank, j: usize, src: Rank, region: Region, p: &Packet) {
+    /// Sends `region` (with `self.deps` the steps it depends on) to `peer` at tier `j`
+    /// in chunks. `keep` is the part of it, relative to `region`, that `peer` keeps
+    /// rather than forwards.
+    ///
+    /// Chunk order (against Phase III incast): the chunks go out starting after the
+    /// one holding `keep`, rotated further by the sender's own `t_{j-1}` domain. So
+    /// the ranks of one domain receiving from the same remote domain forward different
+    /// chunks — for different local ranks — at any time, instead of all forwarding
+    /// chunk `c` to local rank `c` at once; and the chunk each receives last is mostly
+    /// its own (docs/SIMULATION.md, "HALO pays an extra intra-node hop").
+    fn send_chunked(
+        &mut self,
+        peer: Rank,
+        j: usize,
+        src: Rank,
+        region: Region,
+        p: &Packet,
+        keep: (usize, usize),
+    ) {
         let (k, cs) = self.chunk_plan(region.len);
-        // Every sender into one domain starts with a different chunk (rotated by the
-        // sender's own domain), so that the receivers' redistribution of the first
-        // chunks does not all land on the same local rank at once.
-        let first = self
+        let own = if keep.1 > keep.0 {
+            (keep.1 - 1) / cs
+        } else {
+            keep.0 / cs
+        };
+        let node = self
             .ctx
             .topology
-            .domain(self.ctx.rank, self.plan.tiers[j - 1])
-            % k;
+            .domain(self.ctx.rank, self.plan.tiers[j - 1]);
+        let first = (own + 1 + node) % k;
+        let mut deps = std::mem::take(&mut self.deps);
+        let mine = deps.len();
         for c in (first..k).chain(0..first) {
             let at = c * cs;
             let len = cs.min(region.len - at);
             let piece = region.sub(at, len);
             // Depend only on what covers this piece.
-            let deps: Vec<StepId> = match &p.at {
-                Loc::Scratch { chunks, .. } if region.buf == Buf::Scratch => chunks
-                    .iter()
-                    .filter(|ch| ch.0 < piece.end() && ch.1 > piece.offset)
-                    .map(|ch| ch.2)
-                    .collect(),
-                _ => self.deps.clone(),
+            let d: &[StepId] = match p.at {
+                Loc::Scratch {
+                    first: c0, end: c1, ..
+                } if region.buf == Buf::Scratch => {
+                    deps.truncate(mine);
+                    deps.extend(
+                        self.chunks[c0 as usize..c1 as usize]
+                            .iter()
+                            .filter(|ch| ch.0 < piece.end() && ch.1 > piece.offset)
+                            .map(|ch| ch.2),
+                    );
+                    &deps[mine..]
+                }
+                _ => &deps[..mine],
             };
-            self.b.send(peer, tag(j, c, src), piece, &deps);
+            self.b.send(peer, tag(j, c, src), piece, d);
         }
+        deps.clear();
+        self.deps = deps;
     }
 
     fn run(mut self) -> Schedule {
@@ -279,29 +412,35 @@ impl Builder<'_, '_> {
             hi: topo.size(),
             at: Loc::Own,
         }];
+        let mut next: Vec<Packet> = Vec::new();
+        let mut off = std::mem::take(&mut self.off);
+        let mut srcs = std::mem::take(&mut self.srcs);
+        let mut senders = std::mem::take(&mut self.senders);
         for j in (1..=m).rev() {
             let child = self.plan.tiers[j - 1];
             let (mlo, mhi) = self.plan.interval(topo, me, j - 1);
-            let mut next: Vec<Packet> = Vec::new();
+            next.clear();
             // Receives first, so a transport can pre-post them.
-            let mut srcs = Vec::new();
-            for g in self.plan.senders_to(topo, me, j) {
+            senders.clear();
+            self.plan.senders_to(topo, me, j, &mut senders);
+            for &g in &senders {
                 srcs.clear();
                 self.plan.sources(topo, g, j, &mut srcs);
                 for &src in &srcs {
-                    let off = self.offsets(src, mlo, mhi);
+                    self.offsets(src, mlo, mhi, &mut off);
                     let len = off[off.len() - 1];
                     if len == 0 {
                         continue;
                     }
                     let base = self.b.scratch(len);
                     let (k, cs) = self.chunk_plan(len);
-                    let mut chunks = Vec::with_capacity(k);
+                    let first = self.chunks.len() as u32;
                     for c in 0..k {
                         let at = c * cs;
                         let l = cs.min(len - at);
                         let id = self.b.recv(g, tag(j, c, src), base.sub(at, l), &[]);
-                        chunks.push((base.offset + at, base.offset + at + l, id));
+                        self.chunks
+                            .push((base.offset + at, base.offset + at + l, id));
                     }
                     for (i, pos) in (mlo..mhi).enumerate() {
                         self.b.note_routed(
@@ -316,28 +455,31 @@ impl Builder<'_, '_> {
                         hi: mhi,
                         at: Loc::Scratch {
                             start: base.offset,
-                            chunks: Rc::new(chunks),
+                            first,
+                            end: self.chunks.len() as u32,
                         },
                     });
                 }
             }
             // Split what this rank holds.
+            let mut children: Vec<(usize, usize)> = Vec::new();
             for p in &held {
-                let off = self.offsets(p.src, p.lo, p.hi);
-                let mut children: Vec<(usize, usize)> =
-                    self.plan.children(topo, j, p.lo, p.hi).collect();
+                self.offsets(p.src, p.lo, p.hi, &mut off);
+                children.clear();
+                children.extend(self.plan.children(topo, j, p.lo, p.hi));
                 // Start with the domain after this rank's own, so that the domains'
                 // ranks do not all send to the same remote domain first (incast).
                 if let Some(at) = children.iter().position(|c| c.0 == mlo) {
                     children.rotate_left(at + 1);
                 }
-                for (a, b) in children {
+                for &(a, b) in &children {
                     if a == mlo {
-                        let at = match &p.at {
+                        let at = match p.at {
                             Loc::Own => Loc::Own,
-                            Loc::Scratch { start, chunks } => Loc::Scratch {
+                            Loc::Scratch { start, first, end } => Loc::Scratch {
                                 start: start + off[a - p.lo],
-                                chunks: chunks.clone(),
+                                first,
+                                end,
                             },
                         };
                         next.push(Packet {
@@ -354,15 +496,17 @@ impl Builder<'_, '_> {
                     let d = topo.domain(self.plan.order[a] as usize, child);
                     let peer = topo.aligned_peer(me, child, d);
                     let region = self.region(p, &off, a, b);
-                    self.send_chunked(peer, j, p.src, region, p);
+                    let (ka, kb) = self.plan.kept(topo, peer, j);
+                    let base = off[a - p.lo];
+                    let keep = (off[ka - p.lo] - base, off[kb - p.lo] - base);
+                    self.send_chunked(peer, j, p.src, region, p, keep);
                 }
             }
-            held = next;
+            std::mem::swap(&mut held, &mut next);
         }
         // Tier 0: straight to the destination. Receives first.
         let (lo, hi) = self.plan.interval(topo, me, 0);
         let layout = self.ctx.layout;
-        let mut srcs = Vec::new();
         for pos in lo..hi {
             let g = self.plan.order[pos] as usize;
             if g == me {
@@ -378,7 +522,7 @@ impl Builder<'_, '_> {
             }
         }
         for p in &held {
-            let off = self.offsets(p.src, p.lo, p.hi);
+            self.offsets(p.src, p.lo, p.hi, &mut off);
             for pos in p.lo..p.hi {
                 if off[pos + 1 - p.lo] == off[pos - p.lo] {
                     continue;
@@ -407,11 +551,30 @@ pub(crate) fn build(ctx: &BuildCtx<'_>) -> Result<Schedule> {
     }
     let plan = Plan::new(ctx.topology, &levels);
     let n = ctx.size();
+    let mut b = ScheduleBuilder::new(ctx.rank, n, "halo");
+    // Reserved at once instead of grown (growing copies every step pushed so far):
+    // at tier 0 at most one receive and one send or copy per block (2N), above it one
+    // receive and one send per chunk of each packet (about N / R packets per tier,
+    // chunked as the uniform packet of this rank's own blocks would be), a dependency
+    // or two per forward, one routed block per rank.
+    let r0 = levels
+        .first()
+        .map_or(1, |&l| ctx.topology.max_domain_size(l).max(1));
+    let (k, _) = ctx
+        .options
+        .chunks(ctx.sizes.bytes(ctx.rank, ctx.rank).saturating_mul(r0));
+    let per_tier = 2 * k * (n / r0 + 1);
+    b.reserve(2 * n + levels.len() * per_tier + 64, 2 * n + 64);
+    b.reserve_routed(n);
     let builder = Builder {
         ctx,
         plan,
-        b: ScheduleBuilder::new(ctx.rank, n, "halo"),
+        b,
         deps: Vec::new(),
+        chunks: Vec::new(),
+        off: Vec::new(),
+        srcs: Vec::new(),
+        senders: Vec::new(),
     };
     Ok(builder.run())
 }
