@@ -203,6 +203,7 @@ fn emulated_hosts_a_loss_plot_and_the_time_split() {
         .lines()
         .skip_while(|l| !l.contains("rank stage ep dp"))
         .skip(1)
+        .take_while(|l| !l.starts_with("idle share"))
         .collect();
     assert_eq!(rows.len(), 8, "{out}");
     let text = std::fs::read_to_string(&svg).expect("the plot was written");

@@ -81,9 +81,12 @@ impl<C: StageCompute> Tape<C> {
     }
 }
 
+/// A stored tape and its bytes (experts, everything else).
+type Held<C> = (Tape<C>, (usize, usize));
+
 /// The saved forward states of the micro-batches in flight, with the peak of their bytes.
 struct Tapes<C: StageCompute> {
-    held: Vec<Option<(Tape<C>, (usize, usize))>>,
+    held: Vec<Option<Held<C>>>,
     live: (usize, usize),
     peak: ActivationPeak,
 }
@@ -333,14 +336,14 @@ pub(super) fn one_f_one_b<C: StageCompute>(
     }
 
     // Cool-down backwards.
-    for bm in remaining..m_total {
+    for (bm, mb) in micro.iter().enumerate().skip(remaining) {
         let dy = if last {
             None
         } else {
             Some(clock.single(|| recv_backward(&mut mesh.pp, len))?)
         };
         let tape = tapes.take(bm)?;
-        if let Some(dx) = backward(mesh, st, model, micro[bm], tape, dy, times)? {
+        if let Some(dx) = backward(mesh, st, model, *mb, tape, dy, times)? {
             clock.single(|| send_backward(&mut mesh.pp, &dx))?;
         }
     }
