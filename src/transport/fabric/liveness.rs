@@ -73,11 +73,18 @@ pub(super) fn remove_stale_shm_regions() {
                 .is_some_and(|rest| {
                     !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit() || c == ':')
                 });
+            if !ours {
+                continue;
+            }
+            // Older than this process, or mapped by no process at all (a peer of the
+            // dead owner may have written to it after this process started, which moves
+            // its mtime; with /dev/shm shared across PID namespaces a live process of
+            // another namespace could have this id, and it would map its region).
             let older = entry
                 .metadata()
                 .and_then(|m| m.modified())
                 .is_ok_and(|t| t < start);
-            if ours && older {
+            if older || !mapped_by_any_process(&entry.path()) {
                 match std::fs::remove_file(entry.path()) {
                     Ok(()) => tracing::info!(
                         "removed {}, left by an earlier process with this process id",
@@ -88,6 +95,22 @@ pub(super) fn remove_stale_shm_regions() {
             }
         }
     });
+}
+
+/// Whether any process this one can see has `path` mapped (`/proc/*/maps`). Only
+/// called for a region named after this process's id before it made any, so rarely.
+fn mapped_by_any_process(path: &std::path::Path) -> bool {
+    let needle = path.to_string_lossy().into_owned();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    procs.flatten().any(|p| {
+        p.file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            && std::fs::read_to_string(p.path().join("maps"))
+                .is_ok_and(|maps| maps.contains(&needle))
+    })
 }
 
 /// This process as peers on the same host can watch it: its PID namespace and
