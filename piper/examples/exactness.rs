@@ -33,13 +33,16 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     if diff == 0.0 { 0.0 } else { diff / scale }
 }
 
+/// Each owned parameter group's gradients.
+type Grads = Vec<(GroupId, Vec<f32>)>;
+
 /// The step on this rank; returns the loss and its groups' gradients.
 fn step(
     world: &mut Communicator,
     cfg: &MoeConfig,
     layout: MeshLayout,
     m: usize,
-) -> Result<(f64, Vec<(GroupId, Vec<f32>)>), PiperError> {
+) -> Result<(f64, Grads), PiperError> {
     let task = Task::new(cfg, TaskConfig::default())?;
     let batch = task.batch(0, SEQUENCES);
     let mut model = ReferenceModel::new(MoeParams::init(cfg, SEED)?)?;

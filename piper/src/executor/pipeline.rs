@@ -44,6 +44,8 @@ pub(super) struct Stage {
     /// Overlap each local expert's compute with the next expert's dispatch and the
     /// previous one's combine ([`super::Executor::set_overlap`]).
     pub(super) overlap: bool,
+    /// How the forward dispatch moves the tokens ([`super::Executor::set_dispatch`]).
+    pub(super) dispatch: halo::MoeDispatch,
 }
 
 impl Stage {
@@ -81,9 +83,12 @@ impl<C: StageCompute> Tape<C> {
     }
 }
 
+/// A micro-batch's saved forward state and its bytes, while it is in flight.
+type Held<C> = Option<(Tape<C>, (usize, usize))>;
+
 /// The saved forward states of the micro-batches in flight, with the peak of their bytes.
 struct Tapes<C: StageCompute> {
-    held: Vec<Option<(Tape<C>, (usize, usize))>>,
+    held: Vec<Held<C>>,
     live: (usize, usize),
     peak: ActivationPeak,
 }
@@ -333,6 +338,7 @@ pub(super) fn one_f_one_b<C: StageCompute>(
     }
 
     // Cool-down backwards.
+    #[allow(clippy::needless_range_loop)] // `bm` is the micro-batch's number, not only an index
     for bm in remaining..m_total {
         let dy = if last {
             None
