@@ -338,6 +338,36 @@ fn bad_routing_is_an_error_on_every_rank() {
             );
         }
     }
+    // A wrong expert_out length in the combine: an error on that rank, and on every
+    // rank that exchanges rows with it (here all: every token goes to every expert).
+    for mode in [MoeDispatch::Dedup, MoeDispatch::AllToAllV] {
+        let out = halo::local::run(&topo, Emulation::off(), |comm| {
+            comm.set_timeout(Duration::from_secs(20));
+            let routing = MoeRouting {
+                top_k: 4,
+                experts: &[0, 1, 2, 3],
+                gates: &[1.0; 4],
+                expert_rank: &[0, 1, 2, 3],
+            };
+            let (ex, rows) = MoeExchange::dispatch(comm, &[1f32, 2.0], 2, &routing, mode)?;
+            let y = if comm.rank() == 1 {
+                &rows[1..]
+            } else {
+                &rows[..]
+            };
+            ex.combine(comm, y).map(|_| ())
+        });
+        for (rank, r) in out.iter().enumerate() {
+            match (rank, r) {
+                (1, Err(Error::InvalidArgument { message, .. })) => {
+                    assert!(message.contains("expert_out has 7 elements"), "{message}")
+                }
+                (1, other) => panic!("{mode:?} rank 1: {other:?}"),
+                (_, Err(Error::InvalidUsage { .. })) => {}
+                (_, other) => panic!("{mode:?} rank {rank}: {other:?}"),
+            }
+        }
+    }
     // Local checks: out-of-range expert, rank, lengths.
     let out = halo::local::run(
         &Topology::preset("flat:1").unwrap(),

@@ -555,11 +555,22 @@ impl MoeExchange {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `expert_out` does not have `rows x d` elements
-    /// (the other ranks then fail with the transport's errors or time out); the errors
-    /// of [`Communicator::all_to_all_v`].
+    /// (this rank then exchanges no rows, so every rank that expected rows from it, or
+    /// was to send it rows, gets [`Error::InvalidUsage`] from the count agreement); the
+    /// errors of [`Communicator::all_to_all_v`].
     pub fn combine(&self, comm: &mut Communicator, expert_out: &[f32]) -> Result<Vec<f32>> {
         let d = self.d;
         if expert_out.len() != self.perm.len() * d {
+            // Take part in this call's exchanges with no rows, so that every peer that
+            // expected rows from this rank fails in the count agreement instead of
+            // waiting for its timeout.
+            // (When stage B agreed — this rank had no rows in it — its peers go on to
+            // stage A, and so does this rank.)
+            let zeros = vec![0usize; self.b_send_rows.len()];
+            let b = rows_a2av::<f32>(comm, &[], &zeros, &zeros, d);
+            if b.is_ok() && self.mode == MoeDispatch::Dedup {
+                let _ = rows_a2av::<f32>(comm, &[], &zeros, &zeros, d);
+            }
             return Err(Error::invalid_argument(format!(
                 "moe_combine: expert_out has {} elements, not {} rows x d = {d}",
                 expert_out.len(),
