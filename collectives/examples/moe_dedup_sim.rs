@@ -1,7 +1,8 @@
 //! Simulated MoE dispatch, de-duplicated per node vs plain all-to-all-v (issue 18), for
 //! DeepSeek-V3's shape by default: 256 experts (contiguous on the ranks), top-8,
-//! rows of 7168 bf16 (14,336 bytes), uniform random routing (not DeepSeek-V3's
-//! node-limited routing).
+//! rows of 7168 bf16 (14,336 bytes), uniform random routing; with `LIMIT` > 0 each
+//! token first draws `LIMIT` nodes (DeepSeek-V3's node-limited routing uses 4) and
+//! then its k experts among theirs.
 //!
 //! `halo::MoeExchange`'s dedup dispatch is two all-to-all-v (stage A: one row per
 //! unique (token, node) to the rank-aligned peer in that node; stage B: replication
@@ -11,7 +12,7 @@
 //! (default `halo`). All numbers are simulated, not measured.
 //!
 //! ```text
-//! cargo run --release -p halo-collectives --example moe_dedup_sim -- frontier:16 [TOKENS=4096] [EXPERTS=256] [ROW=14336] [ALGO=halo]
+//! cargo run --release -p halo-collectives --example moe_dedup_sim -- frontier:16 [TOKENS=4096] [EXPERTS=256] [ROW=14336] [ALGO=halo] [LIMIT=0]
 //! ```
 
 use halo_collectives::{
@@ -48,15 +49,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let (tokens, experts, row) = (arg(1, 4096)?, arg(2, 256)?, arg(3, 14336)?);
     let algo: Algorithm = args.get(4).map_or("halo", String::as_str).parse()?;
+    let limit = arg(5, 0)?;
     let n = topo.size();
     let node = |r: usize| topo.domain(r, Level::Node);
     let rank_of = |e: usize| e * n / experts;
     let opts = SimOptions::default();
     println!(
-        "# {} ({n} ranks, {} nodes), {experts} experts, {tokens} tokens per rank, rows of {row} B, {algo}; simulated",
+        "# {} ({n} ranks, {} nodes), {experts} experts, {tokens} tokens per rank, rows of {row} B, {algo}, nodes per token {}; simulated",
         topo.name(),
-        topo.num_domains(Level::Node)
+        topo.num_domains(Level::Node),
+        if limit == 0 {
+            "any".to_string()
+        } else {
+            format!("<= {limit}")
+        }
     );
+    let expert_nodes: Vec<usize> = {
+        let mut v: Vec<usize> = (0..experts).map(|e| node(rank_of(e))).collect();
+        v.dedup();
+        v
+    };
     println!(
         "| k | (token, remote expert) pairs | unique (token, remote node) | a2av inter-node bytes | dedup inter-node bytes | ratio | a2av time | dedup time (A + B) |"
     );
@@ -69,7 +81,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut pairs, mut unique) = (0u64, 0u64);
         for s in 0..n {
             for _ in 0..tokens {
-                let mut pool: Vec<usize> = (0..experts).collect();
+                let mut pool: Vec<usize> = if limit == 0 {
+                    (0..experts).collect()
+                } else {
+                    let mut nodes = expert_nodes.clone();
+                    let picked: Vec<usize> = (0..limit.min(nodes.len()))
+                        .map(|_| nodes.swap_remove((rng.next() % nodes.len() as u64) as usize))
+                        .collect();
+                    (0..experts)
+                        .filter(|&e| picked.contains(&node(rank_of(e))))
+                        .collect()
+                };
+                if pool.len() < k {
+                    return Err(
+                        format!("{} experts on the chosen nodes, k = {k}", pool.len()).into(),
+                    );
+                }
                 let mut chosen: Vec<usize> = (0..k)
                     .map(|_| pool.swap_remove((rng.next() % pool.len() as u64) as usize))
                     .collect();
