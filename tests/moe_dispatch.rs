@@ -5,6 +5,8 @@
 //!   documented order (expert, source rank, token), for random routings, empty experts,
 //!   all tokens to one expert, k = E, every expert of a token on one node; on nodes:2x4,
 //!   nodes:4x2 and an uneven nodes:3x3,ranks=8;
+//! - `MoeStats::rows_sent_off_node` summed over the ranks equals the routing's unique
+//!   (token, remote node) pairs (dedup) or (token, remote expert) pairs (a2av);
 //! - combine, bitwise against a reference weighted sum with the documented summation
 //!   order (per node in slot order, then nodes ascending), and dedup == a2av bitwise;
 //! - bad input: an error on the rank that passed it, `InvalidUsage` on the others;
@@ -197,7 +199,14 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// What one rank saw: dispatched rows and metadata, the combine, rows sent.
-type Seen = (Vec<u32>, Vec<usize>, Vec<(u32, u32)>, Vec<f32>, Vec<f32>);
+type Seen = (
+    Vec<u32>,
+    Vec<usize>,
+    Vec<(u32, u32)>,
+    Vec<f32>,
+    Vec<f32>,
+    halo::MoeStats,
+);
 
 fn run_rank(comm: &mut Communicator, job: &Job, mode: MoeDispatch) -> halo::Result<Seen> {
     comm.set_timeout(Duration::from_secs(30));
@@ -229,6 +238,7 @@ fn run_rank(comm: &mut Communicator, job: &Job, mode: MoeDispatch) -> halo::Resu
         ex.origins().to_vec(),
         rows,
         back,
+        ex.stats(),
     ))
 }
 
@@ -237,8 +247,9 @@ fn check_job(topo: &Topology, job: &Job, what: &str) {
     for mode in [MoeDispatch::Dedup, MoeDispatch::AllToAllV] {
         let out = halo::local::run(topo, Emulation::off(), |comm| run_rank(comm, job, mode));
         let mut mine = vec![];
+        let mut off_node = 0;
         for (rank, r) in out.into_iter().enumerate() {
-            let (local, counts, origins, rows, back) =
+            let (local, counts, origins, rows, back, stats) =
                 r.unwrap_or_else(|e| panic!("{what} {mode:?}: rank {rank}: {e}"));
             let (rl, rc, ro, rr) = reference_rows(job, rank);
             assert_eq!(local, rl, "{what} {mode:?} rank {rank}: local experts");
@@ -252,7 +263,30 @@ fn check_job(topo: &Topology, job: &Job, what: &str) {
                 "{what} {mode:?} rank {rank}: combine"
             );
             mine.push(bits(&back));
+            off_node += stats.rows_sent_off_node;
         }
+        // Rows that left their node: unique (token, remote node) pairs for dedup,
+        // (token, remote expert) pairs for a2av.
+        let (mut pairs, mut unique) = (0, 0);
+        for s in 0..topo.size() {
+            for ids in job.experts[s].chunks(job.k) {
+                let mut nodes: Vec<usize> = ids
+                    .iter()
+                    .map(|&e| node_of(topo, job.expert_rank[e as usize] as usize))
+                    .filter(|&n| n != node_of(topo, s))
+                    .collect();
+                pairs += nodes.len();
+                nodes.sort_unstable();
+                nodes.dedup();
+                unique += nodes.len();
+            }
+        }
+        let want = if mode == MoeDispatch::Dedup {
+            unique
+        } else {
+            pairs
+        };
+        assert_eq!(off_node, want, "{what} {mode:?}: rows sent off node");
         combined.push(mine);
     }
     assert_eq!(combined[0], combined[1], "{what}: dedup and a2av differ");
