@@ -58,8 +58,8 @@ pub use bootstrap::UniqueId;
 #[doc(hidden)]
 pub use bootstrap::decode_card_for_fuzzing;
 pub use comm::{
-    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, Partition, ReduceOp,
-    Reducible, Request, Scope,
+    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MoeDispatch, MoeExchange,
+    MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request, Scope,
 };
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
@@ -67,5 +67,5 @@ pub use halo_collectives as collectives;
 pub use halo_collectives::{AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm};
 pub use transport::fabric::{FabricConfig, FabricProgress};
 pub use transport::local;
-pub use transport::local::{Emulation, LocalCluster};
+pub use transport::local::{Emulation, LocalCluster, Traffic};
 pub use transport::shm::TransportChoice;

@@ -3,6 +3,7 @@
 //! every gradient group equal `halo_moe::forward_backward`'s, and one Adam step gives equal
 //! parameters. Bad layouts are the same clear error on every rank.
 
+use halo::MoeDispatch;
 use halo::local::{self, Emulation};
 use halo::topology::Topology;
 use halo_moe::{Adam, AdamConfig, GroupId, MoeConfig, MoeParams, Task, TaskConfig};
@@ -45,6 +46,22 @@ fn run_layout_with(
     microbatches: usize,
     overlap: bool,
 ) -> Vec<Result<RankOut, PiperError>> {
+    run_layout_dispatch(
+        topology,
+        layout,
+        microbatches,
+        overlap,
+        MoeDispatch::AllToAllV,
+    )
+}
+
+fn run_layout_dispatch(
+    topology: &str,
+    layout: MeshLayout,
+    microbatches: usize,
+    overlap: bool,
+    dispatch: MoeDispatch,
+) -> Vec<Result<RankOut, PiperError>> {
     let cfg = config();
     let task = Task::new(&cfg, TaskConfig::default()).unwrap();
     let batch = task.batch(0, SEQUENCES);
@@ -54,6 +71,7 @@ fn run_layout_with(
             let mut model = ReferenceModel::new(MoeParams::init(&cfg, SEED)?)?;
             let mut exec = Executor::new(world, layout, microbatches, &model)?;
             exec.set_overlap(overlap);
+            exec.set_dispatch(dispatch);
             let report = exec.step(&mut model, &batch.tokens, &batch.targets)?;
             let ids = exec.owned_groups();
             let grads = ids
@@ -529,6 +547,68 @@ fn five_steps_follow_the_reference() {
 /// Overlapped MoE exchanges (one round per local expert index, on the non-blocking
 /// scope) give the same bits as the blocking path: loss, every gradient group and the
 /// parameters after Adam, on every rank.
+/// The de-duplicating forward dispatch (`Executor::set_dispatch(MoeDispatch::Dedup)`,
+/// `MoeExchange`) gives the same bits as all-to-all-v: loss, every gradient group and
+/// the parameters after Adam, on every rank, on topologies with several nodes per EP group.
+#[test]
+fn dedup_dispatch_gives_the_same_bits() {
+    let cases = [
+        (
+            "nodes:2x2",
+            MeshLayout {
+                pp: 1,
+                ep: 4,
+                dp: 1,
+            },
+            4,
+        ),
+        (
+            "nodes:4x1",
+            MeshLayout {
+                pp: 1,
+                ep: 4,
+                dp: 1,
+            },
+            1,
+        ),
+        (
+            "nodes:2x4",
+            MeshLayout {
+                pp: 2,
+                ep: 4,
+                dp: 1,
+            },
+            4,
+        ),
+        (
+            "nodes:4x2",
+            MeshLayout {
+                pp: 2,
+                ep: 2,
+                dp: 2,
+            },
+            1,
+        ),
+    ];
+    for (topo, layout, m) in cases {
+        let plain = run_layout_dispatch(topo, layout, m, false, MoeDispatch::AllToAllV);
+        let dedup = run_layout_dispatch(topo, layout, m, false, MoeDispatch::Dedup);
+        for (rank, (a, b)) in plain.into_iter().zip(dedup).enumerate() {
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert_eq!(
+                a.0.to_bits(),
+                b.0.to_bits(),
+                "{topo} {layout:?} M {m}: rank {rank}: loss"
+            );
+            assert_eq!(a.1, b.1, "{topo} {layout:?} M {m}: rank {rank}: gradients");
+            assert_eq!(
+                a.2, b.2,
+                "{topo} {layout:?} M {m}: rank {rank}: parameters after Adam"
+            );
+        }
+    }
+}
+
 #[test]
 fn overlap_gives_the_same_bits() {
     let layouts = [

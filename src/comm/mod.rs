@@ -16,6 +16,7 @@ mod all_to_all;
 mod all_to_all_v;
 mod device;
 mod init;
+mod moe;
 mod nonblocking;
 mod p2p;
 mod partition;
@@ -24,6 +25,7 @@ mod waves;
 
 pub use all_reduce::{ReduceOp, Reducible};
 pub use init::InitConfig;
+pub use moe::{MoeDispatch, MoeExchange, MoeRouting, MoeStats};
 pub(crate) use nonblocking::{Job, Queue, Slot, Task, serve, with_context};
 pub use nonblocking::{Request, Scope};
 pub use partition::Partition;

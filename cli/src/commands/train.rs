@@ -109,6 +109,11 @@ pub(crate) struct TrainArgs {
     /// for bit).
     #[arg(long)]
     overlap: bool,
+    /// How each MoE layer's forward dispatch moves the tokens: `a2av` (one copy per
+    /// (token, expert), all-to-all-v) or `dedup` (one copy per destination node,
+    /// replicated inside it; same results, bit for bit; not with --overlap).
+    #[arg(long, default_value = "a2av", value_parser = ["a2av", "dedup"])]
+    dispatch: String,
     /// Run as threads even when started by a launcher.
     #[arg(long)]
     threads: bool,
@@ -268,6 +273,7 @@ struct Setup {
     adam: AdamConfig,
     migration: Option<MigrationConfig>,
     overlap: bool,
+    dispatch: halo::MoeDispatch,
 }
 
 /// Resolves the model, the layout (given or planned) and the batch for `ranks` ranks
@@ -318,6 +324,10 @@ fn setup(a: &TrainArgs, topo: &Topology) -> Result<Setup, Failure> {
     };
     Adam::new(adam.clone()).map_err(input)?;
     let migration = migration_config(a)?;
+    let dispatch: halo::MoeDispatch = a.dispatch.parse().map_err(input)?;
+    if a.overlap && dispatch == halo::MoeDispatch::Dedup {
+        return Err(input("--overlap and --dispatch dedup cannot be combined"));
+    }
     Ok(Setup {
         cfg,
         layout,
@@ -327,6 +337,7 @@ fn setup(a: &TrainArgs, topo: &Topology) -> Result<Setup, Failure> {
         adam,
         migration,
         overlap: a.overlap,
+        dispatch,
     })
 }
 
@@ -422,6 +433,7 @@ fn train_rank(
     let mut model = ReferenceModel::new(MoeParams::init(&s.cfg, seed)?)?;
     let mut exec = Executor::new(world, s.layout, s.microbatches, &model)?;
     exec.set_overlap(s.overlap);
+    exec.set_dispatch(s.dispatch);
     let mut adam = Adam::new(s.adam.clone())?;
     // Without --migrate the migrator only agrees on the load (it is never asked to move).
     let mut migrator = Migrator::new(

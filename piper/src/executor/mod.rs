@@ -126,6 +126,7 @@ pub struct Executor {
     hidden: usize,
     seq: usize,
     overlap: bool,
+    dispatch: halo::MoeDispatch,
 }
 
 impl Executor {
@@ -158,6 +159,7 @@ impl Executor {
             hidden: model.hidden(),
             seq: model.seq(),
             overlap: false,
+            dispatch: halo::MoeDispatch::AllToAllV,
         })
     }
 
@@ -177,6 +179,23 @@ impl Executor {
     /// Whether MoE layers overlap communication with the experts' compute.
     pub fn overlap(&self) -> bool {
         self.overlap
+    }
+
+    /// How the forward dispatch of every MoE layer moves the tokens (default
+    /// [`halo::MoeDispatch::AllToAllV`]). With [`halo::MoeDispatch::Dedup`] the forward
+    /// dispatch is one [`halo::MoeExchange::dispatch`] — each token once per destination
+    /// node of its EP group, replicated inside the node — and every expert gets the same
+    /// rows in the same order, so the results are bit-for-bit the same. The forward
+    /// combine and the backward exchanges stay all-to-all-v (the model's combine needs
+    /// every expert's output separately, for the gates' gradients). Dedup runs without
+    /// overlap. Collective in effect: every rank of an EP group must set the same value.
+    pub fn set_dispatch(&mut self, dispatch: halo::MoeDispatch) {
+        self.dispatch = dispatch;
+    }
+
+    /// How the forward dispatch moves the tokens.
+    pub fn dispatch(&self) -> halo::MoeDispatch {
+        self.dispatch
     }
 
     /// The mesh (this rank's coordinates and communicators).
@@ -307,6 +326,7 @@ impl Executor {
                 self.placement.layers() * self.placement.experts()
             ]),
             overlap: self.overlap,
+            dispatch: self.dispatch,
         };
         let (local_loss, activations) =
             pipeline::one_f_one_b(&mut self.mesh, &ctx, model, &micro, &mut times)?;

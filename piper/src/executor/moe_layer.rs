@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use halo::{Communicator, Partition};
+use halo::{Communicator, MoeDispatch, MoeExchange, MoeRouting, Partition};
 use halo_moe::{Routing, gather_slots, gather_tokens, scatter_slots};
 
 use super::compute::StageCompute;
@@ -261,7 +261,54 @@ fn combine(ep: &mut Communicator, dp: &Dispatch, back: &[f32], d: usize) -> Resu
 /// Whether this block's exchange runs overlapped: asked for, and more than one rank and
 /// more than one local expert.
 fn overlapped(st: &Stage, ep: &Communicator) -> bool {
-    st.overlap && ep.size() > 1 && st.placement.per_rank() > 1
+    st.overlap
+        && st.dispatch == MoeDispatch::AllToAllV
+        && ep.size() > 1
+        && st.placement.per_rank() > 1
+}
+
+/// The forward dispatch by [`MoeExchange`] ([`MoeDispatch::Dedup`]): the rows each local
+/// expert gets, by local expert index `j` of `local`, in the order of [`dispatch`]
+/// (source rank, then slot), which is `MoeExchange`'s order (expert, source, token).
+fn dispatch_dedup(
+    ep: &mut Communicator,
+    st: &Stage,
+    layer: usize,
+    routing: &Routing,
+    u: &[f32],
+    local: &[usize],
+) -> Result<Vec<Vec<f32>>> {
+    let d = st.hidden;
+    let expert_rank: Vec<u32> = st
+        .placement
+        .owners(layer)
+        .iter()
+        .map(|&q| q as u32)
+        .collect();
+    let moe = MoeRouting {
+        top_k: routing.top_k,
+        experts: &routing.experts,
+        gates: &routing.gates,
+        expert_rank: &expert_rank,
+    };
+    let (ex, rows) = MoeExchange::dispatch(ep, u, d, &moe, MoeDispatch::Dedup)?;
+    let mut at = Vec::with_capacity(ex.local_experts().len());
+    let mut start = 0usize;
+    for &c in ex.expert_counts() {
+        at.push((start, c));
+        start += c;
+    }
+    local
+        .iter()
+        .map(|&e| {
+            let i = ex
+                .local_experts()
+                .binary_search(&(e as u32))
+                .map_err(|_| PiperError::Compute(format!("expert {e} is not local")))?;
+            let (s, c) = at[i];
+            Ok(rows[s * d..(s + c) * d].to_vec())
+        })
+        .collect()
 }
 
 /// Forward of block `layer` on `x`; returns its output and saved state.
@@ -296,14 +343,37 @@ pub(super) fn forward<C: StageCompute>(
         times.all_to_all += waited;
         back
     } else {
-        let recv = timed(&mut times.all_to_all, || dispatch(ep, &plan, &send, d))?;
-        let mut out_recv = vec![0.0f32; recv.len()];
+        let (recv, by_expert) = if st.dispatch == MoeDispatch::Dedup {
+            let by = timed(&mut times.all_to_all, || {
+                dispatch_dedup(ep, st, layer, &routing, &u, &local)
+            })?;
+            (None, Some(by))
+        } else {
+            let recv = timed(&mut times.all_to_all, || dispatch(ep, &plan, &send, d))?;
+            (Some(recv), None)
+        };
+        let mut out_recv = vec![0.0f32; plan.recv_rows * d];
         for (j, rows_j) in plan.expert_rows.iter().enumerate() {
             if rows_j.is_empty() {
                 experts.push(None);
                 continue;
             }
-            let xin = gather_slots(&recv, d, rows_j)?;
+            let xin = match (&recv, &by_expert) {
+                (Some(recv), _) => gather_slots(recv, d, rows_j)?,
+                (None, Some(by)) => {
+                    if by[j].len() != rows_j.len() * d {
+                        return Err(PiperError::Compute(format!(
+                            "dedup dispatch gave local expert {j} {} rows, the counts say {}",
+                            by[j].len() / d.max(1),
+                            rows_j.len()
+                        )));
+                    }
+                    by[j].clone()
+                }
+                (None, None) => {
+                    return Err(PiperError::Compute("no dispatch ran".into()));
+                }
+            };
             let (y, es) = model.expert_forward(layer, local[j], &xin)?;
             scatter_slots(&y, d, rows_j, &mut out_recv)?;
             experts.push(Some(es));

@@ -44,6 +44,8 @@ pub(super) struct Stage {
     /// Overlap each local expert's compute with the next expert's dispatch and the
     /// previous one's combine ([`super::Executor::set_overlap`]).
     pub(super) overlap: bool,
+    /// How the forward dispatch moves the tokens ([`super::Executor::set_dispatch`]).
+    pub(super) dispatch: halo::MoeDispatch,
 }
 
 impl Stage {

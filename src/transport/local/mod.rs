@@ -116,6 +116,7 @@ struct Shared {
     emulation: Emulation,
     epoch: Instant,
     sessions: AtomicU64,
+    traffic: Traffic,
 }
 
 impl Shared {
@@ -169,6 +170,7 @@ impl LocalCluster {
                 emulation,
                 epoch: Instant::now(),
                 sessions: AtomicU64::new(1),
+                traffic: Traffic::new(n),
             }),
             parkers,
         })
@@ -199,6 +201,22 @@ impl LocalCluster {
             Some(m) => m.idle_time(&self.shared.topology, src, dst, bytes),
             None => Duration::ZERO,
         }
+    }
+
+    /// The cluster's traffic counters (bytes and messages sent, by the level at which
+    /// sender and receiver meet). The handle stays valid after
+    /// [`LocalCluster::into_communicators`] and after the ranks are gone.
+    pub fn traffic(&self) -> Traffic {
+        self.shared.traffic.clone()
+    }
+
+    /// Runs `f` on every rank of this cluster, one thread per rank, as [`run`] does.
+    pub fn run<R, F>(self, f: F) -> Vec<Result<R>>
+    where
+        R: Send,
+        F: Fn(&mut Communicator) -> Result<R> + Sync,
+    {
+        run_comms(self.into_communicators(), f)
     }
 
     /// One communicator per rank, in rank order. Move each to its own thread.
@@ -250,7 +268,14 @@ where
         Ok(c) => c,
         Err(e) => return (0..topology.size()).map(|_| Err(e.clone())).collect(),
     };
-    let comms = cluster.into_communicators();
+    cluster.run(f)
+}
+
+fn run_comms<R, F>(comms: Vec<Communicator>, f: F) -> Vec<Result<R>>
+where
+    R: Send,
+    F: Fn(&mut Communicator) -> Result<R> + Sync,
+{
     let f = &f;
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
@@ -280,6 +305,85 @@ where
             })
             .collect()
     })
+}
+
+/// Bytes and messages the ranks of a [`LocalCluster`] sent, by the level of the
+/// topology at which sender and receiver meet (a rank's sends to itself meet at
+/// `Device`). Every posted send counts once, with its full length, when it is posted;
+/// control traffic (the count and agreement passes of `all_to_all_v`) included.
+///
+/// ```
+/// use halo::local::{Emulation, LocalCluster};
+/// use halo::topology::{Level, Topology};
+///
+/// let cluster = LocalCluster::new(Topology::preset("nodes:2x2").unwrap(), Emulation::off()).unwrap();
+/// let traffic = cluster.traffic();
+/// let out = cluster.run(|comm| {
+///     let send = vec![comm.rank() as u8; 8 * comm.size()];
+///     let mut recv = vec![0u8; 8 * comm.size()];
+///     comm.set_algorithm(Some(halo::Algorithm::Pairwise));
+///     comm.all_to_all(&send, &mut recv)
+/// });
+/// assert!(out.iter().all(|r| r.is_ok()));
+/// // 4 ranks x 2 ranks on the other node x 8 bytes.
+/// assert_eq!(traffic.bytes_crossing(Level::Node), 64);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Traffic(Arc<TrafficCounts>);
+
+#[derive(Debug)]
+struct TrafficCounts {
+    /// `[sender][level]`, levels as in [`halo_topology::Level::ALL`].
+    bytes: Box<[[AtomicU64; LEVELS]]>,
+    messages: Box<[[AtomicU64; LEVELS]]>,
+}
+
+const LEVELS: usize = halo_topology::Level::ALL.len();
+
+impl Traffic {
+    fn new(ranks: usize) -> Self {
+        let zero = || -> [AtomicU64; LEVELS] { std::array::from_fn(|_| AtomicU64::new(0)) };
+        Traffic(Arc::new(TrafficCounts {
+            bytes: (0..ranks).map(|_| zero()).collect(),
+            messages: (0..ranks).map(|_| zero()).collect(),
+        }))
+    }
+
+    fn record(&self, topology: &Topology, src: usize, dst: usize, bytes: usize) {
+        let level = topology.meet(src, dst) as usize;
+        self.0.bytes[src][level].fetch_add(bytes as u64, Ordering::Relaxed);
+        self.0.messages[src][level].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn sum(table: &[[AtomicU64; LEVELS]], above: halo_topology::Level) -> u64 {
+        table
+            .iter()
+            .flat_map(|row| row[above as usize + 1..].iter())
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Bytes sent between ranks that are in different domains at `level` (for
+    /// `Level::Node`: the bytes that crossed a node boundary).
+    pub fn bytes_crossing(&self, level: halo_topology::Level) -> u64 {
+        Self::sum(&self.0.bytes, level)
+    }
+
+    /// Messages sent between ranks that are in different domains at `level`.
+    pub fn messages_crossing(&self, level: halo_topology::Level) -> u64 {
+        Self::sum(&self.0.messages, level)
+    }
+
+    /// Bytes sent by rank `src` (to itself included).
+    ///
+    /// # Panics
+    /// If `src` is not a rank of the cluster.
+    pub fn bytes_sent_by(&self, src: usize) -> u64 {
+        self.0.bytes[src]
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// Collections a session needs, kept between sessions so that steady state does not

@@ -287,6 +287,9 @@ impl Session for LocalSession<'_> {
         let tag = self.full_tag(tag)?;
         let (ptr, _) = self.locate(region)?;
         let shared = &self.ep.shared;
+        shared
+            .traffic
+            .record(&shared.topology, self.ep.rank, peer, region.len);
         let arrival = match &shared.model {
             Some(m) => m
                 .arrival(
