@@ -165,8 +165,22 @@ impl Job {
     }
 
     /// Starts every rank, waits for all (killing them past the limit) and returns how
-    /// each ended.
+    /// each ended. A port that `free_port` found free can be taken by another test
+    /// before rank 0 binds it: then the job starts again on another port (up to 5 times).
     fn run(self, dir: &Path) -> Vec<Rank> {
+        for _ in 0..5 {
+            if let Some(ranks) = self.run_once(dir) {
+                return ranks;
+            }
+        }
+        panic!(
+            "{:?}: the bootstrap port was taken 5 times in a row",
+            self.cmd
+        );
+    }
+
+    /// One attempt of [`Job::run`]; `None` when rank 0 could not bind its port.
+    fn run_once(&self, dir: &Path) -> Option<Vec<Rank>> {
         let addr = format!("127.0.0.1:{}", free_port());
         let secret: String = (0..32)
             .map(|i| format!("{:02x}", (std::process::id() as usize * 31 + i * 7) % 256))
@@ -202,6 +216,21 @@ impl Job {
                     codes[r] = Some(st.code());
                 }
             }
+            if codes[0].is_some() {
+                let err0 = std::fs::read_to_string(dir.join("rank0.err")).unwrap_or_default();
+                if err0.contains("bootstrap root cannot bind")
+                    && err0.contains("Address already in use")
+                {
+                    for (r, c) in children.iter_mut().enumerate() {
+                        if codes[r].is_none() {
+                            let _ = c.kill();
+                            let _ = c.wait();
+                        }
+                    }
+                    eprintln!("{:?}: port {addr} was taken; starting again", self.cmd);
+                    return None;
+                }
+            }
             if start.elapsed() > self.limit {
                 for (r, c) in children.iter_mut().enumerate() {
                     if codes[r].is_none() {
@@ -217,7 +246,7 @@ impl Job {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        collect(dir, &codes)
+        Some(collect(dir, &codes))
     }
 }
 
