@@ -3,11 +3,14 @@
 //! every gradient group equal `halo_moe::forward_backward`'s, and one Adam step gives equal
 //! parameters. Bad layouts are the same clear error on every rank.
 
+mod common;
+
+use common::{Failing, OnRead};
 use halo::MoeDispatch;
 use halo::local::{self, Emulation};
 use halo::topology::Topology;
 use halo_moe::{Adam, AdamConfig, GroupId, MoeConfig, MoeParams, Task, TaskConfig};
-use halo_piper::{Executor, MeshLayout, PiperError, ReferenceModel, StageCompute};
+use halo_piper::{Executor, MeshLayout, PiperError, ReferenceModel};
 
 const SEED: u64 = 7;
 /// Global batch: 16 sequences, so it splits over EP (up to 4) x DP x M (up to 4).
@@ -316,137 +319,6 @@ fn a_batch_that_does_not_split_is_refused_on_every_rank() {
     }
 }
 
-/// The reference model, except that one rank's expert fails in block 1's forward: a model
-/// brought by the caller, through the same trait.
-struct FailingExpert {
-    inner: ReferenceModel,
-    fail: bool,
-}
-
-impl StageCompute for FailingExpert {
-    type DenseState = <ReferenceModel as StageCompute>::DenseState;
-    type RouterState = <ReferenceModel as StageCompute>::RouterState;
-    type ExpertState = <ReferenceModel as StageCompute>::ExpertState;
-    type CombineState = <ReferenceModel as StageCompute>::CombineState;
-    type HeadState = <ReferenceModel as StageCompute>::HeadState;
-    fn hidden(&self) -> usize {
-        self.inner.hidden()
-    }
-    fn seq(&self) -> usize {
-        self.inner.seq()
-    }
-    fn layers(&self) -> usize {
-        self.inner.layers()
-    }
-    fn experts(&self) -> usize {
-        self.inner.experts()
-    }
-    fn top_k(&self) -> usize {
-        self.inner.top_k()
-    }
-    fn embed_forward(&self, tokens: &[u32]) -> Result<Vec<f32>, PiperError> {
-        self.inner.embed_forward(tokens)
-    }
-    fn embed_backward(&mut self, tokens: &[u32], d_x: &[f32]) -> Result<(), PiperError> {
-        self.inner.embed_backward(tokens, d_x)
-    }
-    fn dense_forward(
-        &self,
-        layer: usize,
-        x: &[f32],
-    ) -> Result<(Vec<f32>, Vec<f32>, Self::DenseState), PiperError> {
-        self.inner.dense_forward(layer, x)
-    }
-    fn dense_backward(
-        &mut self,
-        layer: usize,
-        state: Self::DenseState,
-        d_h: &[f32],
-        d_u: &[f32],
-    ) -> Result<Vec<f32>, PiperError> {
-        self.inner.dense_backward(layer, state, d_h, d_u)
-    }
-    fn router_forward(
-        &self,
-        layer: usize,
-        u: &[f32],
-    ) -> Result<(halo_moe::Routing, Self::RouterState), PiperError> {
-        self.inner.router_forward(layer, u)
-    }
-    fn router_backward(
-        &mut self,
-        layer: usize,
-        state: Self::RouterState,
-        d_gates: &[f32],
-    ) -> Result<Vec<f32>, PiperError> {
-        self.inner.router_backward(layer, state, d_gates)
-    }
-    fn expert_forward(
-        &self,
-        layer: usize,
-        expert: usize,
-        x: &[f32],
-    ) -> Result<(Vec<f32>, Self::ExpertState), PiperError> {
-        if self.fail && layer == 1 {
-            return Err(PiperError::Compute(format!(
-                "injected failure of layer {layer} expert {expert}"
-            )));
-        }
-        self.inner.expert_forward(layer, expert, x)
-    }
-    fn expert_backward(
-        &mut self,
-        layer: usize,
-        expert: usize,
-        state: Self::ExpertState,
-        d_y: &[f32],
-    ) -> Result<Vec<f32>, PiperError> {
-        self.inner.expert_backward(layer, expert, state, d_y)
-    }
-    fn combine_forward(
-        &self,
-        h: &[f32],
-        gates: &[f32],
-        expert_out: &[f32],
-    ) -> Result<(Vec<f32>, Self::CombineState), PiperError> {
-        self.inner.combine_forward(h, gates, expert_out)
-    }
-    fn combine_backward(
-        &self,
-        state: Self::CombineState,
-        d_out: &[f32],
-    ) -> Result<halo_moe::CombineGrads, PiperError> {
-        self.inner.combine_backward(state, d_out)
-    }
-    fn moe_input_backward(
-        &self,
-        d_router: &[f32],
-        d_expert_in: &[f32],
-    ) -> Result<Vec<f32>, PiperError> {
-        self.inner.moe_input_backward(d_router, d_expert_in)
-    }
-    fn head_forward(
-        &self,
-        x: &[f32],
-        targets: &[u32],
-        normaliser: f32,
-    ) -> Result<(f64, Self::HeadState), PiperError> {
-        self.inner.head_forward(x, targets, normaliser)
-    }
-    fn head_backward(&mut self, state: Self::HeadState) -> Result<Vec<f32>, PiperError> {
-        self.inner.head_backward(state)
-    }
-    fn grads_mut(&mut self, id: GroupId) -> Result<&mut [f32], PiperError> {
-        self.inner.grads_mut(id)
-    }
-    fn params_and_grads(&mut self, id: GroupId) -> Result<(&mut [f32], &[f32]), PiperError> {
-        self.inner.params_and_grads(id)
-    }
-    fn zero_grads(&mut self) {
-        self.inner.zero_grads();
-    }
-}
-
 /// One rank's model fails mid-step (block 1 of stage 0, PP 2 x EP 4): that rank reports
 /// its error, every other rank a communication error naming a departed peer, none hangs.
 #[test]
@@ -458,10 +330,10 @@ fn a_rank_failing_mid_step_is_an_error_on_every_rank() {
     let t0 = std::time::Instant::now();
     let out: Vec<Option<PiperError>> = local::run(&topo, Emulation::off(), |world| {
         world.set_timeout(std::time::Duration::from_secs(5));
-        let mut model = FailingExpert {
-            inner: ReferenceModel::new(MoeParams::init(&cfg, SEED).unwrap()).unwrap(),
-            fail: world.rank() == 2,
-        };
+        // A model brought by the caller, through the same trait: rank 2's experts of
+        // block 1 fail in their forward.
+        let fail_layer = (world.rank() == 2).then_some(1);
+        let mut model = Failing::new(&cfg, SEED, fail_layer, OnRead::Error, true);
         let mut exec = Executor::new(world, MeshLayout::new(2, 4), 4, &model).unwrap();
         Ok(exec.step(&mut model, &batch.tokens, &batch.targets).err())
     })

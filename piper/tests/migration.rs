@@ -13,7 +13,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{Failing, OnRead};
@@ -375,12 +375,7 @@ fn a_rank_dying_mid_move_leaves_every_rank_as_it_was() {
     let out = local::run(&topo, Emulation::off(), |world| {
         world.set_timeout(timeout);
         let rank = world.rank();
-        let mut model = Failing {
-            inner: ReferenceModel::new(MoeParams::init(&cfg, SEED).unwrap()).unwrap(),
-            fail_layer: (rank == 1).then_some(1),
-            armed: AtomicBool::new(false),
-            on_read: OnRead::Error,
-        };
+        let mut model = Failing::new(&cfg, SEED, (rank == 1).then_some(1), OnRead::Error, false);
         let mut exec = Executor::new(world, layout, 2, &model).unwrap();
         let mut adam = Adam::new(adam_config()).unwrap();
         for step in 0..2 {

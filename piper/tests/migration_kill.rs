@@ -14,13 +14,13 @@ mod common;
 use std::io::Read as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{Failing, OnRead};
-use halo_moe::{Adam, AdamConfig, MoeConfig, MoeParams, Task, TaskConfig};
+use halo_moe::{Adam, AdamConfig, MoeConfig, Task, TaskConfig};
 use halo_piper::migration::move_experts;
-use halo_piper::{Executor, MeshLayout, Placement, ReferenceModel};
+use halo_piper::{Executor, MeshLayout, Placement};
 
 const RANKS: usize = 4;
 const VICTIM: usize = 1;
@@ -45,12 +45,7 @@ fn migration_kill_rank() {
         },
     )
     .unwrap();
-    let mut model = Failing {
-        inner: ReferenceModel::new(MoeParams::init(&cfg, 7).unwrap()).unwrap(),
-        fail_layer: (rank == VICTIM).then_some(1),
-        armed: AtomicBool::new(false),
-        on_read: OnRead::Kill,
-    };
+    let mut model = Failing::new(&cfg, 7, (rank == VICTIM).then_some(1), OnRead::Kill, false);
     let mut exec = Executor::new(&mut world, MeshLayout::new(2, 2), 2, &model).unwrap();
     let mut adam = Adam::new(AdamConfig::default()).unwrap();
     for step in 0..2 {

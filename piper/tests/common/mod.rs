@@ -1,5 +1,5 @@
-//! Shared by the migration tests: a model that fails, or kills its process, in the
-//! middle of a move.
+//! Shared by the executor and migration tests: a model that fails, or kills its
+//! process, in the middle of a step or of a move.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +23,32 @@ pub(crate) struct Failing {
     pub(crate) fail_layer: Option<usize>,
     pub(crate) armed: AtomicBool,
     pub(crate) on_read: OnRead,
+    /// Also fail (with an error) the forward of any expert of `fail_layer` once armed:
+    /// a rank failing mid-step.
+    pub(crate) in_forward: bool,
+}
+
+impl Failing {
+    /// The reference model for `cfg` and `seed`, failing as given once armed.
+    pub(crate) fn new(
+        cfg: &halo_moe::MoeConfig,
+        seed: u64,
+        fail_layer: Option<usize>,
+        on_read: OnRead,
+        in_forward: bool,
+    ) -> Self {
+        Failing {
+            inner: ReferenceModel::new(halo_moe::MoeParams::init(cfg, seed).unwrap()).unwrap(),
+            fail_layer,
+            armed: AtomicBool::new(in_forward),
+            on_read,
+            in_forward,
+        }
+    }
+
+    fn tripped(&self, layer: usize) -> bool {
+        self.armed.load(Ordering::Relaxed) && self.fail_layer == Some(layer)
+    }
 }
 
 impl StageCompute for Failing {
@@ -89,6 +115,11 @@ impl StageCompute for Failing {
         expert: usize,
         x: &[f32],
     ) -> Result<(Vec<f32>, Self::ExpertState), PiperError> {
+        if self.in_forward && self.tripped(layer) {
+            return Err(PiperError::Compute(format!(
+                "injected failure of layer {layer} expert {expert}"
+            )));
+        }
         self.inner.expert_forward(layer, expert, x)
     }
     fn expert_backward(
@@ -138,8 +169,7 @@ impl StageCompute for Failing {
     }
     fn params_and_grads(&mut self, id: GroupId) -> Result<(&mut [f32], &[f32]), PiperError> {
         if let GroupId::Expert { layer, expert } = id
-            && self.armed.load(Ordering::Relaxed)
-            && self.fail_layer == Some(layer)
+            && self.tripped(layer)
         {
             if self.on_read == OnRead::Kill {
                 eprintln!("killing this rank (SIGKILL) while it copies out block {layer}");
