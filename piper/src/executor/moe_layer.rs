@@ -50,13 +50,19 @@ struct Round {
 }
 
 impl Dispatch {
-    /// Round `j` of [`exchange_overlapped`].
-    fn round(&self, j: usize, per: usize, d: usize) -> Round {
-        let p = self.to_expert.len() / per;
-        let mut offset = vec![0usize; p * per + 1];
+    /// The rounds of [`exchange_overlapped`], one per local expert index.
+    fn rounds(&self, per: usize, d: usize) -> Vec<Round> {
+        // Where (q, j)'s rows start in the send-order buffer, in rows.
+        let mut offset = vec![0usize; self.to_expert.len() + 1];
         for (i, &n) in self.to_expert.iter().enumerate() {
             offset[i + 1] = offset[i] + n;
         }
+        (0..per).map(|j| self.round(j, per, d, &offset)).collect()
+    }
+
+    /// Round `j`, with the send-order `offset` of every (rank, local expert).
+    fn round(&self, j: usize, per: usize, d: usize, offset: &[usize]) -> Round {
+        let p = self.to_expert.len() / per;
         let token_counts = (0..p).map(|q| self.to_expert[q * per + j] * d).collect();
         let token_displs = (0..p).map(|q| offset[q * per + j] * d).collect();
         let expert_counts: Vec<usize> = (0..p)
@@ -88,7 +94,7 @@ fn exchange_overlapped(
     per: usize,
     mut compute: impl FnMut(usize, &[f32]) -> Result<Vec<f32>>,
 ) -> Result<(Vec<f32>, Duration)> {
-    let rounds: Vec<Round> = (0..per).map(|j| dp.round(j, per, d)).collect();
+    let rounds = dp.rounds(per, d);
     fn token(r: &Round) -> Partition<'_> {
         Partition::new(&r.token_counts, &r.token_displs)
     }
