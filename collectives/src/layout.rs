@@ -68,6 +68,13 @@ pub trait BlockSizes {
     fn unknown(&self) -> Option<(Rank, Rank)> {
         None
     }
+
+    /// The size of every block, when every rank's oracle knows they are all equal
+    /// (a uniform all-to-all); `None` otherwise. Builders may route a uniform
+    /// all-to-all differently, since every rank can then compute every block's place.
+    fn uniform(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Every block has the same size.
@@ -77,6 +84,10 @@ pub struct UniformSizes(pub usize);
 impl BlockSizes for UniformSizes {
     fn bytes(&self, _: Rank, _: Rank) -> usize {
         self.0
+    }
+
+    fn uniform(&self) -> Option<usize> {
+        Some(self.0)
     }
 }
 
