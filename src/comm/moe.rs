@@ -46,8 +46,8 @@
 use super::{Communicator, Partition, exec_options};
 use crate::error::{Error, Result};
 use halo_collectives::{
-    Buffers, MoePlan, Schedule, Step, build_moe_dispatch, build_moe_gather, build_moe_return,
-    moe_forwards, moe_lands, moe_node_of, moe_relay_entries, moe_sends,
+    Buffers, MoePlan, MoeRelayEntry, Schedule, Step, build_moe_dispatch, build_moe_gather,
+    build_moe_return, moe_forwards, moe_lands, moe_node_of, moe_relay_entries, moe_sends,
 };
 use std::collections::BTreeMap;
 
@@ -554,16 +554,51 @@ impl MoeExchange {
     /// and [`Error::InvalidUsage`] naming that rank on every other rank; the errors of
     /// the schedules' runs.
     pub fn combine(&self, comm: &mut Communicator, expert_out: &[f32]) -> Result<Vec<f32>> {
+        self.combine_inner(comm, expert_out, None)
+    }
+
+    /// [`MoeExchange::combine`] added to a residual (`tokens x d`), in the order a
+    /// transformer block's combine `h + sum_j gate_j * y_j` takes when reduced inside
+    /// the nodes: the token's **own node first, starting from `residual`** (its slots
+    /// in top-k order), then the partial sum of every other node (each from 0.0, in slot
+    /// order) in ascending node order. When all of a token's experts are on its own
+    /// node this is exactly `((h + g_0 y_0) + g_1 y_1) + ...`. Both modes give the same
+    /// bits; `halo-piper`'s executor computes the same order for its all-to-all-v path.
+    ///
+    /// # Errors
+    /// As [`MoeExchange::combine`], and [`Error::InvalidArgument`] when `residual` does
+    /// not have `tokens x d` elements.
+    pub fn combine_residual(
+        &self,
+        comm: &mut Communicator,
+        expert_out: &[f32],
+        residual: &[f32],
+    ) -> Result<Vec<f32>> {
+        self.combine_inner(comm, expert_out, Some(residual))
+    }
+
+    fn combine_inner(
+        &self,
+        comm: &mut Communicator,
+        expert_out: &[f32],
+        residual: Option<&[f32]>,
+    ) -> Result<Vec<f32>> {
         let d = self.d;
         let n = comm.size();
         let rows = self.plan.recv_rows;
-        let mine = if expert_out.len() == rows * d {
-            Ok(())
-        } else {
+        let mine = if expert_out.len() != rows * d {
             Err(Error::invalid_argument(format!(
                 "moe_combine: expert_out has {} elements, not {rows} rows x d = {d}",
                 expert_out.len()
             )))
+        } else if let Some(r) = residual.filter(|r| r.len() != self.num_tokens * d) {
+            Err(Error::invalid_argument(format!(
+                "moe_combine: residual has {} elements, not {} tokens x d = {d}",
+                r.len(),
+                self.num_tokens
+            )))
+        } else {
+            Ok(())
         };
         let status = vec![u64::from(mine.is_err()); n];
         let mut all = vec![0u64; n];
@@ -575,10 +610,17 @@ impl MoeExchange {
                 message: format!("moe_combine: rank {q} passed invalid arguments"),
             });
         }
-        let mut out = vec![0f32; self.num_tokens * d];
+        let mut out = match residual {
+            Some(r) => r.to_vec(),
+            None => vec![0f32; self.num_tokens * d],
+        };
         if d == 0 {
             return Ok(out);
         }
+        let me = comm.rank() as u32;
+        let my_node = moe_node_of(comm.topology(), comm.rank());
+        // With a residual, the own node's partial starts from it.
+        let own = |e: &MoeRelayEntry| residual.is_some() && e.src == me && e.node == my_node;
         // Gather: every output to the relay of its (token, node).
         let mut gathered = vec![0f32; self.plan.gather_rows() * d];
         let schedule = build_moe_gather(&self.plan)?;
@@ -596,6 +638,10 @@ impl MoeExchange {
             for i in 0..e.tokens.len() {
                 let p = poffs[ei] + i;
                 let acc = &mut partial[p * d..(p + 1) * d];
+                if own(e) {
+                    let t = e.tokens[i] as usize;
+                    acc.copy_from_slice(&out[t * d..(t + 1) * d]);
+                }
                 for (j, &g) in self.gates[ei][i].iter().enumerate() {
                     let r = offs[ei][i] + j;
                     for (a, v) in acc.iter_mut().zip(&gathered[r * d..(r + 1) * d]) {
@@ -614,15 +660,33 @@ impl MoeExchange {
             bytemuck::cast_slice(&partial),
             bytemuck::cast_slice_mut(&mut home),
         )?;
-        // The source adds the partials in ascending node order (the send groups' order).
-        for (si, s) in self.plan.sends.iter().enumerate() {
+        // The source adds the partials in ascending node order (the send groups'
+        // order); with a residual, the own node's partial (which started from the
+        // residual) replaces the row first, and the others are added after it.
+        let own_first = residual.is_some();
+        let first = self
+            .plan
+            .sends
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| own_first && s.node == my_node);
+        let rest = self
+            .plan
+            .sends
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !(own_first && s.node == my_node));
+        for (si, s) in first.chain(rest) {
+            let replace = own_first && s.node == my_node;
             for (i, &t) in s.tokens.iter().enumerate() {
                 let (t, r) = (t as usize, roffs[si] + i);
-                for (o, p) in out[t * d..(t + 1) * d]
-                    .iter_mut()
-                    .zip(&home[r * d..(r + 1) * d])
-                {
-                    *o += p;
+                let dst = &mut out[t * d..(t + 1) * d];
+                if replace {
+                    dst.copy_from_slice(&home[r * d..(r + 1) * d]);
+                } else {
+                    for (o, p) in dst.iter_mut().zip(&home[r * d..(r + 1) * d]) {
+                        *o += p;
+                    }
                 }
             }
         }
