@@ -6,35 +6,45 @@
 //! (token, expert) pair; [`MoeDispatch::Dedup`] sends each token **once per destination
 //! node** and replicates it inside the node.
 //!
-//! # How (an implementation over the existing collectives, not one new schedule)
+//! # How: one schedule per direction, verified and simulated like the others
 //!
-//! `Dedup` is two levels of [`Communicator::all_to_all_v`] on the same communicator:
+//! The data moves as schedules of `halo_collectives::algo::moe` (see its
+//! documentation), run by the same engine and transports as every other collective:
 //!
-//! 1. **Inter-node (stage A)**: a source rank `s` groups its routing by destination
-//!    node `n` (the `Node`-level domain of the expert's rank) and sends each *unique*
-//!    (token, node) row once to its rank-aligned peer in `n`
-//!    ([`Topology::aligned_peer`]), with a replication list (the experts on `n` that
-//!    the token selected, and their gate weights) in a metadata all-to-all-v of `u32`.
-//!    Rows for the source's own node go to itself (a local copy).
-//! 2. **Intra-node (stage B)**: each such relay rank replicates every row it received
-//!    to the ranks of the experts in its list — all in its own node.
+//! - **dispatch** ([`halo_collectives::build_moe_dispatch`]): Phase II sends a source's
+//!   unique tokens for node `n` once, in one message, to its rank-aligned peer in `n`
+//!   ([`Topology::aligned_peer`](halo_topology::Topology::aligned_peer), the *relay*);
+//!   Phase III replicates each row from the relay to its experts' ranks inside `n` (one
+//!   message per (relay, target, source), so replication of one source's rows starts
+//!   when they arrived). Rows for the source's own node are replicated from its send
+//!   buffer directly. `AllToAllV` plans the source as its own relay everywhere: no
+//!   Phase II, one row per (token, expert) straight to the expert's rank.
+//! - **combine**: the gather ([`halo_collectives::build_moe_gather`], Phase III
+//!   reversed) brings every output to its relay; the relay forms for each (token, node)
+//!   the **partial sum** `sum_j gate_j * y_j` over that node's experts (in top-k slot
+//!   order, from `0.0`); the return ([`halo_collectives::build_moe_return`], Phase II
+//!   reversed) carries one partial row per (token, node) back; the source adds the
+//!   partials in ascending node order, from `0.0`. `AllToAllV` forms the same partials
+//!   at the source, so both modes give **bitwise identical** results, and a reference
+//!   written with that summation order (see `tests/moe_dispatch.rs`) matches bitwise.
+//!   [`MoeExchange::combine_residual`] starts the token's own node's partial from a
+//!   residual instead (a transformer block's `h + sum_j gate_j * y_j`).
 //!
-//! `AllToAllV` skips stage A: the source is its own relay, and stage B sends one row
-//! per (token, expert) straight to the expert's rank, wherever it is.
+//! `halo_collectives::verify_moe` proves the three schedules for a routing (every
+//! (token, expert) pair delivered exactly once at its place; every token's sum made of
+//! exactly its k contributions, in the order above).
 //!
-//! The combine mirrors the dispatch: the expert ranks send their outputs back over
-//! stage B's links, the relay forms for each (token, node) the **partial sum**
-//! `sum_j gate_j * y_j` over that node's experts (in top-k slot order, starting from
-//! `0.0`), and stage A carries one partial row per (token, node) back; the source adds
-//! the partials in ascending node order, starting from `0.0`. `AllToAllV` computes the
-//! same partials at the source, so both modes give **bitwise identical** results, and
-//! a reference written with that summation order (see `tests/moe_dispatch.rs`) matches
-//! bitwise.
+//! # Metadata and errors
 //!
-//! Each stage costs a count exchange (an all-to-all of 4 `u64` per pair: rows, metadata
-//! words, status, a hash of the expert map) and two all-to-all-v (metadata, rows), each
-//! with its own count and agreement pass: control traffic that does not grow with the
-//! row size `d`.
+//! Before the data, two metadata stages, each a count exchange (an all-to-all of 4
+//! `u64` per pair: groups, words, status, a hash of the expert map and `d`) and an
+//! all-to-all-v of `u32`: source -> relay, per destination node the unique tokens and
+//! their replication lists (expert, gate); relay -> target, per source the (token,
+//! expert) pairs it will forward, from which the target knows where each row lands.
+//! Bad arguments on one rank, or maps that differ, are an error on every rank there,
+//! before any row moves. The combine starts with a status all-to-all (one `u64` per
+//! pair), so a wrong `expert_out` on one rank is an error on every rank, not a timeout.
+//! Control traffic does not grow with the row size `d`.
 //!
 //! # Output order
 //!
