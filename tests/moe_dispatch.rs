@@ -9,6 +9,10 @@
 //!   (token, remote node) pairs (dedup) or (token, remote expert) pairs (a2av);
 //! - combine, bitwise against a reference weighted sum with the documented summation
 //!   order (per node in slot order, then nodes ascending), and dedup == a2av bitwise;
+//!   `combine_residual` likewise (own node from the residual, then the other nodes);
+//! - all of it through the single dispatch schedule and the gather/return schedules of
+//!   `halo_collectives::algo::moe` (verified on their own in
+//!   `collectives/tests/moe_schedule.rs`);
 //! - bad input: an error on the rank that passed it, `InvalidUsage` on the others;
 //!   differing expert maps refused everywhere;
 //! - bytes: the in-process transport's traffic counters (`LocalCluster::traffic`)

@@ -34,9 +34,9 @@ mod verify;
 mod waves;
 
 pub use algo::moe::{
-    MoeLand, MoePlan, MoeRelayEntry, MoeRoutes, MoeSend, build_moe_dispatch, build_moe_gather,
-    build_moe_return, moe_forwards, moe_lands, moe_node_of, moe_plans, moe_relay_entries,
-    moe_sends,
+    MoeForward, MoeGroup, MoeIncoming, MoeLand, MoeOrigin, MoePlan, MoeRelayEntry, MoeRoutes,
+    MoeSend, build_moe_dispatch, build_moe_gather, build_moe_return, moe_forwards, moe_lands,
+    moe_node_of, moe_plans, moe_relay_entries, moe_sends,
 };
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
 pub use error::{CollectiveError, Result, VerifyError};

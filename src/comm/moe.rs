@@ -645,15 +645,16 @@ impl MoeExchange {
         let (poffs, prows) = self.plan.partial_offsets();
         let mut partial = vec![0f32; prows * d];
         for (ei, e) in self.plan.relays.iter().enumerate() {
-            for i in 0..e.tokens.len() {
+            let rows = e.tokens.iter().zip(&self.gates[ei]).zip(&offs[ei]);
+            for (i, ((&t, gates), &first)) in rows.enumerate() {
                 let p = poffs[ei] + i;
                 let acc = &mut partial[p * d..(p + 1) * d];
                 if own(e) {
-                    let t = e.tokens[i] as usize;
+                    let t = t as usize;
                     acc.copy_from_slice(&out[t * d..(t + 1) * d]);
                 }
-                for (j, &g) in self.gates[ei][i].iter().enumerate() {
-                    let r = offs[ei][i] + j;
+                for (j, &g) in gates.iter().enumerate() {
+                    let r = first + j;
                     for (a, v) in acc.iter_mut().zip(&gathered[r * d..(r + 1) * d]) {
                         *a += g * v;
                     }

@@ -66,6 +66,19 @@ fn tag3(src: u32, node: u32) -> u64 {
     TAG_PHASE3 | (u64::from(src) << 20) | u64::from(node)
 }
 
+/// What a source tells a relay about one entry group: `(src, node, tokens, experts
+/// per token in slot order)`.
+pub type MoeGroup = (u32, u32, Vec<u32>, Vec<Vec<u32>>);
+
+/// What a relay tells a target about one entry group: `(src, node, [(token, expert)])`.
+pub type MoeForward = (u32, u32, Vec<(u32, u32)>);
+
+/// What a target heard from a relay: `(relay, src, node, [(token, expert)])`.
+pub type MoeIncoming = (u32, u32, u32, Vec<(u32, u32)>);
+
+/// `(expert, source, token)` of a received row.
+pub type MoeOrigin = (u32, u32, u32);
+
 /// The routing of every rank (for [`moe_plans`] and the verifier).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MoeRoutes {
@@ -84,7 +97,7 @@ impl MoeRoutes {
     }
 
     /// The rows `rank` must receive, in order: `(expert, source, token)` ascending.
-    pub fn expected_rows(&self, rank: usize) -> Vec<(u32, u32, u32)> {
+    pub fn expected_rows(&self, rank: usize) -> Vec<MoeOrigin> {
         let k = self.top_k.max(1);
         let mut out = Vec::new();
         for (s, ids) in self.experts.iter().enumerate() {
@@ -180,7 +193,7 @@ pub struct MoePlan {
     /// Rows of the dispatch's receive buffer.
     pub recv_rows: usize,
     /// `(expert, source, token)` of each received row: ascending.
-    pub origins: Vec<(u32, u32, u32)>,
+    pub origins: Vec<MoeOrigin>,
 }
 
 /// The source side of a plan: this rank's tokens grouped by the nodes of their
@@ -259,10 +272,7 @@ impl NodesOrRanks for Topology {
 /// The relay side of a plan from what the sources told this relay: per entry group
 /// `(src, node, tokens, experts per token)`. Sorted by `(src, node)`; targets looked up
 /// in `expert_rank`.
-pub fn moe_relay_entries(
-    groups: Vec<(u32, u32, Vec<u32>, Vec<Vec<u32>>)>,
-    expert_rank: &[u32],
-) -> Result<Vec<MoeRelayEntry>> {
+pub fn moe_relay_entries(groups: Vec<MoeGroup>, expert_rank: &[u32]) -> Result<Vec<MoeRelayEntry>> {
     let mut out = Vec::with_capacity(groups.len());
     for (src, node, tokens, experts) in groups {
         if tokens.len() != experts.len() {
@@ -308,7 +318,7 @@ pub fn moe_relay_entries(
 
 /// What a relay forwards to `target`: per entry group (in entry order) with rows for
 /// it, `(src, node, [(token, expert)])` in message order (row, then slot).
-pub fn moe_forwards(relays: &[MoeRelayEntry], target: u32) -> Vec<(u32, u32, Vec<(u32, u32)>)> {
+pub fn moe_forwards(relays: &[MoeRelayEntry], target: u32) -> Vec<MoeForward> {
     let mut out = Vec::new();
     for e in relays {
         let rows: Vec<(u32, u32)> = forwarded(e, target)
@@ -334,9 +344,7 @@ fn forwarded(e: &MoeRelayEntry, target: u32) -> impl Iterator<Item = (usize, usi
 /// The target side of a plan from what the relays announced: per message `(relay,
 /// src, node, [(token, expert)])`. Returns the lands (sorted by `(relay, src, node)`)
 /// and the origins `(expert, src, token)` of the receive buffer's rows.
-pub fn moe_lands(
-    mut incoming: Vec<(u32, u32, u32, Vec<(u32, u32)>)>,
-) -> Result<(Vec<MoeLand>, Vec<(u32, u32, u32)>)> {
+pub fn moe_lands(mut incoming: Vec<MoeIncoming>) -> Result<(Vec<MoeLand>, Vec<MoeOrigin>)> {
     incoming.sort_by_key(|m| (m.0, m.1, m.2));
     let mut keys: Vec<(u32, u32, u32)> = incoming
         .iter()
@@ -392,7 +400,7 @@ pub fn moe_plans(
         })
         .collect::<Result<_>>()?;
     let k = routes.top_k;
-    let mut groups: Vec<Vec<(u32, u32, Vec<u32>, Vec<Vec<u32>>)>> = vec![Vec::new(); n];
+    let mut groups: Vec<Vec<MoeGroup>> = vec![Vec::new(); n];
     for (s, list) in sends.iter().enumerate() {
         for m in list {
             let experts = m
@@ -412,7 +420,7 @@ pub fn moe_plans(
         .into_iter()
         .map(|g| moe_relay_entries(g, &routes.expert_rank))
         .collect::<Result<_>>()?;
-    let mut incoming: Vec<Vec<(u32, u32, u32, Vec<(u32, u32)>)>> = vec![Vec::new(); n];
+    let mut incoming: Vec<Vec<MoeIncoming>> = vec![Vec::new(); n];
     for (relay, entries) in relays.iter().enumerate() {
         for (t, inc) in incoming.iter_mut().enumerate() {
             for (src, node, rows) in moe_forwards(entries, t as u32) {

@@ -21,7 +21,8 @@
 use super::content::RankState;
 use super::{Expectation, VerifyReport, err, matching, replay, shape};
 use crate::algo::moe::{
-    MoePlan, MoeRoutes, build_moe_dispatch, build_moe_gather, build_moe_return, moe_node_of,
+    MoeOrigin, MoePlan, MoeRoutes, build_moe_dispatch, build_moe_gather, build_moe_return,
+    moe_node_of,
 };
 use crate::error::VerifyError;
 use crate::schedule::{Schedule, Step};
@@ -226,7 +227,7 @@ pub fn verify_moe(
     let (states, rep) = run(&gather, topology, &one_block(&recv_rows, &gather_rows, row))?;
     report.gather = rep;
     // Per relay, per entry, per token: the (expert, source, token) of each slot's output.
-    let mut partial: Vec<Vec<Vec<Vec<(u32, u32, u32)>>>> = Vec::with_capacity(n);
+    let mut partial: Vec<Vec<Vec<Vec<MoeOrigin>>>> = Vec::with_capacity(n);
     for (r, plan) in plans.iter().enumerate() {
         let offs = plan.gather_offsets();
         let mut per_entry = Vec::with_capacity(plan.relays.len());

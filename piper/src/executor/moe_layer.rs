@@ -330,7 +330,7 @@ fn combine_by_node(
     k: usize,
 ) -> Vec<f32> {
     let mut out = h.to_vec();
-    let rows = if d == 0 { 0 } else { h.len() / d };
+    let rows = h.len().checked_div(d).unwrap_or(0);
     let mut partial = vec![0.0f32; d];
     let mut nodes: Vec<u32> = Vec::with_capacity(k);
     for t in 0..rows {
