@@ -10,6 +10,7 @@ mod bruck;
 mod flat;
 mod halo;
 mod halo2d;
+pub(crate) mod moe;
 mod pack;
 mod pairwise;
 
