@@ -13,6 +13,7 @@
 pub(crate) mod device;
 mod emulation;
 pub(crate) mod fabric;
+pub(crate) mod hybrid;
 pub mod local;
 mod raw;
 mod shared;
@@ -64,6 +65,9 @@ pub(crate) enum Backend {
     Fabric(Box<fabric::FabricTransport>),
     /// Ranks as processes on one host, over shared-memory rings.
     Shm(Box<shm::ShmTransport>),
+    /// Ranks as processes on several hosts: shared-memory rings between the ranks of
+    /// this host, libfabric to the others.
+    Hybrid(Box<hybrid::HybridTransport>),
     /// One of the above, shared by the communicators of a split tree (see `shared`).
     Shared(SharedBackend),
 }
@@ -101,6 +105,7 @@ impl Backend {
             Backend::Local(t) => run_on(t, program, tag_base, bufs, opts),
             Backend::Fabric(t) => run_on(&mut **t, program, tag_base, bufs, opts),
             Backend::Shm(t) => run_on(&mut **t, program, tag_base, bufs, opts),
+            Backend::Hybrid(t) => run_on(&mut **t, program, tag_base, bufs, opts),
             Backend::Shared(s) => s.run(program, tag_base, bufs, opts),
         }
     }
