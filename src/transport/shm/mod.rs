@@ -2,15 +2,20 @@
 //! lock-free single-producer/single-consumer rings in one shared segment per job.
 //!
 //! # Segment
-//! Rank 0 creates `/dev/shm/halo-shm-NS-PID-N` before the bootstrap exchange and
-//! publishes its path in its card; after the exchange every rank maps it, and the last
-//! rank to map it unlinks it, so a running job has no file in `/dev/shm` at all and a
-//! job that dies in any way leaves none. A job that dies during set-up (before every
-//! rank mapped the segment) leaves the file: rank 0 removes it when its transport is
-//! dropped, `halo launch` when it reaps rank 0 (the name carries rank 0's pid, like
-//! the doorbells, `cli/src/launch/leftovers.rs`), and the next segment created in the
-//! same PID namespace removes those of processes that no longer run. Layout:
-//! `segment.rs`.
+//! One per host: the ranks of a host (all of a one-host job's; in a job across hosts
+//! the others are reached by the fabric, `super::hybrid`) share a segment holding only
+//! their rings, indexed by their place among them. Before the bootstrap exchange every
+//! rank makes an empty file `/dev/shm/halo-shm-NS-PID-N` and publishes its path in its
+//! card; after it the lowest rank of each host sizes its file for the host's ranks and
+//! writes the header, and the others remove theirs and map it (waiting until the
+//! header is written; a maker that fails removes its file, one that ends is seen
+//! ending, so nobody waits for the bootstrap timeout). The last rank to map it unlinks
+//! it, so a running job has no file in `/dev/shm` at all and a job that dies in any
+//! way leaves none. A job that dies during set-up leaves the files: each rank removes
+//! its own when it fails, `halo launch` those of every rank it reaps (the name carries
+//! the rank's pid, like the doorbells, `cli/src/launch/leftovers.rs`), and the next
+//! file made in the same PID namespace removes those of processes that no longer run.
+//! Layout: `segment.rs`.
 //!
 //! # Rings
 //! One ring per ordered pair of ranks (sender, receiver): `slots` cells of `cell`
@@ -83,15 +88,19 @@ type CResult<T> = std::result::Result<T, CollectiveError>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum TransportChoice {
-    /// HALO's shared-memory transport when every rank is on one host (same host name
-    /// and PID namespace) and no libfabric provider is forced (`HALO_FABRIC_PROVIDER`);
-    /// libfabric otherwise. The default.
+    /// HALO's shared-memory transport between the ranks of each host (same host name
+    /// and PID namespace) unless a libfabric provider is forced
+    /// (`HALO_FABRIC_PROVIDER`); libfabric between hosts, and for a host whose ranks
+    /// could not share a segment. The default.
     #[default]
     Auto,
-    /// HALO's shared-memory transport; an error at initialisation unless every rank is
-    /// on one host.
+    /// HALO's shared-memory transport between the ranks of each host (an error at
+    /// initialisation where they cannot share a segment, or where a rank forces the
+    /// fabric); the network provider between hosts. libfabric's own `shm` provider is
+    /// not opened.
     Shm,
     /// libfabric for every peer (`shm` within a host, the network provider between).
+    /// One rank saying so is enough for the whole job.
     Fabric,
 }
 
@@ -256,10 +265,10 @@ impl ShmTransport {
     }
 }
 
-/// Waits until every rank has mapped the segment (so that none is left unable to
-/// open it because the file is gone: the last rank to attach unlinks it, and rank 0
-/// removes it when it ends before that). Fails when a rank's process ended first, or
-/// after the bootstrap timeout (`HALO_BOOTSTRAP_TIMEOUT_MS`).
+/// Waits until every rank of `group` has mapped the segment (so that none is left
+/// unable to open it because the file is gone: the last rank to attach unlinks it,
+/// and its maker removes it when it ends before that). Fails when a rank's process
+/// ended first, or after the bootstrap timeout (`HALO_BOOTSTRAP_TIMEOUT_MS`).
 fn wait_attached(
     seg: &Segment,
     rank: usize,

@@ -9,7 +9,7 @@
 //!
 //! Layout (all offsets from the start of the mapping; a fresh file is all zero, and
 //! all zero is a valid state — every ring empty, every bell awake — so ranks may map
-//! it as soon as rank 0 has written the header):
+//! it as soon as its maker has written the header):
 //! - page 0: [`Header`];
 //! - from page 1: one [`Bell`] (64 bytes) per rank, padded to a page;
 //! - then `N x N` rings, ring `(s, r)` (sender `s`, receiver `r`) at index `s * N + r`
