@@ -100,12 +100,15 @@ fn every_algorithm(hosts: &[&str]) {
                 let want: Vec<u32> = (0..n)
                     .flat_map(|s| (0..count).map(move |i| value(s, me, i)))
                     .collect();
-                assert!(recv == want, "rank {me} {algo:?} count {count}: wrong bytes");
+                assert!(
+                    recv == want,
+                    "rank {me} {algo:?} count {count}: wrong bytes"
+                );
             }
             // -v with zeros: rank s sends (s + d) % 3 * 5 elements to d (zero for a
             // third of the pairs), and 0 or 20,000 for pairs that differ in parity.
             let count = |s: usize, d: usize| {
-                if (s + d) % 2 == 1 && s % 3 == 0 {
+                if (s + d) % 2 == 1 && s.is_multiple_of(3) {
                     20_000
                 } else {
                     (s + d) % 3 * 5
@@ -117,8 +120,13 @@ fn every_algorithm(hosts: &[&str]) {
                 .flat_map(|d| (0..sc[d]).map(move |i| value(me, d, i)))
                 .collect();
             let mut recv = vec![0u32; rc.iter().sum()];
-            comm.all_to_all_v(&send, &Partition::packed(&sc), &mut recv, &Partition::packed(&rc))
-                .unwrap_or_else(|e| panic!("rank {me} {algo:?} -v: {e}"));
+            comm.all_to_all_v(
+                &send,
+                &Partition::packed(&sc),
+                &mut recv,
+                &Partition::packed(&rc),
+            )
+            .unwrap_or_else(|e| panic!("rank {me} {algo:?} -v: {e}"));
             let want: Vec<u32> = (0..n)
                 .flat_map(|s| (0..rc[s]).map(move |i| value(s, me, i)))
                 .collect();
@@ -195,7 +203,10 @@ fn abort_from_another_thread_and_the_communicator_after_it() {
         aborter.join().unwrap();
         let took = returned.saturating_duration_since(aborted_at);
         assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
-        assert!(took < Duration::from_secs(1), "returned {took:?} after abort()");
+        assert!(
+            took < Duration::from_secs(1),
+            "returned {took:?} after abort()"
+        );
         let r = comm.all_to_all(&send, &mut recv);
         assert!(matches!(r, Err(Error::Aborted { .. })), "{r:?}");
         for _ in 1..hosts.len() {
@@ -210,24 +221,28 @@ fn after_a_timeout_the_communicator_is_unusable() {
     let (release, wait) = mpsc::channel::<()>();
     let wait = std::sync::Mutex::new(wait);
     let release = std::sync::Mutex::new(release);
-    job(&hosts, &config(Duration::from_millis(400)), |me, mut comm| {
-        if me != 0 {
-            let _ = wait.lock().unwrap().recv_timeout(Duration::from_secs(60));
-            return;
-        }
-        let send = vec![1u32; 4 * 8];
-        let mut recv = vec![0u32; 4 * 8];
-        let r = comm.all_to_all(&send, &mut recv);
-        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
-        let r = comm.all_to_all(&send, &mut recv);
-        match r {
-            Err(Error::InvalidUsage { message, .. }) => {
-                assert!(message.contains("can no longer be used"), "{message}")
+    job(
+        &hosts,
+        &config(Duration::from_millis(400)),
+        |me, mut comm| {
+            if me != 0 {
+                let _ = wait.lock().unwrap().recv_timeout(Duration::from_secs(60));
+                return;
             }
-            other => panic!("expected the communicator to be unusable: {other:?}"),
-        }
-        for _ in 1..hosts.len() {
-            release.lock().unwrap().send(()).unwrap();
-        }
-    });
+            let send = vec![1u32; 4 * 8];
+            let mut recv = vec![0u32; 4 * 8];
+            let r = comm.all_to_all(&send, &mut recv);
+            assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+            let r = comm.all_to_all(&send, &mut recv);
+            match r {
+                Err(Error::InvalidUsage { message, .. }) => {
+                    assert!(message.contains("can no longer be used"), "{message}")
+                }
+                other => panic!("expected the communicator to be unusable: {other:?}"),
+            }
+            for _ in 1..hosts.len() {
+                release.lock().unwrap().send(()).unwrap();
+            }
+        },
+    );
 }

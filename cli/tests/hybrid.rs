@@ -306,7 +306,11 @@ fn emulated_sigkilled_job_leaves_no_shared_memory() {
         .iter()
         .any(|f| f.starts_with("halo-shm-"))
     {
-        assert!(t.elapsed() < Duration::from_secs(60), "{:?}", shm_files_of(&pids));
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            shm_files_of(&pids)
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(1000));
@@ -338,7 +342,10 @@ fn emulated_sigkilled_job_leaves_no_shared_memory() {
         {
             break f;
         }
-        assert!(t.elapsed() < Duration::from_secs(15), "rank 2 made no segment file");
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "rank 2 made no segment file"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     signal(pids[2], nix::sys::signal::Signal::SIGKILL);
@@ -453,7 +460,10 @@ fn kill_trial(
     }
     let hung: Vec<usize> = (0..n).filter(|&r| ended[r].is_none()).collect();
     kill_all(&mut ranks);
-    assert!(hung.is_empty(), "ranks {hung:?} still ran 60 s after rank {die} died");
+    assert!(
+        hung.is_empty(),
+        "ranks {hung:?} still ran 60 s after rank {die} died"
+    );
     let mut report = Vec::new();
     for r in (0..n).filter(|&r| r != die) {
         let (st, at) = ended[r].unwrap();
@@ -480,7 +490,11 @@ fn kill_trial(
         );
         report.push(format!(
             "{r}{}: {:.2} s {}",
-            if r / per == die / per { " (same host)" } else { "" },
+            if r / per == die / per {
+                " (same host)"
+            } else {
+                ""
+            },
             took.as_secs_f64(),
             if what.contains("remote error") {
                 "remote"

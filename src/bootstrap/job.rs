@@ -234,9 +234,12 @@ pub(crate) fn establish(
             .as_deref()
             .ok_or_else(|| Error::internal("shm group leader without a segment"))?;
         let watched = procs[leader];
-        Segment::open_when_ready(path, group.len(), crate::bootstrap::bootstrap_timeout(), || {
-            watched.is_some_and(crate::transport::fabric::has_ended)
-        })?
+        Segment::open_when_ready(
+            path,
+            group.len(),
+            crate::bootstrap::bootstrap_timeout(),
+            || watched.is_some_and(crate::transport::fabric::has_ended),
+        )?
     };
     let shm = ShmTransport::new_group(rank, size, &group, seg, procs.clone())?;
     if group.len() == size {

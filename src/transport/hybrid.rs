@@ -206,7 +206,14 @@ impl HybridSession<'_> {
         }
     }
 
-    fn post(&mut self, send: bool, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
+    fn post(
+        &mut self,
+        send: bool,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+    ) -> CResult<()> {
         let h = self.half(peer)?;
         let r = match (h, send) {
             (SHM, true) => self.shm.post_send(peer, tag, region, token),
@@ -249,8 +256,8 @@ impl Session for HybridSession<'_> {
         self.shared(SHM, r)?;
         let r = self.fabric.progress(completed);
         self.shared(FABRIC, r)?;
-        for i in from..completed.len() {
-            self.finished(completed[i]);
+        for &token in &completed[from..] {
+            self.finished(token);
         }
         Ok(())
     }

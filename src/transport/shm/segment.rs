@@ -399,7 +399,9 @@ impl Segment {
                     if start.elapsed() >= limit {
                         return Err(sys(
                             path,
-                            format!("not ready within {limit:?} ({why}; HALO_BOOTSTRAP_TIMEOUT_MS)"),
+                            format!(
+                                "not ready within {limit:?} ({why}; HALO_BOOTSTRAP_TIMEOUT_MS)"
+                            ),
                         ));
                     }
                 }
