@@ -289,7 +289,8 @@ fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
     let refuse = |peer: usize, why: String| Error::InvalidUsage {
         peer: Some(peer),
         message: format!(
-            "rank {} asked for HALO_TRANSPORT=shm, which needs the ranks of each host on              HALO's shared memory and none forcing the fabric, but {why}",
+            "rank {} asked for HALO_TRANSPORT=shm, which needs the ranks of each host on \
+             HALO's shared memory and none forcing the fabric, but {why}",
             shm[0]
         ),
     };
@@ -298,7 +299,8 @@ fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
             return Err(refuse(
                 f,
                 format!(
-                    "rank {f} uses the fabric (HALO_TRANSPORT=fabric, or a provider forced                      with HALO_FABRIC_PROVIDER)"
+                    "rank {f} uses the fabric (HALO_TRANSPORT=fabric, or a provider forced \
+                     with HALO_FABRIC_PROVIDER)"
                 ),
             ));
         }
@@ -326,7 +328,8 @@ fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
                 return Err(refuse(
                     r,
                     format!(
-                        "rank {r} (on host {host:?}) could not create its shared-memory                          segment file (see its log)"
+                        "rank {r} (on host {host:?}) could not create its shared-memory \
+                         segment file (see its log)"
                     ),
                 ));
             }
