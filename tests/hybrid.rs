@@ -246,3 +246,46 @@ fn after_a_timeout_the_communicator_is_unusable() {
         },
     );
 }
+
+#[test]
+fn split_communicators_route_through_the_worlds_halves() {
+    // Hosts a: 0, 1, 2; b: 3, 4, 5. Split by rank parity: {0, 2, 4} and {1, 3, 5},
+    // each with a same-host pair on the rings and the rest over the fabric.
+    let hosts = ["hsa", "hsa", "hsa", "hsb", "hsb", "hsb"];
+    job(&hosts, &config(Duration::from_secs(30)), |me, mut world| {
+        let mut sub = world
+            .split(Some(me as u32 % 2), me as i32)
+            .unwrap()
+            .expect("a member");
+        let (sr, sn) = (sub.rank(), sub.size());
+        assert_eq!((sr, sn), (me / 2, 3));
+        for q in (0..sn).filter(|&q| q != sr) {
+            let wq = 2 * q + me % 2;
+            let want = if hosts[wq] == hosts[me] {
+                "halo-shm"
+            } else {
+                "tcp;ofi_rxm"
+            };
+            assert_eq!(sub.provider_to(q), Some(want), "rank {me} -> sub rank {q}");
+        }
+        for algo in Algorithm::ALL {
+            sub.set_algorithm(Some(algo));
+            let count = 3000;
+            let send: Vec<u32> = (0..sn)
+                .flat_map(|d| (0..count).map(move |i| value(me, d, i)))
+                .collect();
+            let mut recv = vec![0u32; sn * count];
+            sub.all_to_all(&send, &mut recv)
+                .unwrap_or_else(|e| panic!("rank {me} {algo:?}: {e}"));
+            let want: Vec<u32> = (0..sn)
+                .flat_map(|s| (0..count).map(move |i| value(2 * s + me % 2, sr, i)))
+                .collect();
+            assert!(recv == want, "rank {me} {algo:?}: wrong bytes");
+        }
+        // The world still works after its split.
+        let send = vec![me as u64; 6];
+        let mut recv = vec![0u64; 6];
+        world.all_to_all(&send, &mut recv).unwrap();
+        assert_eq!(recv, vec![0, 1, 2, 3, 4, 5]);
+    });
+}
