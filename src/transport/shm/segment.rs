@@ -262,7 +262,7 @@ impl Reservation {
     /// [`Reservation::into_segment`] with `slots` cells of `cell` bytes per ring
     /// (`cell` a multiple of 64 above the cell header, `slots >= 2`).
     pub(crate) fn into_segment_with(
-        self,
+        mut self,
         nranks: usize,
         slots: usize,
         cell: usize,
@@ -298,8 +298,9 @@ impl Reservation {
         })?;
         let own = Some((path.clone(), self.dev, self.ino));
         let seg = Self::map_created(&f, total, nranks, slots, cell, own)?;
-        // The segment owns the file now (its drop removes it if no rank attached).
-        std::mem::forget(self);
+        // The segment owns the file now (its drop removes it if no rank attached): the
+        // reservation's drop leaves it alone.
+        self.path = PathBuf::new();
         tracing::debug!(path = %path.display(), total, slots, cell, "shared-memory segment created");
         Ok(seg)
     }
@@ -324,6 +325,9 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
         if let Ok(m) = std::fs::metadata(&self.path)
             && m.dev() == self.dev
             && m.ino() == self.ino
