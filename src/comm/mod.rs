@@ -448,7 +448,7 @@ impl Communicator {
     pub fn emulation(&self) -> Option<crate::local::Emulation> {
         match &self.core.backend {
             Backend::Local(t) => Some(t.emulation()),
-            Backend::Fabric(_) | Backend::Shm(_) => None,
+            Backend::Fabric(_) | Backend::Shm(_) | Backend::Hybrid(_) => None,
             Backend::Shared(s) => s.emulation(),
         }
     }
