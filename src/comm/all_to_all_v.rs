@@ -66,9 +66,10 @@ const INVALID: u32 = 2;
 
 const STATUS_BLOCK: usize = 16;
 
-/// The most ranks whose counts are all-gathered (one metadata pass): above, the
-/// `16 n^2` bytes of the matrix cost more than the two passes they save on every
-/// simulated topology (see the module documentation).
+/// The most ranks whose counts are all-gathered (one metadata pass) unless
+/// `HALO_A2AV_GATHER_MAX` says otherwise; the model is not run above. From 32 ranks on
+/// simulated Frontier and at 64 on every simulated topology the `16 n^2` bytes of the
+/// matrix already cost more than the two passes they save (module documentation).
 pub(crate) const GATHER_MAX_RANKS: usize = 64;
 
 /// How a communicator exchanges all-to-all-v counts.
