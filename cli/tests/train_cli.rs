@@ -270,8 +270,9 @@ fn processes_on_emulated_hosts_give_the_threads_losses() {
 }
 
 /// `--dispatch dedup` (MoeExchange, one copy of a token per destination node) gives the
-/// losses of `--dispatch a2av` bit for bit, on 4 nodes of 2 threads with experts
-/// migrating; combined with `--overlap` it exits 2 naming both.
+/// losses of `--dispatch a2av` to 1e-6 relative (its combine sums a token's outputs per
+/// node first: another order of the same sum), on 4 nodes of 2 threads with experts
+/// migrating the same way; combined with `--overlap` it exits 2 naming both.
 #[test]
 fn dedup_dispatch_gives_the_same_losses() {
     let run = |mode: &str| {
@@ -311,8 +312,11 @@ fn dedup_dispatch_gives_the_same_losses() {
     let (a2av, sa) = run("a2av");
     let (dedup, sd) = run("dedup");
     assert_eq!(a2av.len(), 12);
-    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&a2av), bits(&dedup), "losses");
+    assert_eq!(dedup.len(), 12);
+    for (step, (a, b)) in a2av.iter().zip(&dedup).enumerate() {
+        let rel = (a - b).abs() / a.abs().max(f64::MIN_POSITIVE);
+        assert!(rel <= 1e-6, "step {step}: a2av {a} vs dedup {b} ({rel:e})");
+    }
     assert!(
         sd["migrations"].as_u64().unwrap_or(0) > 0 && sa["migrations"] == sd["migrations"],
         "experts moved the same way: {sa} / {sd}"

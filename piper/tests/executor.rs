@@ -419,11 +419,15 @@ fn five_steps_follow_the_reference() {
 /// Overlapped MoE exchanges (one round per local expert index, on the non-blocking
 /// scope) give the same bits as the blocking path: loss, every gradient group and the
 /// parameters after Adam, on every rank.
-/// The de-duplicating forward dispatch (`Executor::set_dispatch(MoeDispatch::Dedup)`,
-/// `MoeExchange`) gives the same bits as all-to-all-v: loss, every gradient group and
-/// the parameters after Adam, on every rank, on topologies with several nodes per EP group.
+/// The de-duplicating dispatch and combine (`Executor::set_dispatch(MoeDispatch::Dedup)`,
+/// `MoeExchange`) give all-to-all-v's results up to the order of one sum: the combine
+/// adds a token's outputs per node (inside the node first), all-to-all-v in slot order,
+/// so the loss agrees to 1e-6 relative, every gradient group to 1e-5 and the parameters
+/// after Adam (whose first step divides by |g|) to 1e-4 (`rel_err`), on every rank, on topologies with several nodes per
+/// EP group; with one node per EP group (`nodes:1x4`) the two orders coincide and the
+/// bits are equal.
 #[test]
-fn dedup_dispatch_gives_the_same_bits() {
+fn dedup_dispatch_matches_all_to_all_v() {
     let cases = [
         (
             "nodes:2x2",
@@ -461,22 +465,42 @@ fn dedup_dispatch_gives_the_same_bits() {
             },
             1,
         ),
+        (
+            "nodes:1x4",
+            MeshLayout {
+                pp: 1,
+                ep: 4,
+                dp: 1,
+            },
+            2,
+        ),
     ];
     for (topo, layout, m) in cases {
         let plain = run_layout_dispatch(topo, layout, m, false, MoeDispatch::AllToAllV);
         let dedup = run_layout_dispatch(topo, layout, m, false, MoeDispatch::Dedup);
+        let one_node = topo == "nodes:1x4";
         for (rank, (a, b)) in plain.into_iter().zip(dedup).enumerate() {
             let (a, b) = (a.unwrap(), b.unwrap());
-            assert_eq!(
-                a.0.to_bits(),
-                b.0.to_bits(),
-                "{topo} {layout:?} M {m}: rank {rank}: loss"
-            );
-            assert_eq!(a.1, b.1, "{topo} {layout:?} M {m}: rank {rank}: gradients");
-            assert_eq!(
-                a.2, b.2,
-                "{topo} {layout:?} M {m}: rank {rank}: parameters after Adam"
-            );
+            let what = format!("{topo} {layout:?} M {m}: rank {rank}");
+            if one_node {
+                assert_eq!(a.0.to_bits(), b.0.to_bits(), "{what}: loss");
+                assert_eq!(a.1, b.1, "{what}: gradients");
+                assert_eq!(a.2, b.2, "{what}: parameters after Adam");
+                continue;
+            }
+            let loss = (a.0 - b.0).abs() / a.0.abs().max(f64::MIN_POSITIVE);
+            assert!(loss <= 1e-6, "{what}: loss {} vs {} ({loss:e})", a.0, b.0);
+            for (what_of, x, y, tol) in [
+                ("gradients", &a.1, &b.1, 1e-5),
+                ("parameters", &a.2, &b.2, 1e-4),
+            ] {
+                assert_eq!(x.len(), y.len(), "{what}: {what_of} groups");
+                for ((ia, ga), (ib, gb)) in x.iter().zip(y) {
+                    assert_eq!(ia, ib, "{what}: {what_of} group ids");
+                    let e = rel_err(gb, ga);
+                    assert!(e <= tol, "{what}: {what_of} group {ia:?}: rel err {e:e}");
+                }
+            }
         }
     }
 }

@@ -315,64 +315,6 @@ fn dot(x: &[f32], y: &[f32]) -> f32 {
     s
 }
 
-/// The combine `h + sum_j gate_j * y_j` of both dispatch modes, in the order the
-/// de-duplicated combine reduces inside the nodes ([`MoeExchange::combine_residual`]):
-/// per token, its own node's slots added to `h` in slot order, then each other node's
-/// partial sum (from 0.0, slot order) in ascending node order. `expert_out` is
-/// slot-indexed (`rows x k x d`); `node_of_slot[s]` is the node of slot `s`'s expert.
-fn combine_by_node(
-    h: &[f32],
-    gates: &[f32],
-    expert_out: &[f32],
-    node_of_slot: &[u32],
-    home: u32,
-    d: usize,
-    k: usize,
-) -> Vec<f32> {
-    let mut out = h.to_vec();
-    let rows = h.len().checked_div(d).unwrap_or(0);
-    let mut partial = vec![0.0f32; d];
-    let mut nodes: Vec<u32> = Vec::with_capacity(k);
-    for t in 0..rows {
-        let o = &mut out[t * d..(t + 1) * d];
-        let slots = t * k..(t + 1) * k;
-        for s in slots.clone().filter(|&s| node_of_slot[s] == home) {
-            axpy(gates[s], &expert_out[s * d..(s + 1) * d], o);
-        }
-        nodes.clear();
-        nodes.extend(
-            slots
-                .clone()
-                .map(|s| node_of_slot[s])
-                .filter(|&n| n != home),
-        );
-        nodes.sort_unstable();
-        nodes.dedup();
-        for &n in &nodes {
-            partial.fill(0.0);
-            for s in slots.clone().filter(|&s| node_of_slot[s] == n) {
-                axpy(gates[s], &expert_out[s * d..(s + 1) * d], &mut partial);
-            }
-            for (ov, &p) in o.iter_mut().zip(&partial) {
-                *ov += p;
-            }
-        }
-    }
-    out
-}
-
-/// The node of each slot's expert and this rank's node, on the EP communicator.
-fn slot_nodes(ep: &Communicator, st: &Stage, layer: usize, routing: &Routing) -> (Vec<u32>, u32) {
-    let topo = ep.topology();
-    let owners = st.placement.owners(layer);
-    let nodes = routing
-        .experts
-        .iter()
-        .map(|&e| halo_collectives::moe_node_of(topo, owners[e as usize]))
-        .collect();
-    (nodes, halo_collectives::moe_node_of(topo, ep.rank()))
-}
-
 /// The forward dispatch by [`MoeExchange`] ([`MoeDispatch::Dedup`]): the exchange (for
 /// the combine) and the rows each local expert gets, by local expert index `j` of
 /// `local`, in the order of [`dispatch`] (source rank, then slot), which is
@@ -501,11 +443,9 @@ pub(super) fn forward<C: StageCompute>(
     };
     let mut expert_out = vec![0.0f32; rows * k * d];
     scatter_slots(&back, d, &plan.send_slots, &mut expert_out)?;
-    // The model's combine for its saved state (its backward does not depend on the
-    // order of the forward's sum); the output summed in the dedup combine's order.
-    let (_, combine) = model.combine_forward(&h, &routing.gates, &expert_out)?;
-    let (node_of_slot, home) = slot_nodes(ep, st, layer, &routing);
-    let out = combine_by_node(&h, &routing.gates, &expert_out, &node_of_slot, home, d, k);
+    // The model's combine, in the model's order (slot order per token): the sum does not
+    // depend on where the experts live, so migration and the layout keep the bits.
+    let (out, combine) = model.combine_forward(&h, &routing.gates, &expert_out)?;
     Ok((
         out,
         LayerTape {
