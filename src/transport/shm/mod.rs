@@ -167,6 +167,8 @@ pub(crate) struct ShmTransport {
     pub(super) rdvq: Vec<VecDeque<RdvSend>>,
     /// Rendezvous sends published so far (for the tests and the debug log).
     pub(super) rdv_sent: u64,
+    /// The last session's completion list, kept for the next (empty).
+    pub(super) done_spare: Vec<u32>,
 }
 
 // SAFETY: the raw pointers inside (queued sends, posted receives) point into the
@@ -249,6 +251,7 @@ impl ShmTransport {
             cma_pid,
             rdvq: (0..size).map(|_| VecDeque::new()).collect(),
             rdv_sent: 0,
+            done_spare: Vec::with_capacity(64),
         })
     }
 }
@@ -307,7 +310,9 @@ fn probe_peers(seg: &Segment, rank: usize, size: usize, cma: CmaConfig) -> Resul
     {
         return Err(Error::SystemError {
             message: format!(
-                "HALO_SHM_CMA=1: rank {rank} cannot read rank {p}'s memory with                  process_vm_readv ({why}; ptrace_scope {:?}); unset HALO_SHM_CMA to fall back                  to the rings",
+                "HALO_SHM_CMA=1: rank {rank} cannot read rank {p}'s memory with \
+                process_vm_readv ({why}; ptrace_scope {:?}); unset HALO_SHM_CMA to fall back \
+                 to the rings",
                 cma::ptrace_scope()
             ),
         });
@@ -317,12 +322,14 @@ fn probe_peers(seg: &Segment, rank: usize, size: usize, cma: CmaConfig) -> Resul
             None => tracing::info!(
                 rank,
                 min = cma.min,
-                "shared-memory transport: large messages copied once (process_vm_readv) from                  every peer"
+                "shared-memory transport: large messages copied once (process_vm_readv) from \
+                 every peer"
             ),
             Some((p, why)) => tracing::info!(
                 rank,
                 ptrace_scope = ?cma::ptrace_scope(),
-                "shared-memory transport: cross-memory attach off from {} of {} peers (rank                  {p}: {why}); their large messages pass through the rings",
+                "shared-memory transport: cross-memory attach off from {} of {} peers (rank \
+                 {p}: {why}); their large messages pass through the rings",
                 off.len(),
                 size - 1
             ),
