@@ -32,9 +32,12 @@
 //! `HALO_SHM_CMA_MIN` (bytes, default [`MIN_DEFAULT`]) is the threshold.
 //!
 //! A pid only names the sender while it lives: the receiver's read of a sender that
-//! ended fails (`ESRCH`, its memory is gone), and the reuse of its pid by another
-//! process of the same user between its last publish and the read would need the
-//! kernel's pid counter to wrap (`pid_max`, 4 million) within that window.
+//! ended fails (`ESRCH`, its memory is gone), and so that a pid reused by another
+//! process can never pass for the sender, the receiver holds a pidfd of each peer
+//! (opened before the probe) and, after every read, checks that the peer has not
+//! exited: if it had, the bytes are dropped and the receive fails naming it. (Without
+//! pidfds, Linux before 5.3, that check is skipped: a reuse would need the pid counter
+//! to wrap, `pid_max`, within the read.)
 
 use crate::error::{Error, Result};
 use std::io;
@@ -207,4 +210,29 @@ pub(super) fn probe(pid: u32, addr: u64, want: u64) -> std::result::Result<(), S
         Ok(()) => Err(format!("process {pid} is not the peer (its word differs)")),
         Err(e) => Err(format!("process_vm_readv of process {pid}: {e}")),
     }
+}
+
+/// A pidfd of process `pid` (`None` where the kernel has none, or `pid` is gone).
+pub(super) fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: pidfd_open takes a pid and flags, returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a descriptor just returned by the kernel, owned by nobody else.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether the process of `fd` (a pidfd) has exited: readable, without waiting.
+pub(super) fn exited(fd: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & libc::POLLIN != 0
 }

@@ -163,6 +163,8 @@ pub(crate) struct ShmTransport {
     pub(super) cma_to: Vec<Option<bool>>,
     /// Per peer, as receiver: the peer's pid to read its rendezvous from (0: none).
     pub(super) cma_pid: Vec<u32>,
+    /// Per peer, as receiver: a pidfd of that process (checked after every read).
+    pub(super) cma_pidfd: Vec<Option<std::os::fd::OwnedFd>>,
     /// Per peer: rendezvous sends published and not yet acked, in ring order.
     pub(super) rdvq: Vec<VecDeque<RdvSend>>,
     /// Rendezvous sends published so far (for the tests and the debug log).
@@ -207,7 +209,7 @@ impl ShmTransport {
         publish_probe(&seg, rank, cma.mode);
         seg.attach();
         wait_attached(&seg, rank, &procs)?;
-        let cma_pid = probe_peers(&seg, rank, size, cma)?;
+        let (cma_pid, cma_pidfd) = probe_peers(&seg, rank, size, cma)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let yield_spin = size > cores;
         let spin = match std::env::var("HALO_SHM_SPIN_US") {
@@ -249,6 +251,7 @@ impl ShmTransport {
             cma,
             cma_to: vec![None; size],
             cma_pid,
+            cma_pidfd,
             rdvq: (0..size).map(|_| VecDeque::new()).collect(),
             rdv_sent: 0,
             done_spare: Vec::with_capacity(64),
@@ -274,12 +277,19 @@ fn publish_probe(seg: &Segment, rank: usize, mode: CmaMode) {
 
 /// Probes, as receiver, whether this process can read each peer's memory
 /// (`process_vm_readv` of the peer's probe word); tells each peer through the ring
-/// from it; returns the peers' pids to read from (0: the ring path). With
-/// `HALO_SHM_CMA=1` a peer that cannot be read is an error.
-fn probe_peers(seg: &Segment, rank: usize, size: usize, cma: CmaConfig) -> Result<Vec<u32>> {
+/// from it; returns the peers' pids to read from (0: the ring path) and pidfds of
+/// them. With `HALO_SHM_CMA=1` a peer that cannot be read is an error.
+#[allow(clippy::type_complexity)]
+fn probe_peers(
+    seg: &Segment,
+    rank: usize,
+    size: usize,
+    cma: CmaConfig,
+) -> Result<(Vec<u32>, Vec<Option<std::os::fd::OwnedFd>>)> {
     let mode = cma.mode;
     use std::sync::atomic::Ordering::{Relaxed, Release};
     let mut pids = vec![0u32; size];
+    let mut fds: Vec<Option<std::os::fd::OwnedFd>> = (0..size).map(|_| None).collect();
     let mut off: Vec<(usize, String)> = Vec::new();
     let my_ns = cma::pid_ns_ino();
     for p in (0..size).filter(|&p| p != rank) {
@@ -291,7 +301,18 @@ fn probe_peers(seg: &Segment, rank: usize, size: usize, cma: CmaConfig) -> Resul
             if ns != my_ns || my_ns == 0 {
                 Err(format!("rank {p} is in another PID namespace"))
             } else {
-                cma::probe(pid, b.probe_addr.load(Relaxed), b.probe_val.load(Relaxed)).map(|()| pid)
+                // The pidfd first: if the probe then finds the peer's word and the
+                // process has not exited since, the pidfd is the peer's.
+                let fd = cma::pidfd(pid);
+                cma::probe(pid, b.probe_addr.load(Relaxed), b.probe_val.load(Relaxed))
+                    .and_then(|()| match &fd {
+                        Some(f) if cma::exited(f) => Err(format!("process {pid} ended")),
+                        _ => Ok(()),
+                    })
+                    .map(|()| {
+                        fds[p] = fd;
+                        pid
+                    })
             }
         };
         match verdict {
@@ -335,7 +356,7 @@ fn probe_peers(seg: &Segment, rank: usize, size: usize, cma: CmaConfig) -> Resul
             ),
         }
     }
-    Ok(pids)
+    Ok((pids, fds))
 }
 
 /// Waits until every rank has mapped the segment (so that none is left unable to

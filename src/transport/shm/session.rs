@@ -627,6 +627,17 @@ impl ShmSession<'_> {
                  failed: {e} (HALO_SHM_CMA=0 turns cross-memory attach off)"
             )));
         }
+        if self.t.cma_pidfd[p].as_ref().is_some_and(cma::exited) {
+            // The process may have ended before or during the read, and its pid may
+            // name another process now: the bytes are not trusted.
+            rdv.state.store(FAILED, Ordering::Release);
+            return Err(CollectiveError::Remote {
+                peer: p,
+                message: format!(
+                    "rank {p} (process {pid}) ended before rank {me} had read its message"
+                ),
+            });
+        }
         if rdv
             .state
             .compare_exchange(CLAIMED, DONE, Ordering::AcqRel, Ordering::Acquire)

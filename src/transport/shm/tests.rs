@@ -352,6 +352,13 @@ fn the_probe_refuses_a_dead_process_and_a_wrong_word() {
     let e = super::cma::probe(pid, addr, val).unwrap_err();
     assert!(e.contains("process_vm_readv"), "{e}");
     assert!(super::cma::probe(0, addr, val).is_err());
+    // The pidfd check after every read: this process lives, a child that ended not.
+    let me = super::cma::pidfd(std::process::id()).expect("pidfd_open (Linux 5.3)");
+    assert!(!super::cma::exited(&me));
+    let mut c = std::process::Command::new("true").spawn().unwrap();
+    let fd = super::cma::pidfd(c.id()).expect("pidfd of a child");
+    c.wait().unwrap();
+    assert!(super::cma::exited(&fd));
 }
 
 #[test]
