@@ -51,6 +51,10 @@
 //!   published before it ended is still read, and if the collective still needs it,
 //!   the collective fails with `Remote` naming it. There are no locks, so a killed peer
 //!   cannot leave anything spinning.
+//! - A rendezvous (see `cma.rs`) whose sender's session ends first is withdrawn: its
+//!   receiver fails with `Remote` naming the sender, never with bytes the caller may
+//!   have changed since; a sender that dies before the read, or a receiver that dies
+//!   before the ack, is noticed as above.
 //! - A receive completes only with exactly its posted length: a message of another
 //!   length, or another uniform block size, is a `Mismatch` naming both ranks and both
 //!   sizes; poison (`post_poison`) takes the place of messages a failed rank will not
@@ -259,6 +263,9 @@ impl ShmTransport {
     }
 }
 
+/// What [`probe_peers`] found: per peer, its pid to read from (0: none) and a pidfd.
+type Probed = (Vec<u32>, Vec<Option<std::os::fd::OwnedFd>>);
+
 /// Writes what peers need to probe cross-memory attach to this rank into its bell
 /// (before it attaches: peers read it once every rank has).
 fn publish_probe(seg: &Segment, rank: usize, mode: CmaMode) {
@@ -279,13 +286,7 @@ fn publish_probe(seg: &Segment, rank: usize, mode: CmaMode) {
 /// (`process_vm_readv` of the peer's probe word); tells each peer through the ring
 /// from it; returns the peers' pids to read from (0: the ring path) and pidfds of
 /// them. With `HALO_SHM_CMA=1` a peer that cannot be read is an error.
-#[allow(clippy::type_complexity)]
-fn probe_peers(
-    seg: &Segment,
-    rank: usize,
-    size: usize,
-    cma: CmaConfig,
-) -> Result<(Vec<u32>, Vec<Option<std::os::fd::OwnedFd>>)> {
+fn probe_peers(seg: &Segment, rank: usize, size: usize, cma: CmaConfig) -> Result<Probed> {
     let mode = cma.mode;
     use std::sync::atomic::Ordering::{Relaxed, Release};
     let mut pids = vec![0u32; size];
