@@ -5,12 +5,14 @@
 # the veth tx bytes of all hosts, their difference (the rows' bytes on the wire) and
 # the routing's prediction. Fails when a difference is below the prediction or more
 # than 10% (TCP/IP framing) above it.
-#   cargo build -p halo --example moe_dedup && cargo build -p halo-cli
-#   scripts/moe-dedup-bytes.sh [HOSTS=4] [RANKS=8] [D=1024] [TOKENS=128] [REPS=2]
+#   cargo build [--release] -p halo --example moe_dedup && cargo build [--release] -p halo-cli
+#   [PROFILE=release] scripts/moe-dedup-bytes.sh [HOSTS=4] [RANKS=8] [D=1024] [TOKENS=128] [REPS=2]
+# PROFILE (debug by default) names the target/ folder the binaries are taken from.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOSTS=${1:-4}; RANKS=${2:-8}; D=${3:-1024}; TOKENS=${4:-128}; REPS=${5:-2}
-HALO=target/debug/halo; EX=target/debug/examples/moe_dedup
+PROFILE=${PROFILE:-debug}
+HALO=target/$PROFILE/halo; EX=target/$PROFILE/examples/moe_dedup
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 run() { # mode k d -> "tx_bytes|line"
   "$HALO" launch -n "$RANKS" --hosts "$HOSTS" --stats-json "$dir/s.json" --timeout 300 -- \

@@ -54,10 +54,14 @@
 //!   `2 N b / B_dev + Σ_j [ α_j + t_j(c_j b) + 2 c_j b / B_dev ]`, where `t_j(s) = s/B_j`
 //!   inside the node and `max(nic(R, s), s/B_j)` outside.
 //! - **halo** (node level): Phase I (the flat intra-node part) alongside
-//!   pack + Phase II (one message of `R b` to the aligned rank of each other node) +
-//!   Phase III (redistribution inside the node):
-//!   `max( I, (H-1) R b / B_dev + α_off + max(nic(R (H-1), R b), R b / B_off)
-//!   + α_node + (H-1) b / B_node )`.
+//!   pack + Phase II (`c` messages of `R b / c` to each other node) + Phase III
+//!   (redistribution inside the node of the fraction `f` of blocks not already at
+//!   their rank):
+//!   `max( I, (H-1) R b / B_dev + α_off + max(nic(c R (H-1), R b / c), R b / (c B_off))
+//!   + [f > 0] (α_node + f (H-1) b / B_node) )`. As the builder cuts the packet
+//!   (`AlgoOptions::chunks`): `c = 1`, `f = 1` (one message to the aligned rank) while
+//!   it is one chunk; once it is cut, chunks of `p = min(⌈R / chunks⌉, 2)` blocks go to
+//!   one of their blocks' ranks, `c = ⌈R / p⌉`, `f = (p - 1) / p`.
 //! - **halo2d** (gather by local index, then exchange): `max( I, α_node + (H-1) b / B_node
 //!   + 2 (H-1) R b / B_dev + α_off + max(nic(R (H-1), R b), R b / B_off) )`.
 //!
@@ -66,8 +70,8 @@
 
 use crate::error::Result;
 use halo_collectives::{
-    AlgoOptions, Algorithm, BuildCtx, CollectiveError, Layout, SimOptions, Traffic, UniformSizes,
-    build, simulate_all_to_all,
+    AlgoOptions, Algorithm, BuildCtx, CollectiveError, Layout, META_BLOCK, SimOptions, Traffic,
+    UniformSizes, build, simulate_all_to_all,
 };
 use halo_topology::{Level, LinkClass, Topology};
 use std::collections::HashMap;
@@ -232,16 +236,47 @@ impl Shape {
         t
     }
 
+    /// How HALO's builder cuts a uniform Phase II packet of `R` blocks of `block` bytes
+    /// (`collectives/src/algo/halo.rs`, `spread`): messages per remote node, and the
+    /// fraction of the blocks they carry that Phase III forwards. One message (to the
+    /// aligned peer, all but its own block forwarded) unless the packet is cut into
+    /// chunks; then chunks of at most two blocks, each to one of its blocks' ranks.
+    fn halo_cut(&self, block: usize, options: &AlgoOptions) -> (f64, f64) {
+        let r = self.r;
+        let (k, _) = options.chunks(r.saturating_mul(block));
+        if k < 2 || block <= META_BLOCK {
+            return (k as f64, 1.0);
+        }
+        let per = r
+            .div_ceil(k)
+            .min(2)
+            .max(r.div_ceil(options.max_chunks.max(1)));
+        (r.div_ceil(per) as f64, (per - 1) as f64 / per as f64)
+    }
+
     /// HALO (`two_d` = false) or the 2D variant, or `None` where they are the flat fan-out.
-    fn hierarchical(&self, b: f64, two_d: bool) -> Option<f64> {
+    fn hierarchical(&self, block: usize, two_d: bool, options: &AlgoOptions) -> Option<f64> {
         let node = self.node?;
         if self.h <= 1 || self.r <= 1 || self.m_off == 0 {
             return None;
         }
+        let b = block as f64;
         let (h, r) = ((self.h - 1) as f64, self.r as f64);
         let pack = h * r * b / self.b_dev;
-        let exchange = self.alpha_off + self.nic(r * h, r * b).max(r * b / self.b_off);
-        let local = node.latency + h * b / node.bandwidth;
+        let (msgs, forwarded) = if two_d {
+            (1.0, 1.0)
+        } else {
+            self.halo_cut(block, options)
+        };
+        let exchange = self.alpha_off
+            + self
+                .nic(r * h * msgs, r * b / msgs)
+                .max(r * b / msgs / self.b_off);
+        let local = if forwarded > 0.0 {
+            node.latency + forwarded * h * b / node.bandwidth
+        } else {
+            0.0
+        };
         let remote = if two_d {
             local + 2.0 * pack + exchange
         } else {
@@ -250,8 +285,8 @@ impl Shape {
         Some(self.phase_one(b).max(remote))
     }
 
-    fn estimate(&self, algorithm: Algorithm, b: usize) -> f64 {
-        let b = b as f64;
+    fn estimate(&self, algorithm: Algorithm, block: usize, options: &AlgoOptions) -> f64 {
+        let b = block as f64;
         if self.n <= 1 {
             return b / self.b_dev;
         }
@@ -259,20 +294,25 @@ impl Shape {
             Algorithm::Flat => self.flat(b),
             Algorithm::Pairwise => self.pairwise(b),
             Algorithm::Bruck => self.bruck(b),
-            Algorithm::Halo => self.hierarchical(b, false).unwrap_or_else(|| self.flat(b)),
-            Algorithm::Halo2d => self.hierarchical(b, true).unwrap_or_else(|| self.flat(b)),
+            Algorithm::Halo => self
+                .hierarchical(block, false, options)
+                .unwrap_or_else(|| self.flat(b)),
+            Algorithm::Halo2d => self
+                .hierarchical(block, true, options)
+                .unwrap_or_else(|| self.flat(b)),
         }
     }
 }
 
 /// The estimated time, in seconds, of a uniform all-to-all of `block` bytes per pair
-/// with `algorithm` on `topology` (see the [module documentation](self)).
+/// with `algorithm` on `topology`, with the default builder options (see the [module
+/// documentation](self)).
 pub fn estimate(topology: &Topology, algorithm: Algorithm, block: usize) -> f64 {
-    Shape::new(topology).estimate(algorithm, block)
+    Shape::new(topology).estimate(algorithm, block, &AlgoOptions::default())
 }
 
-/// Every algorithm with its estimated time, cheapest first (ties in the order of
-/// [`Algorithm::ALL`]).
+/// Every algorithm with its estimated time with the default builder options, cheapest
+/// first (ties in the order of [`Algorithm::ALL`]).
 pub fn ranked(topology: &Topology, block: usize) -> Vec<(Algorithm, f64)> {
     rank_shape(&Shape::new(topology), block)
 }
@@ -280,7 +320,7 @@ pub fn ranked(topology: &Topology, block: usize) -> Vec<(Algorithm, f64)> {
 fn rank_shape(shape: &Shape, block: usize) -> Vec<(Algorithm, f64)> {
     let mut out: Vec<(Algorithm, f64)> = Algorithm::ALL
         .iter()
-        .map(|&a| (a, shape.estimate(a, block)))
+        .map(|&a| (a, shape.estimate(a, block, &AlgoOptions::default())))
         .collect();
     out.sort_by(|x, y| x.1.total_cmp(&y.1));
     out
@@ -424,7 +464,7 @@ pub fn alpha_beta_ranking(topology: &Topology, block: usize, options: &AlgoOptio
     let mut unavailable = Vec::new();
     for a in Algorithm::ALL {
         match buildable(topology, a, options) {
-            Ok(()) => times.push((a, shape.estimate(a, block))),
+            Ok(()) => times.push((a, shape.estimate(a, block, options))),
             Err(e) => unavailable.push((a, e.to_string())),
         }
     }

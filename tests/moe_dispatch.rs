@@ -9,6 +9,10 @@
 //!   (token, remote node) pairs (dedup) or (token, remote expert) pairs (a2av);
 //! - combine, bitwise against a reference weighted sum with the documented summation
 //!   order (per node in slot order, then nodes ascending), and dedup == a2av bitwise;
+//!   `combine_residual` likewise (own node from the residual, then the other nodes);
+//! - all of it through the single dispatch schedule and the gather/return schedules of
+//!   `halo_collectives::algo::moe` (verified on their own in
+//!   `collectives/tests/moe_schedule.rs`);
 //! - bad input: an error on the rank that passed it, `InvalidUsage` on the others;
 //!   differing expert maps refused everywhere;
 //! - bytes: the in-process transport's traffic counters (`LocalCluster::traffic`)
@@ -194,6 +198,53 @@ fn reference_combine(job: &Job, topo: &Topology, rank: usize) -> Vec<f32> {
     out
 }
 
+/// `combine_residual`'s order: the residual `h` (here `h[i] = i * 0.37 - rank`),
+/// plus the token's own node's slots in slot order, then each other node's partial
+/// (from 0.0, slot order) in ascending node order.
+fn residual_of(job: &Job, rank: usize) -> Vec<f32> {
+    (0..job.tokens[rank].len())
+        .map(|i| i as f32 * 0.37 - rank as f32)
+        .collect()
+}
+
+fn reference_combine_residual(job: &Job, topo: &Topology, rank: usize) -> Vec<f32> {
+    let d = job.d;
+    let t_count = job.experts[rank].len() / job.k;
+    let mut out = residual_of(job, rank);
+    let home = node_of(topo, rank);
+    let nodes = topo.num_domains(Level::Node);
+    for t in 0..t_count {
+        let ids = &job.experts[rank][t * job.k..(t + 1) * job.k];
+        let gates = &job.gates[rank][t * job.k..(t + 1) * job.k];
+        let x = &job.tokens[rank][t * d..(t + 1) * d];
+        for node in std::iter::once(home).chain((0..nodes).filter(|&n| n != home)) {
+            let mut partial = vec![0f32; d];
+            if node == home {
+                partial.copy_from_slice(&out[t * d..(t + 1) * d]);
+            }
+            for (j, &e) in ids.iter().enumerate() {
+                if node_of(topo, job.expert_rank[e as usize] as usize) == node {
+                    for (p, &xi) in partial.iter_mut().zip(x) {
+                        *p += gates[j] * expert_fn(e, xi);
+                    }
+                }
+            }
+            let o = &mut out[t * d..(t + 1) * d];
+            if node == home {
+                o.copy_from_slice(&partial);
+            } else if ids
+                .iter()
+                .any(|&e| node_of(topo, job.expert_rank[e as usize] as usize) == node)
+            {
+                for (o, p) in o.iter_mut().zip(&partial) {
+                    *o += p;
+                }
+            }
+        }
+    }
+    out
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -206,6 +257,7 @@ type Seen = (
     Vec<f32>,
     Vec<f32>,
     halo::MoeStats,
+    Vec<f32>,
 );
 
 fn run_rank(comm: &mut Communicator, job: &Job, mode: MoeDispatch) -> halo::Result<Seen> {
@@ -232,6 +284,7 @@ fn run_rank(comm: &mut Communicator, job: &Job, mode: MoeDispatch) -> halo::Resu
         }
     }
     let back = ex.combine(comm, &y)?;
+    let with_residual = ex.combine_residual(comm, &y, &residual_of(job, me))?;
     Ok((
         ex.local_experts().to_vec(),
         ex.expert_counts().to_vec(),
@@ -239,6 +292,7 @@ fn run_rank(comm: &mut Communicator, job: &Job, mode: MoeDispatch) -> halo::Resu
         rows,
         back,
         ex.stats(),
+        with_residual,
     ))
 }
 
@@ -249,7 +303,7 @@ fn check_job(topo: &Topology, job: &Job, what: &str) {
         let mut mine = vec![];
         let mut off_node = 0;
         for (rank, r) in out.into_iter().enumerate() {
-            let (local, counts, origins, rows, back, stats) =
+            let (local, counts, origins, rows, back, stats, with_residual) =
                 r.unwrap_or_else(|e| panic!("{what} {mode:?}: rank {rank}: {e}"));
             let (rl, rc, ro, rr) = reference_rows(job, rank);
             assert_eq!(local, rl, "{what} {mode:?} rank {rank}: local experts");
@@ -262,7 +316,13 @@ fn check_job(topo: &Topology, job: &Job, what: &str) {
                 bits(&reference),
                 "{what} {mode:?} rank {rank}: combine"
             );
+            assert_eq!(
+                bits(&with_residual),
+                bits(&reference_combine_residual(job, topo, rank)),
+                "{what} {mode:?} rank {rank}: combine_residual"
+            );
             mine.push(bits(&back));
+            mine.push(bits(&with_residual));
             off_node += stats.rows_sent_off_node;
         }
         // Rows that left their node: unique (token, remote node) pairs for dedup,
@@ -481,7 +541,7 @@ fn dedup_cuts_inter_node_bytes_as_the_routing_predicts() {
                 unique += nodes.len() as u64;
             }
         }
-        // Rows cross twice (dispatch and combine); control traffic is measured with
+        // Rows cross three times (dispatch, combine and combine_residual); control traffic is measured with
         // d = 0 (same routing, same algorithm) and subtracted.
         let row = (d * 4) as u64;
         let mut empty = job.clone();
@@ -495,8 +555,8 @@ fn dedup_cuts_inter_node_bytes_as_the_routing_predicts() {
             measured.push(full - ctl);
             control.push(ctl);
         }
-        assert_eq!(measured[0], 2 * pairs * row, "k={k}: a2av row bytes");
-        assert_eq!(measured[1], 2 * unique * row, "k={k}: dedup row bytes");
+        assert_eq!(measured[0], 3 * pairs * row, "k={k}: a2av row bytes");
+        assert_eq!(measured[1], 3 * unique * row, "k={k}: dedup row bytes");
         eprintln!(
             "{k}  {pairs}  {unique}  {}  {}  {:.3}  {:.3}  {:?}",
             measured[0],

@@ -4,19 +4,23 @@
 //! token first draws `LIMIT` nodes (DeepSeek-V3's node-limited routing uses 4) and
 //! then its k experts among theirs.
 //!
-//! `halo::MoeExchange`'s dedup dispatch is two all-to-all-v (stage A: one row per
-//! unique (token, node) to the rank-aligned peer in that node; stage B: replication
-//! inside the node), so it is simulated as those two data passes one after the other
-//! (the count and metadata passes are left out on both sides). The a2av baseline is one
-//! all-to-all-v with one row per (token, expert). Every pass is built with `ALGO`
-//! (default `halo`). All numbers are simulated, not measured.
+//! Both MoE modes are simulated as the schedules `halo::MoeExchange` runs
+//! (`halo_collectives::moe_plans` for the routing, then `build_moe_dispatch`, and
+//! `build_moe_gather` + `build_moe_return` for the combine): dedup sends each token once
+//! per destination node to the rank-aligned peer there (Phase II) and replicates it
+//! inside the node (Phase III); the per-expert baseline sends one row per (token,
+//! expert) straight to the expert's rank. For reference, `a2av (ALGO)` is the same
+//! per-expert traffic as one all-to-all-v built with `ALGO` (default `halo`). The count
+//! and metadata passes are left out everywhere. All numbers are simulated, not measured.
 //!
 //! ```text
 //! cargo run --release -p halo-collectives --example moe_dedup_sim -- frontier:16 [TOKENS=4096] [EXPERTS=256] [ROW=14336] [ALGO=halo] [LIMIT=0]
 //! ```
 
 use halo_collectives::{
-    Algorithm, MatrixSizes, SimOptions, SimReport, Traffic, simulate_all_to_all,
+    Algorithm, MatrixSizes, MoeRoutes, Schedule, SimOptions, SimReport, Traffic,
+    build_moe_dispatch, build_moe_gather, build_moe_return, moe_plans, simulate,
+    simulate_all_to_all,
 };
 use halo_topology::{Level, Topology};
 
@@ -70,14 +74,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         v
     };
     println!(
-        "| k | (token, remote expert) pairs | unique (token, remote node) | a2av inter-node bytes | dedup inter-node bytes | ratio | a2av time | dedup time (A + B) |"
+        "| k | (token, remote expert) pairs | unique (token, remote node) | per-expert inter-node bytes | dedup inter-node bytes | ratio | a2av ({algo}) dispatch | per-expert dispatch | dedup dispatch | per-expert combine | dedup combine (gather + return) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for k in [1usize, 2, 4, 8] {
         let mut rng = Rng(18 + k as u64);
         let mut a2av = vec![0usize; n * n];
-        let mut stage_a = vec![0usize; n * n];
-        let mut stage_b = vec![0usize; n * n];
+        let mut ids: Vec<Vec<u32>> = vec![Vec::with_capacity(tokens * k); n];
         let (mut pairs, mut unique) = (0u64, 0u64);
         for s in 0..n {
             for _ in 0..tokens {
@@ -100,19 +103,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut chosen: Vec<usize> = (0..k)
                     .map(|_| pool.swap_remove((rng.next() % pool.len() as u64) as usize))
                     .collect();
+                ids[s].extend(chosen.iter().map(|&e| e as u32));
                 chosen.sort_unstable_by_key(|&e| node(rank_of(e)));
                 let mut i = 0;
                 while i < chosen.len() {
                     let nd = node(rank_of(chosen[i]));
-                    let relay = topo.aligned_peer(s, Level::Node, nd);
-                    stage_a[s * n + relay] += row;
                     if nd != node(s) {
                         unique += 1;
                     }
                     while i < chosen.len() && node(rank_of(chosen[i])) == nd {
-                        let q = rank_of(chosen[i]);
-                        a2av[s * n + q] += row;
-                        stage_b[relay * n + q] += row;
+                        a2av[s * n + rank_of(chosen[i])] += row;
                         if nd != node(s) {
                             pairs += 1;
                         }
@@ -121,20 +121,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         }
-        let sim = |m: Vec<usize>| -> Result<SimReport, Box<dyn std::error::Error>> {
-            let sizes = MatrixSizes::new(n, m);
-            Ok(simulate_all_to_all(&topo, algo, Traffic::V(&sizes), &opts)?)
+        let routes = MoeRoutes {
+            top_k: k,
+            expert_rank: (0..experts).map(|e| rank_of(e) as u32).collect(),
+            experts: ids,
         };
-        let plain = sim(a2av)?;
-        let (a, b) = (sim(stage_a)?, sim(stage_b)?);
-        let (pb, db) = (inter_node(&plain), inter_node(&a) + inter_node(&b));
+        let run =
+            |dedup: bool| -> Result<(SimReport, SimReport, SimReport), Box<dyn std::error::Error>> {
+                let plans = moe_plans(&topo, &routes, row, dedup)?;
+                let build =
+                    |f: fn(&halo_collectives::MoePlan) -> halo_collectives::Result<Schedule>| {
+                        plans
+                            .iter()
+                            .map(f)
+                            .collect::<halo_collectives::Result<Vec<Schedule>>>()
+                    };
+                Ok((
+                    simulate(&topo, &build(build_moe_dispatch)?, &opts)?,
+                    simulate(&topo, &build(build_moe_gather)?, &opts)?,
+                    simulate(&topo, &build(build_moe_return)?, &opts)?,
+                ))
+            };
+        let (pd, pg, pr) = run(false)?;
+        let (dd, dg, dr) = run(true)?;
+        let sizes = MatrixSizes::new(n, a2av);
+        let plain = simulate_all_to_all(&topo, algo, Traffic::V(&sizes), &opts)?;
+        let (pb, db) = (inter_node(&pd), inter_node(&dd));
         println!(
-            "| {k} | {pairs} | {unique} | {pb} | {db} | {:.3} | {:.3} ms | {:.3} ms ({:.3} + {:.3}) |",
+            "| {k} | {pairs} | {unique} | {pb} | {db} | {:.3} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms ({:.3} + {:.3}) |",
             pb as f64 / db.max(1) as f64,
             plain.time * 1e3,
-            (a.time + b.time) * 1e3,
-            a.time * 1e3,
-            b.time * 1e3
+            pd.time * 1e3,
+            dd.time * 1e3,
+            (pg.time + pr.time) * 1e3,
+            (dg.time + dr.time) * 1e3,
+            dg.time * 1e3,
+            dr.time * 1e3
         );
     }
     Ok(())

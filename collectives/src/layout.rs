@@ -59,13 +59,20 @@ impl Layout<'_> {
 /// A builder asks only about blocks it handles: its own row (`src` = this rank), its
 /// own column (`dst` = this rank) and, for store-and-forward algorithms, blocks it
 /// routes — which it learned from a uniform pass of the same algorithm over the
-/// counts (see [`crate::RoutedBlock`]).
+/// counts (see [`crate::RoutedBlock`]) or from an all-gather of every rank's counts.
 pub trait BlockSizes {
     /// Bytes from `src` to `dst`.
     fn bytes(&self, src: Rank, dst: Rank) -> usize;
 
     /// A block the builder asked about that this oracle could not know, if any.
     fn unknown(&self) -> Option<(Rank, Rank)> {
+        None
+    }
+
+    /// The size of every block, when every rank's oracle knows they are all equal
+    /// (a uniform all-to-all); `None` otherwise. Builders may route a uniform
+    /// all-to-all differently, since every rank can then compute every block's place.
+    fn uniform(&self) -> Option<usize> {
         None
     }
 }
@@ -77,6 +84,10 @@ pub struct UniformSizes(pub usize);
 impl BlockSizes for UniformSizes {
     fn bytes(&self, _: Rank, _: Rank) -> usize {
         self.0
+    }
+
+    fn uniform(&self) -> Option<usize> {
+        Some(self.0)
     }
 }
 
@@ -120,7 +131,10 @@ impl BlockSizes for MatrixSizes {
 }
 
 /// What one rank really knows at run time: its own send and receive counts and the
-/// sizes of the blocks it routes, learned from the metadata pass.
+/// sizes of the blocks it routes, learned from the metadata pass — either the routed
+/// blocks alone ([`KnownSizes::new`], from a uniform metadata pass of the data pass's
+/// algorithm) or every block ([`KnownSizes::from_matrix`], when every rank's counts were
+/// all-gathered).
 ///
 /// Asking about any other block returns 0 and is remembered, so that the build fails
 /// with an internal error instead of moving wrong bytes.
@@ -129,8 +143,17 @@ pub struct KnownSizes<'a> {
     me: Rank,
     send: &'a [usize],
     recv: &'a [usize],
-    routed: HashMap<(u32, u32), usize>,
+    routed: Routed<'a>,
     unknown: Cell<Option<(Rank, Rank)>>,
+}
+
+/// Where [`KnownSizes`] looks up the blocks of other ranks.
+#[derive(Debug)]
+enum Routed<'a> {
+    /// The routed blocks, by (source, destination).
+    Map(HashMap<(u32, u32), usize>),
+    /// The whole `N x N` matrix, row-major, row = source.
+    Matrix(&'a [usize]),
 }
 
 impl<'a> KnownSizes<'a> {
@@ -145,7 +168,26 @@ impl<'a> KnownSizes<'a> {
             me,
             send,
             recv,
-            routed,
+            routed: Routed::Map(routed),
+            unknown: Cell::new(None),
+        }
+    }
+
+    /// This rank's counts in bytes and the whole send matrix: `matrix[src * N + dst]`
+    /// bytes from `src` to `dst`, `N = send.len()` (an all-gather of every rank's
+    /// counts gives it). A block outside the matrix (one of the wrong length) is
+    /// unknown, as with [`KnownSizes::new`].
+    pub fn from_matrix(
+        me: Rank,
+        send: &'a [usize],
+        recv: &'a [usize],
+        matrix: &'a [usize],
+    ) -> Self {
+        KnownSizes {
+            me,
+            send,
+            recv,
+            routed: Routed::Matrix(matrix),
             unknown: Cell::new(None),
         }
     }
@@ -190,8 +232,16 @@ impl BlockSizes for KnownSizes<'_> {
         if dst == self.me {
             return self.recv[src];
         }
-        match self.routed.get(&(src as u32, dst as u32)) {
-            Some(&b) => b,
+        let known = match &self.routed {
+            Routed::Map(m) => m.get(&(src as u32, dst as u32)).copied(),
+            Routed::Matrix(m) => src
+                .checked_mul(self.send.len())
+                .and_then(|i| i.checked_add(dst))
+                .filter(|_| dst < self.send.len())
+                .and_then(|i| m.get(i).copied()),
+        };
+        match known {
+            Some(b) => b,
             None => {
                 if self.unknown.get().is_none() {
                     self.unknown.set(Some((src, dst)));

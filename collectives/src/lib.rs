@@ -33,6 +33,11 @@ mod simulate;
 mod verify;
 mod waves;
 
+pub use algo::moe::{
+    MoeForward, MoeGroup, MoeIncoming, MoeLand, MoeOrigin, MoePlan, MoeRelayEntry, MoeRoutes,
+    MoeSend, build_moe_dispatch, build_moe_gather, build_moe_return, moe_forwards, moe_lands,
+    moe_node_of, moe_plans, moe_relay_entries, moe_sends,
+};
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
 pub use error::{CollectiveError, Result, VerifyError};
 pub use execute::{Buffers, ExecOptions, Session, Transport, execute};
@@ -50,7 +55,7 @@ pub use simulate::{
     SimOptions, SimReport, Traffic, simulate, simulate_all_to_all,
 };
 pub use verify::{
-    Expectation, VerifyReport, WaveReport, verify, verify_all_gather, verify_all_to_all,
-    verify_waves,
+    Expectation, MoeVerifyReport, VerifyReport, WaveReport, verify, verify_all_gather,
+    verify_all_to_all, verify_moe, verify_waves,
 };
 pub use waves::{SessionWaves, Wave, WaveBackend, Waves, execute_waves, group_waves};

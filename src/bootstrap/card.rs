@@ -35,7 +35,8 @@ pub(super) struct Card {
     pub(super) process: Option<(String, Proc)>,
     /// Its doorbell file, for peers on the same host (`block`).
     pub(super) bell: Option<String>,
-    /// The job's shared-memory segment (rank 0's card, when it created one).
+    /// The empty shared-memory segment file this rank made: its host's segment if it
+    /// is the lowest rank of that host (`None`: it made none, or the fabric is forced).
     pub(super) shm: Option<String>,
     /// Its `HALO_TRANSPORT` (`auto`, `shm` or `fabric`; missing: `auto`).
     pub(super) transport: Option<String>,

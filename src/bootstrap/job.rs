@@ -1,12 +1,14 @@
 //! Bringing up a job of processes: the address the network provider binds, the
-//! shared-memory segment, the card exchange through the bootstrap, the job's
-//! topology, the choice of transport, and connecting every peer.
+//! shared-memory segments (one per host), the card exchange through the bootstrap,
+//! the job's topology, the choice of transport per pair of ranks, and connecting
+//! every peer.
 
 use super::card::Card;
 use crate::error::{Error, Result};
 use crate::transport::Backend;
-use crate::transport::fabric::{FabricConfig, FabricTransport, this_process};
-use crate::transport::shm::{Segment, ShmTransport, TransportChoice};
+use crate::transport::fabric::{FabricConfig, FabricTransport, LOCAL, this_process};
+use crate::transport::hybrid::HybridTransport;
+use crate::transport::shm::{Reservation, Segment, ShmTransport, TransportChoice};
 
 /// This host's name, as the kernel has it (per UTS namespace, so emulated hosts differ).
 fn local_hostname() -> String {
@@ -92,12 +94,15 @@ fn job_topology(hosts: &[String], spec: &str) -> Result<halo_topology::Topology>
     Ok(spec.build()?)
 }
 
-/// Brings up the transport of one rank: opens the fabric endpoints (unless
-/// `HALO_TRANSPORT=shm`) and, on rank 0, the shared-memory segment (unless the
-/// fabric is forced), publishes this rank's card through `join` (the bootstrap
-/// exchange), checks that every rank uses the same topology, builds it, and chooses:
-/// HALO's shared-memory transport when every rank is on this host and none forces
-/// the fabric, else the fabric transport, connected to every peer.
+/// Brings up the transport of one rank: opens the fabric endpoints and reserves a
+/// shared-memory segment file (each unless `HALO_TRANSPORT` rules it out), publishes
+/// this rank's card through `join` (the bootstrap exchange), checks that every rank
+/// uses the same topology, builds it, and chooses from every rank's card
+/// ([`plan`]): the ranks of each host share a segment of HALO's shared-memory rings
+/// (sized by the lowest of them) unless a rank forces the fabric; the fabric
+/// transport carries every other pair. A one-host job on the rings gets the
+/// shared-memory transport alone, a job without any the fabric transport, and a
+/// rank with both the hybrid transport.
 pub(crate) fn establish(
     rank: usize,
     size: usize,
@@ -119,49 +124,53 @@ pub(crate) fn establish(
             "HALO_TRANSPORT=shm needs at least 2 ranks",
         ));
     }
-    let segment = match (effective, rank) {
-        (TransportChoice::Fabric, _) | (_, 1..) => None,
-        (_, 0) => match Segment::create(size) {
+    let mut reservation = match effective {
+        TransportChoice::Fabric => None,
+        _ => match Segment::reserve() {
             Ok(s) => Some(s),
             Err(e) if effective == TransportChoice::Auto => {
-                tracing::info!("no shared-memory transport for this job: {e}");
+                tracing::info!("no shared-memory transport for this rank: {e}");
                 None
             }
             Err(e) => return Err(e.into()),
         },
     };
-    let mut fabric = None;
-    let mut names = [None, None];
-    if effective != TransportChoice::Shm {
-        // The network provider binds the address that reaches the bootstrap root (or,
-        // without a root, the one that reaches HALO_BOOTSTRAP_ADDR, else the one
-        // bootstrap would choose: HALO_SOCKET_IFNAME, else the first non-loopback
-        // interface).
-        let ip = match (config.addr, root) {
-            (Some(a), _) => a,
-            _ if size == 1 => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-            (None, Some(root)) => route_to(root)?,
-            // Bootstrapped another way (MPI): HALO_BOOTSTRAP_ADDR, where a launcher set
-            // it, is the job's root on another host for most ranks — bind what reaches it.
-            (None, None) => match std::env::var("HALO_BOOTSTRAP_ADDR")
-                .ok()
-                .and_then(|v| super::parse_host_port(&v, 1).ok())
-            {
-                Some(root) => route_to(root)?,
-                None => super::default_bootstrap_ip()?,
-            },
-        };
-        let (t, n) = FabricTransport::open(rank, size, config, &ip.to_string())?;
-        fabric = Some(t);
-        names = n;
-    }
+    // `shm`: same-host peers are all on the rings, so libfabric's own shared memory
+    // is not opened; the network provider still is, for peers on other hosts.
+    let mut shm_config;
+    let config = if effective == TransportChoice::Shm && config.local_provider.is_some() {
+        shm_config = config.clone();
+        shm_config.local_provider = None;
+        &shm_config
+    } else {
+        config
+    };
+    // The network provider binds the address that reaches the bootstrap root (or,
+    // without a root, the one that reaches HALO_BOOTSTRAP_ADDR, else the one
+    // bootstrap would choose: HALO_SOCKET_IFNAME, else the first non-loopback
+    // interface).
+    let ip = match (config.addr, root) {
+        (Some(a), _) => a,
+        _ if size == 1 => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        (None, Some(root)) => route_to(root)?,
+        // Bootstrapped another way (MPI): HALO_BOOTSTRAP_ADDR, where a launcher set
+        // it, is the job's root on another host for most ranks — bind what reaches it.
+        (None, None) => match std::env::var("HALO_BOOTSTRAP_ADDR")
+            .ok()
+            .and_then(|v| super::parse_host_port(&v, 1).ok())
+        {
+            Some(root) => route_to(root)?,
+            None => super::default_bootstrap_ip()?,
+        },
+    };
+    let (mut fabric, names) = FabricTransport::open(rank, size, config, &ip.to_string())?;
     let card = Card {
         host: local_hostname(),
         topology: topology_spec.to_string(),
         names,
         process: this_process(),
-        bell: fabric.as_ref().and_then(FabricTransport::bell_path),
-        shm: segment.as_ref().map(|s| s.path().to_string()),
+        bell: fabric.bell_path(),
+        shm: reservation.as_ref().map(Reservation::path),
         transport: Some(effective.to_string()),
     };
     let cards: Vec<Card> = join(&card.encode())?
@@ -197,73 +206,137 @@ pub(crate) fn establish(
             }
         }
     }
-    if use_shm(&cards)? {
-        let seg = match segment {
-            Some(s) => s,
-            None => Segment::open(cards[0].shm.as_deref().expect("checked"), size)?,
-        };
+    let groups = plan(&cards)?;
+    let group = groups.into_iter().find(|g| g.contains(&rank));
+    let Some(group) = group else {
+        // No ring for this rank: the fabric for every peer.
+        drop(reservation);
+        fabric.watch_processes(procs);
+        let names: Vec<[Option<Vec<u8>>; 2]> = cards.iter().map(|c| c.names.clone()).collect();
+        fabric.connect(&hosts, &names)?;
+        // The bells of the peers reached over shared memory.
+        let bells: Vec<Option<String>> = cards.iter().map(|c| c.bell.clone()).collect();
+        fabric.open_bells(&bells);
+        return Ok((Backend::Fabric(Box::new(fabric)), topology));
+    };
+    // The lowest rank of the group sizes its reserved file; the others open it once it
+    // has (and remove their own).
+    let leader = group[0];
+    let seg = if leader == rank {
+        reservation
+            .take()
+            .ok_or_else(|| Error::internal("shm group leader without a reserved segment"))?
+            .into_segment(group.len())?
+    } else {
+        drop(reservation);
+        let path = cards[leader]
+            .shm
+            .as_deref()
+            .ok_or_else(|| Error::internal("shm group leader without a segment"))?;
+        let watched = procs[leader];
+        Segment::open_when_ready(
+            path,
+            group.len(),
+            crate::bootstrap::bootstrap_timeout(),
+            || watched.is_some_and(crate::transport::fabric::has_ended),
+        )?
+    };
+    let shm = ShmTransport::new_group(rank, size, &group, seg, procs.clone())?;
+    if group.len() == size {
         // The fabric endpoints of an `auto` rank are not needed.
         drop(fabric);
-        let t = ShmTransport::new(rank, size, seg, procs)?;
-        return Ok((Backend::Shm(Box::new(t)), topology));
+        return Ok((Backend::Shm(Box::new(shm)), topology));
     }
-    // Rank 0's segment, unused, goes (its drop removes the file).
-    drop(segment);
-    let Some(mut transport) = fabric else {
-        return Err(Error::internal("fabric transport not opened"));
-    };
-    transport.watch_processes(procs);
-    let names: Vec<[Option<Vec<u8>>; 2]> = cards.iter().map(|c| c.names.clone()).collect();
-    transport.connect(&hosts, &names)?;
-    // The bells of the peers reached over shared memory.
+    // The fabric keeps the other pairs; the ranks of the group are not inserted into
+    // its shared-memory address vector, nor watched by it.
+    for &p in &group {
+        procs[p] = None;
+    }
+    fabric.watch_processes(procs);
+    let names: Vec<[Option<Vec<u8>>; 2]> = cards
+        .iter()
+        .enumerate()
+        .map(|(p, c)| {
+            let mut n = c.names.clone();
+            if group.contains(&p) {
+                n[LOCAL] = None;
+            }
+            n
+        })
+        .collect();
+    fabric.connect(&hosts, &names)?;
     let bells: Vec<Option<String>> = cards.iter().map(|c| c.bell.clone()).collect();
-    transport.open_bells(&bells);
-    Ok((Backend::Fabric(Box::new(transport)), topology))
+    fabric.open_bells(&bells);
+    Ok((
+        Backend::Hybrid(Box::new(HybridTransport::new(shm, fabric))),
+        topology,
+    ))
 }
 
-/// Whether the job runs on HALO's shared-memory transport, from every rank's card (so
-/// that every rank decides alike): yes when every rank is on one host (same host name
-/// and PID namespace), none says `fabric` and rank 0 made a segment; an error when a
-/// rank says `shm` and that cannot be.
-fn use_shm(cards: &[Card]) -> Result<bool> {
+/// The groups of ranks that share a segment of HALO's shared-memory rings, from every
+/// rank's card (so that every rank decides alike): the ranks of each host (same host
+/// name and PID namespace), when there are at least two, none of the job's ranks
+/// forces the fabric, and each of them reserved a segment file. Each group is
+/// ascending; its first rank makes the segment. An error when a rank says `shm` and a
+/// host's ranks cannot share one.
+fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
     let says = |t: &str| -> Vec<usize> {
         (0..cards.len())
             .filter(|&r| cards[r].transport.as_deref() == Some(t))
             .collect()
     };
     let (shm, fabric) = (says("shm"), says("fabric"));
-    let ns = |c: &Card| c.process.as_ref().map(|(ns, _)| ns.clone());
-    let apart: Vec<usize> = (0..cards.len())
-        .filter(|&r| {
-            cards[r].host != cards[0].host
-                || ns(&cards[r]).is_none()
-                || ns(&cards[r]) != ns(&cards[0])
-        })
-        .collect();
-    let ok = fabric.is_empty() && apart.is_empty() && cards[0].shm.is_some();
-    if !shm.is_empty() && !ok {
-        let why = if let Some(&f) = fabric.first() {
-            format!(
-                "rank {f} uses the fabric (HALO_TRANSPORT=fabric, or a provider forced with HALO_FABRIC_PROVIDER)"
-            )
-        } else if let Some(&a) = apart.first() {
-            format!(
-                "rank {a} is on host {:?} (or in another PID namespace), rank 0 on {:?}",
-                cards[a].host, cards[0].host
-            )
-        } else {
-            "rank 0 could not create the shared-memory segment (see its log)".to_string()
-        };
-        return Err(Error::InvalidUsage {
-            peer: fabric.first().or(apart.first()).copied(),
-            message: format!(
-                "rank {} asked for HALO_TRANSPORT=shm, which needs every rank on one host \
-                 and none forcing the fabric, but {why}",
-                shm[0]
-            ),
-        });
+    let refuse = |peer: usize, why: String| Error::InvalidUsage {
+        peer: Some(peer),
+        message: format!(
+            "rank {} asked for HALO_TRANSPORT=shm, which needs the ranks of each host on \
+             HALO's shared memory and none forcing the fabric, but {why}",
+            shm[0]
+        ),
+    };
+    if let Some(&f) = fabric.first() {
+        if !shm.is_empty() {
+            return Err(refuse(
+                f,
+                format!(
+                    "rank {f} uses the fabric (HALO_TRANSPORT=fabric, or a provider forced \
+                     with HALO_FABRIC_PROVIDER)"
+                ),
+            ));
+        }
+        return Ok(Vec::new());
     }
-    Ok(ok)
+    let mut hosts: Vec<((&str, &str), Vec<usize>)> = Vec::new();
+    for (r, c) in cards.iter().enumerate() {
+        let Some((ns, _)) = &c.process else {
+            continue;
+        };
+        let key = (c.host.as_str(), ns.as_str());
+        match hosts.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, ranks)) => ranks.push(r),
+            None => hosts.push((key, vec![r])),
+        }
+    }
+    let mut groups = Vec::new();
+    for ((host, _), ranks) in hosts {
+        if ranks.len() < 2 {
+            continue;
+        }
+        match ranks.iter().find(|&&r| cards[r].shm.is_none()) {
+            None => groups.push(ranks),
+            Some(&r) if !shm.is_empty() => {
+                return Err(refuse(
+                    r,
+                    format!(
+                        "rank {r} (on host {host:?}) could not create its shared-memory \
+                         segment file (see its log)"
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(groups)
 }
 
 #[cfg(test)]
@@ -289,46 +362,74 @@ mod tests {
     fn one_host_auto_uses_shm_every_rank_deciding_alike() {
         let cards = vec![
             card("a", "pid:[1]", "auto", SEG),
-            card("a", "pid:[1]", "auto", None),
-            card("a", "pid:[1]", "shm", None),
+            card("a", "pid:[1]", "auto", SEG),
+            card("a", "pid:[1]", "shm", SEG),
         ];
-        assert!(use_shm(&cards).unwrap());
+        assert_eq!(plan(&cards).unwrap(), vec![vec![0, 1, 2]]);
     }
 
     #[test]
-    fn another_host_a_forced_fabric_or_no_segment_means_the_fabric() {
+    fn each_hosts_ranks_share_a_segment_and_the_rest_is_the_fabric() {
+        // Ranks interleaved over hosts a, b, c; c has one rank; d's ranks are in two
+        // PID namespaces (they cannot see each other's processes).
+        let cards = vec![
+            card("a", "pid:[1]", "auto", SEG),
+            card("b", "pid:[1]", "auto", SEG),
+            card("a", "pid:[1]", "shm", SEG),
+            card("c", "pid:[1]", "auto", SEG),
+            card("b", "pid:[1]", "auto", SEG),
+            card("a", "pid:[1]", "auto", SEG),
+            card("d", "pid:[1]", "auto", SEG),
+            card("d", "pid:[2]", "auto", SEG),
+        ];
+        assert_eq!(plan(&cards).unwrap(), vec![vec![0, 2, 5], vec![1, 4]]);
+        // A host whose rank has no segment file: that host's pairs use the fabric.
+        let mut c = cards.clone();
+        c[2].transport = Some("auto".into());
+        c[4].shm = None;
+        assert_eq!(plan(&c).unwrap(), vec![vec![0, 2, 5]]);
+    }
+
+    #[test]
+    fn a_forced_fabric_or_no_segment_means_the_fabric() {
         for cards in [
             vec![
                 card("a", "pid:[1]", "auto", SEG),
-                card("b", "pid:[1]", "auto", None),
+                card("b", "pid:[1]", "auto", SEG),
             ],
             vec![
                 card("a", "pid:[1]", "auto", SEG),
-                card("a", "pid:[2]", "auto", None),
+                card("a", "pid:[2]", "auto", SEG),
             ],
             vec![
                 card("a", "pid:[1]", "auto", SEG),
                 card("a", "pid:[1]", "fabric", None),
             ],
             vec![
-                card("a", "pid:[1]", "auto", None),
+                card("a", "pid:[1]", "auto", SEG),
                 card("a", "pid:[1]", "auto", None),
             ],
+            // One rank forcing the fabric turns the rings off for the whole job.
+            vec![
+                card("a", "pid:[1]", "auto", SEG),
+                card("a", "pid:[1]", "auto", SEG),
+                card("b", "pid:[1]", "fabric", None),
+            ],
         ] {
-            assert!(!use_shm(&cards).unwrap(), "{cards:?}");
+            assert!(plan(&cards).unwrap().is_empty(), "{cards:?}");
         }
     }
 
     #[test]
-    fn forced_shm_that_cannot_be_is_an_error_naming_why() {
+    fn forced_shm_is_for_same_host_pairs_and_an_error_when_they_cannot() {
+        // Across hosts: the rings inside each, nothing wrong.
+        let cards = vec![
+            card("a", "pid:[1]", "shm", SEG),
+            card("a", "pid:[1]", "shm", SEG),
+            card("b", "pid:[1]", "shm", SEG),
+        ];
+        assert_eq!(plan(&cards).unwrap(), vec![vec![0, 1]]);
         let cases = [
-            (
-                vec![
-                    card("a", "pid:[1]", "shm", SEG),
-                    card("b", "pid:[1]", "shm", None),
-                ],
-                "rank 1 is on host \"b\"",
-            ),
             (
                 vec![
                     card("a", "pid:[1]", "shm", SEG),
@@ -339,13 +440,13 @@ mod tests {
             (
                 vec![
                     card("a", "pid:[1]", "auto", None),
-                    card("a", "pid:[1]", "shm", None),
+                    card("a", "pid:[1]", "shm", SEG),
                 ],
-                "rank 0 could not create",
+                "rank 0 (on host \"a\") could not create",
             ),
         ];
         for (cards, why) in cases {
-            match use_shm(&cards) {
+            match plan(&cards) {
                 Err(Error::InvalidUsage { message, .. }) => {
                     assert!(
                         message.contains("HALO_TRANSPORT=shm") && message.contains(why),

@@ -1,30 +1,63 @@
 //! All-to-all-v: the counts are exchanged first, so that every pair agrees on every
-//! size — zeros included — before a byte of data moves.
+//! size — zeros included — before a byte of data moves, and bad arguments or a count
+//! mismatch on any rank is an error on every rank: never a hang, never wrong bytes.
 //!
-//! One call is three passes, each with its own collective sequence number:
+//! A call is one or two metadata passes, then the data pass. Three collective sequence
+//! numbers are taken either way (the data pass always runs with the third), so the
+//! sequence stays aligned whichever way a call went.
 //!
-//! 1. **Metadata**: a uniform all-to-all of [`META_BLOCK`] (16) bytes per pair; to rank
-//!    `q` this rank sends `[bytes I send to q, bytes I expect from q]` (`u64` little
-//!    endian; `u64::MAX` twice when this rank's own arguments are invalid). It runs with
-//!    the data pass's algorithm when that one forwards other ranks' blocks, so that the
-//!    forwarding ranks learn the sizes they will route
-//!    ([`KnownSizes::routed_from_meta`]); otherwise with the automatic choice.
+//! **One metadata pass (the common case).** Each rank all-gathers its whole row of
+//! counts: for every rank `q`, [`META_BLOCK`] (16) bytes `[bytes I send to q, bytes I
+//! expect from q]` (`u64` little endian; `u64::MAX` throughout when this rank's own
+//! arguments are invalid), `16 n` bytes in all. Every rank then holds the whole `n x n`
+//! matrix, checks every pair itself and reaches the same decision as every other rank
+//! without an agreement pass; the forwarding algorithms (Bruck, HALO, 2D) read the
+//! sizes of the blocks they route from it ([`KnownSizes::from_matrix`]), so any
+//! algorithm may run the data pass. The all-gather is the direct one-round exchange
+//! (the flat fan-out: `n - 1` messages of `16 n` bytes per rank, against `2 (n - 1)`
+//! messages of 16 bytes for the two passes below) or, where the model finds it
+//! cheaper, recursive doubling or Bruck's all-gather.
+//!
+//! **Three passes (large communicators).** The gathered matrix is `16 n^2` bytes on
+//! every rank: on a network it costs more than two latency-bound passes once `n` is a
+//! few dozen (simulated on Frontier: 0.5-0.6x of the two passes at 8-16 ranks, 1.08x at
+//! 32, 1.2x at 64, 1.7x at 128, 2.9x at 256; `cargo run --release -p halo-collectives
+//! --example v_meta_crossover`, docs/BENCHMARKS.md "All-to-all-v in one metadata
+//! pass"). So for each communicator the first call compares, with the simulator
+//! ([`halo_collectives::simulate`], deterministic, so every rank agrees), the best
+//! all-gather of the rows against two uniform passes of 16 bytes with the automatic
+//! algorithm, and gathers only where that is no slower, never above
+//! [`GATHER_MAX_RANKS`]. `HALO_A2AV_GATHER_MAX=K` (the same on every rank) overrides
+//! the model: gather up to `K` ranks, three passes above (0: always three passes). The
+//! three passes:
+//!
+//! 1. **Metadata**: a uniform all-to-all of [`META_BLOCK`] bytes per pair, the same
+//!    16 bytes to rank `q` as above. It runs with the data pass's algorithm when that
+//!    one forwards other ranks' blocks, so that the forwarding ranks learn the sizes
+//!    they will route ([`KnownSizes::routed_from_meta`]); otherwise with the automatic
+//!    choice.
 //! 2. **Agreement**: every rank checks both directions of each pair against what it
 //!    received, then a uniform all-to-all of 16-byte status blocks (`[code u32, peer
-//!    u32, total bytes this rank sends u64]`) tells every rank about every other. If any
-//!    rank had invalid arguments or any pair disagrees, *every* rank returns an error:
-//!    the two ranks of a disagreeing pair [`Error::InvalidUsage`] naming each other and
-//!    both counts, a rank with bad arguments its own [`Error::InvalidArgument`], the
-//!    others [`Error::InvalidUsage`] naming the rank that reported. Nobody hangs.
-//! 3. **Data**: the schedule is built with the agreed sizes. In automatic mode the
-//!    algorithm is chosen for the mean block size over all pairs (the status blocks
-//!    carry every rank's total, so all ranks choose alike).
+//!    u32, total bytes this rank sends u64]`) tells every rank about every other.
+//! 3. **Data** with the agreed sizes.
+//!
+//! **Errors**, alike both ways: if any rank had invalid arguments or any pair
+//! disagrees, *every* rank returns an error — the two ranks of a disagreeing pair
+//! [`Error::InvalidUsage`] naming each other and both counts, a rank with bad arguments
+//! its own [`Error::InvalidArgument`], the others [`Error::InvalidUsage`] naming the
+//! first rank (in rank order) that reported a problem. Nobody hangs, and the
+//! communicator stays usable. In automatic mode the data pass's algorithm is chosen for
+//! the mean block size over all pairs, which every rank knows, so all choose alike.
 
 use super::all_to_all::{raw_slice, raw_slice_mut};
-use super::{Communicator, Kind, Partition, class, exec_options, overlaps, sized};
+use super::{Communicator, Core, Kind, Partition, class, exec_options, overlaps, sized};
 use crate::error::{Error, Result};
-use halo_collectives::{Algorithm, Buffers, BuildCtx, KnownSizes, Layout, META_BLOCK, build};
+use halo_collectives::{
+    Algorithm, AllGatherAlgorithm, Buffers, BuildCtx, KnownSizes, Layout, META_BLOCK, Schedule,
+    SimOptions, UniformSizes, build, build_all_gather, simulate,
+};
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 /// Status codes of the agreement pass.
 const OK: u32 = 0;
@@ -32,6 +65,242 @@ const MISMATCH: u32 = 1;
 const INVALID: u32 = 2;
 
 const STATUS_BLOCK: usize = 16;
+
+/// The most ranks whose counts are all-gathered (one metadata pass) unless
+/// `HALO_A2AV_GATHER_MAX` says otherwise; the model is not run above. From 32 ranks on
+/// simulated Frontier and at 64 on every simulated topology the `16 n^2` bytes of the
+/// matrix already cost more than the two passes they save (module documentation).
+pub(crate) const GATHER_MAX_RANKS: usize = 64;
+
+/// How a communicator exchanges all-to-all-v counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MetaPlan {
+    /// Metadata and agreement passes (three passes in all).
+    Agreed,
+    /// One all-gather of the rows, direct: every rank sends its row to every rank.
+    Direct,
+    /// One all-gather of the rows with a logarithmic algorithm.
+    Gather(AllGatherAlgorithm),
+}
+
+/// Per-communicator state of the all-to-all-v count exchange.
+#[derive(Debug, Default)]
+pub(crate) struct VState {
+    /// The plan, once chosen (the first call).
+    plan: Option<MetaPlan>,
+    /// Forced by a test (kept across [`VState::reset`]).
+    forced: Option<MetaPlan>,
+    /// The all-gather schedule of the plan (for `16 n`-byte rows).
+    gather: Option<(MetaPlan, Schedule)>,
+    /// The send matrix in bytes (row = source), for forwarding algorithms.
+    matrix: Vec<usize>,
+    /// Calls that took each way: (one metadata pass, three passes).
+    pub(crate) calls: (u64, u64),
+}
+
+impl VState {
+    /// Forgets the plan and its schedule (the builder options changed).
+    pub(crate) fn reset(&mut self) {
+        self.plan = None;
+        self.gather = None;
+    }
+}
+
+/// `HALO_A2AV_GATHER_MAX`, if set: the most ranks that all-gather the counts. An
+/// unparsable value is logged and ignored.
+fn gather_max_env() -> Option<usize> {
+    static MAX: OnceLock<Option<usize>> = OnceLock::new();
+    *MAX.get_or_init(|| {
+        let v = std::env::var("HALO_A2AV_GATHER_MAX").ok()?;
+        match v.trim().parse() {
+            Ok(k) => Some(k),
+            Err(e) => {
+                tracing::warn!("HALO_A2AV_GATHER_MAX={v:?} ignored: {e}");
+                None
+            }
+        }
+    })
+}
+
+/// Every rank's schedule of the direct all-gather of `row`-byte rows: the flat fan-out
+/// with rank `q`'s block at `q * row` of the receive buffer and the same `row` bytes of
+/// the send buffer to everyone.
+fn direct_gather(core: &Core, rank: usize, row: usize) -> halo_collectives::Result<Schedule> {
+    let n = core.size;
+    let counts = vec![row; n];
+    let send_displs = vec![0; n];
+    let recv_displs: Vec<usize> = (0..n).map(|q| q * row).collect();
+    build(
+        Algorithm::Flat,
+        &BuildCtx {
+            topology: &core.topology,
+            rank,
+            layout: Layout::V {
+                send_counts: &counts,
+                send_displs: &send_displs,
+                recv_counts: &counts,
+                recv_displs: &recv_displs,
+            },
+            sizes: &UniformSizes(row),
+            options: &core.options,
+        },
+    )
+}
+
+/// The schedule of one all-gather plan for rank `rank`.
+fn gather_schedule(
+    core: &Core,
+    plan: MetaPlan,
+    rank: usize,
+    row: usize,
+) -> halo_collectives::Result<Schedule> {
+    match plan {
+        MetaPlan::Gather(a) => build_all_gather(a, rank, core.size, row),
+        _ => direct_gather(core, rank, row),
+    }
+}
+
+/// The model's plan for `core`'s communicator: the cheapest all-gather of the rows
+/// when it is no slower than two uniform passes of [`META_BLOCK`] bytes with the
+/// automatic algorithm (both simulated), otherwise [`MetaPlan::Agreed`]; with
+/// `max_ranks` (the environment's override) the size alone decides.
+fn model_plan(core: &Core, max_ranks: Option<usize>) -> MetaPlan {
+    let n = core.size;
+    if n > max_ranks.unwrap_or(GATHER_MAX_RANKS) {
+        return MetaPlan::Agreed;
+    }
+    if n <= 2 {
+        return MetaPlan::Direct; // one message each way, whichever algorithm
+    }
+    let row = n * META_BLOCK;
+    let sim = SimOptions {
+        algo: core.options.clone(),
+        ..SimOptions::default()
+    };
+    let time = |plan: MetaPlan| -> Option<f64> {
+        let all = (0..n)
+            .map(|r| gather_schedule(core, plan, r, row))
+            .collect::<halo_collectives::Result<Vec<_>>>()
+            .ok()?;
+        simulate(&core.topology, &all, &sim).ok().map(|r| r.time)
+    };
+    let mut plans = vec![
+        MetaPlan::Direct,
+        MetaPlan::Gather(AllGatherAlgorithm::Bruck),
+    ];
+    if n.is_power_of_two() {
+        plans.push(MetaPlan::Gather(AllGatherAlgorithm::RecursiveDoubling));
+    }
+    // Ties go to the earlier plan: the direct exchange first.
+    let best = plans
+        .into_iter()
+        .filter_map(|p| time(p).map(|t| (p, t)))
+        .fold(None::<(MetaPlan, f64)>, |b, (p, t)| match b {
+            Some((_, bt)) if bt <= t => b,
+            _ => Some((p, t)),
+        });
+    let Some((plan, gather)) = best else {
+        return MetaPlan::Agreed;
+    };
+    if max_ranks.is_some() {
+        return plan;
+    }
+    let passes = crate::select::ranking(&core.topology, META_BLOCK, &core.options)
+        .times
+        .first()
+        .map_or(f64::INFINITY, |&(_, t)| 2.0 * t);
+    tracing::debug!(
+        ranks = n,
+        ?plan,
+        gather_seconds = gather,
+        two_passes_seconds = passes,
+        "all-to-all-v count exchange"
+    );
+    if gather <= passes {
+        plan
+    } else {
+        MetaPlan::Agreed
+    }
+}
+
+/// The first rank `q` (in rank order, skipping ranks with invalid arguments) with which
+/// rank `r` disagrees in the gathered matrix `m` of `n` rows, and the message rank `r`
+/// gives (naming both counts).
+fn first_mismatch(m: &[u8], n: usize, r: usize) -> Option<(usize, String)> {
+    let row = n * META_BLOCK;
+    let sends = |a: usize, b: usize| read_u64(m, a * row + b * META_BLOCK);
+    let expects = |a: usize, b: usize| read_u64(m, a * row + b * META_BLOCK + 8);
+    for q in 0..n {
+        if sends(q, 0) == u64::MAX {
+            continue; // rank q's own arguments are invalid: it is named for that
+        }
+        let (my_send, their_expect) = (sends(r, q), expects(q, r));
+        if my_send != their_expect {
+            return Some((
+                q,
+                format!(
+                    "all_to_all_v: rank {r} sends {my_send} bytes to rank {q}, but rank {q} expects {their_expect} bytes from rank {r}"
+                ),
+            ));
+        }
+        let (their_send, my_expect) = (sends(q, r), expects(r, q));
+        if their_send != my_expect {
+            return Some((
+                q,
+                format!(
+                    "all_to_all_v: rank {q} sends {their_send} bytes to rank {r}, but rank {r} expects {my_expect} bytes from rank {q}"
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// Checks every pair of the gathered matrix `m` (`n` rows of `n` [`META_BLOCK`]s) on
+/// rank `me`, whose own arguments are valid. Returns the total bytes all ranks send, or
+/// the error every rank reaches alike from the same matrix.
+fn check_matrix(m: &[u8], n: usize, me: usize) -> Result<u64> {
+    let row = n * META_BLOCK;
+    let mut bad = false;
+    let mut total: u64 = 0;
+    for a in 0..n {
+        // A valid count is at most isize::MAX: u64::MAX marks invalid arguments.
+        bad |= read_u64(m, a * row) == u64::MAX;
+        for b in 0..n {
+            let s = read_u64(m, a * row + b * META_BLOCK);
+            bad |= s != read_u64(m, b * row + a * META_BLOCK + 8);
+            total = total.saturating_add(s);
+        }
+    }
+    if !bad {
+        return Ok(total);
+    }
+    if let Some((q, message)) = first_mismatch(m, n, me) {
+        return Err(Error::InvalidUsage {
+            peer: Some(q),
+            message,
+        });
+    }
+    for r in 0..n {
+        if read_u64(m, r * row) == u64::MAX {
+            return Err(Error::InvalidUsage {
+                peer: Some(r),
+                message: format!("all_to_all_v: rank {r} passed invalid arguments"),
+            });
+        }
+        if let Some((q, _)) = first_mismatch(m, n, r) {
+            return Err(Error::InvalidUsage {
+                peer: Some(r),
+                message: format!(
+                    "all_to_all_v: ranks {r} and {q} disagree on the size of a block between them"
+                ),
+            });
+        }
+    }
+    Err(Error::internal(
+        "all_to_all_v: the count matrix is inconsistent, yet no pair disagrees",
+    ))
+}
 
 fn read_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
@@ -307,6 +576,39 @@ impl Communicator {
         Ok(())
     }
 
+    /// Forces the way the counts are exchanged (`None`: the model's choice), for tests.
+    #[cfg(test)]
+    pub(crate) fn force_meta_plan(&mut self, plan: Option<MetaPlan>) {
+        self.pool.v.forced = plan;
+        self.pool.v.reset();
+    }
+
+    /// Calls of all-to-all-v so far that exchanged the counts in one pass and in two.
+    #[cfg(test)]
+    pub(crate) fn v_calls(&self) -> (u64, u64) {
+        self.pool.v.calls
+    }
+
+    /// This communicator's count-exchange plan (chosen on first use).
+    fn meta_plan(&mut self) -> MetaPlan {
+        if let Some(p) = self.pool.v.forced {
+            return p;
+        }
+        if let Some(p) = self.pool.v.plan {
+            return p;
+        }
+        let started = std::time::Instant::now();
+        let p = model_plan(&self.core, gather_max_env());
+        tracing::debug!(
+            rank = self.core.rank,
+            plan = ?p,
+            seconds = started.elapsed().as_secs_f64(),
+            "all-to-all-v count exchange chosen"
+        );
+        self.pool.v.plan = Some(p);
+        p
+    }
+
     fn v_bytes(
         &mut self,
         send: &[u8],
@@ -320,34 +622,92 @@ impl Communicator {
             self.core.next_tag_base(),
         ];
         self.core.check_aborted()?;
-        let (n, me) = (self.size(), self.rank());
         let local = pre.and_then(|()| self.validate_v(send, recv, a));
+        let plan = self.meta_plan();
+        let (kind, all) = if plan == MetaPlan::Agreed {
+            self.pool.v.calls.1 += 1;
+            let (meta_alg, all) = self.meta_agreed(bases[0], bases[1], local)?;
+            (Kind::V(meta_alg), all)
+        } else {
+            self.pool.v.calls.0 += 1;
+            let all = self.meta_gathered(plan, bases[0], local)?;
+            (Kind::VGathered, all)
+        };
+        self.data_pass(bases[2], send, recv, kind, all)
+    }
 
+    /// Fills `meta_send` with this rank's 16 bytes per peer (`u64::MAX` twice when its
+    /// arguments are invalid).
+    fn fill_meta_row(&mut self, valid: bool) {
+        let n = self.size();
+        let ms = sized(&mut self.pool.meta_send, n * META_BLOCK);
+        for q in 0..n {
+            let (s, r) = if valid {
+                (
+                    self.pool.send_bytes[q] as u64,
+                    self.pool.recv_bytes[q] as u64,
+                )
+            } else {
+                (u64::MAX, u64::MAX)
+            };
+            ms[q * META_BLOCK..q * META_BLOCK + 8].copy_from_slice(&s.to_le_bytes());
+            ms[q * META_BLOCK + 8..q * META_BLOCK + 16].copy_from_slice(&r.to_le_bytes());
+        }
+    }
+
+    /// The one-pass count exchange: all-gathers the rows into `meta_recv` and checks
+    /// every pair. Returns the total bytes all ranks send.
+    fn meta_gathered(&mut self, plan: MetaPlan, base: u64, local: Result<()>) -> Result<u64> {
+        let (n, me) = (self.size(), self.rank());
+        let row = n * META_BLOCK;
+        self.fill_meta_row(local.is_ok());
+        let core = &mut self.core;
+        let pool = &mut self.pool;
+        if !matches!(&pool.v.gather, Some((p, _)) if *p == plan) {
+            pool.v.gather = Some((plan, gather_schedule(core, plan, me, row)?));
+        }
+        let Some((_, schedule)) = &pool.v.gather else {
+            return Err(Error::internal("the count all-gather left its cache"));
+        };
+        let mr = sized(&mut pool.meta_recv, n * row);
+        let scratch = sized(&mut pool.meta_scratch, schedule.scratch_len());
+        let opts = exec_options(core.timeout, &core.abort);
+        core.backend.run(
+            schedule,
+            base,
+            Buffers {
+                send: &pool.meta_send[..row],
+                recv: mr,
+                scratch,
+                block: None,
+            },
+            &opts,
+        )?;
+        local?;
+        check_matrix(mr, n, me)
+    }
+
+    /// The metadata and agreement passes. Returns the metadata pass's algorithm and the
+    /// total bytes all ranks send.
+    fn meta_agreed(
+        &mut self,
+        meta_base: u64,
+        status_base: u64,
+        local: Result<()>,
+    ) -> Result<(Algorithm, u64)> {
+        let (n, me) = (self.size(), self.rank());
         // 1. Metadata pass.
         let forced = self.core.forced;
         let meta_alg = match forced {
             Some(alg) if alg.forwards() => alg,
             _ => self.core.prepare_uniform(None, META_BLOCK)?,
         };
-        {
-            let ms = sized(&mut self.pool.meta_send, n * META_BLOCK);
-            for q in 0..n {
-                let (s, r) = match local {
-                    Ok(()) => (
-                        self.pool.send_bytes[q] as u64,
-                        self.pool.recv_bytes[q] as u64,
-                    ),
-                    Err(_) => (u64::MAX, u64::MAX),
-                };
-                ms[q * META_BLOCK..q * META_BLOCK + 8].copy_from_slice(&s.to_le_bytes());
-                ms[q * META_BLOCK + 8..q * META_BLOCK + 16].copy_from_slice(&r.to_le_bytes());
-            }
-        }
+        self.fill_meta_row(local.is_ok());
         let ms = &self.pool.meta_send[..n * META_BLOCK];
         let mr = sized(&mut self.pool.meta_recv, n * META_BLOCK);
         self.core.uniform(
             Some(meta_alg),
-            bases[0],
+            meta_base,
             ms,
             mr,
             META_BLOCK,
@@ -409,7 +769,7 @@ impl Communicator {
         let sr = sized(&mut self.pool.status_recv, n * STATUS_BLOCK);
         self.core.uniform(
             Some(meta_alg),
-            bases[1],
+            status_base,
             ss,
             sr,
             STATUS_BLOCK,
@@ -444,33 +804,50 @@ impl Communicator {
                 }
             }
         }
+        Ok((meta_alg, all))
+    }
 
-        // 3. Data pass with the agreed sizes.
+    /// The data pass with the agreed sizes; `kind` says how the counts were exchanged
+    /// (which algorithms may run: after a uniform metadata pass only that pass's
+    /// algorithm may forward), `all` is the total bytes all ranks send.
+    fn data_pass(
+        &mut self,
+        base: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        kind: Kind,
+        all: u64,
+    ) -> Result<()> {
+        let (n, me) = (self.size(), self.rank());
         let mean = usize::try_from(all / (n as u64 * n as u64)).unwrap_or(usize::MAX);
+        let forced = self.core.forced;
         let candidates: Vec<Algorithm> = match forced {
             Some(alg) => vec![alg],
-            None => {
-                let key = (Kind::V(meta_alg), class(mean));
-                match self.core.chosen.get(&key) {
-                    Some(&alg) => vec![alg],
-                    None => self
-                        .core
-                        .selector
-                        .candidates(&self.core.topology, &self.core.options, mean)
-                        .into_iter()
-                        .filter(|alg| !alg.forwards() || *alg == meta_alg)
-                        .collect(),
-                }
-            }
+            None => match self.core.chosen.get(&(kind, class(mean))) {
+                Some(&alg) => vec![alg],
+                None => self
+                    .core
+                    .selector
+                    .candidates(&self.core.topology, &self.core.options, mean)
+                    .into_iter()
+                    .filter(|alg| match kind {
+                        Kind::V(meta_alg) => !alg.forwards() || *alg == meta_alg,
+                        _ => true,
+                    })
+                    .collect(),
+            },
         };
         let core = &mut self.core;
         let pool = &mut self.pool;
-        let meta_schedule = &core
-            .cache
-            .iter()
-            .find(|(alg, b, _)| *alg == meta_alg && *b == META_BLOCK)
-            .ok_or_else(|| Error::internal("the metadata schedule left the cache"))?
-            .2;
+        if kind == Kind::VGathered && candidates.iter().any(|a| a.forwards()) {
+            // The whole send matrix, for the sizes of routed blocks.
+            let row = n * META_BLOCK;
+            let m = &pool.meta_recv[..n * row];
+            pool.v.matrix.clear();
+            pool.v.matrix.extend(
+                (0..n * n).map(|i| read_u64(m, (i / n) * row + (i % n) * META_BLOCK) as usize),
+            );
+        }
         let layout = Layout::V {
             send_counts: &pool.send_bytes,
             send_displs: &pool.send_displs,
@@ -479,12 +856,22 @@ impl Communicator {
         };
         let mut last_err = None;
         for alg in candidates {
-            let routed = if alg.forwards() {
-                KnownSizes::routed_from_meta(meta_schedule, &pool.meta_scratch)?
-            } else {
-                HashMap::new()
+            let sizes = match kind {
+                Kind::VGathered if alg.forwards() => {
+                    KnownSizes::from_matrix(me, &pool.send_bytes, &pool.recv_bytes, &pool.v.matrix)
+                }
+                Kind::V(meta_alg) if alg.forwards() => {
+                    let meta_schedule = &core
+                        .cache
+                        .iter()
+                        .find(|(a, b, _)| *a == meta_alg && *b == META_BLOCK)
+                        .ok_or_else(|| Error::internal("the metadata schedule left the cache"))?
+                        .2;
+                    let routed = KnownSizes::routed_from_meta(meta_schedule, &pool.meta_scratch)?;
+                    KnownSizes::new(me, &pool.send_bytes, &pool.recv_bytes, routed)
+                }
+                _ => KnownSizes::new(me, &pool.send_bytes, &pool.recv_bytes, HashMap::new()),
             };
-            let sizes = KnownSizes::new(me, &pool.send_bytes, &pool.recv_bytes, routed);
             let ctx = BuildCtx {
                 topology: &core.topology,
                 rank: me,
@@ -502,13 +889,13 @@ impl Communicator {
                 Err(e) => return Err(e.into()),
             };
             if forced.is_none() {
-                core.chosen.insert((Kind::V(meta_alg), class(mean)), alg);
+                core.chosen.insert((kind, class(mean)), alg);
             }
             let scratch = sized(&mut pool.scratch, schedule.scratch_len());
             let opts = exec_options(core.timeout, &core.abort);
             core.backend.run(
                 &schedule,
-                bases[2],
+                base,
                 Buffers {
                     send,
                     recv,
@@ -524,5 +911,278 @@ impl Communicator {
             Some(e) => e.into(),
             None => Error::internal("no all-to-all-v algorithm builds on this topology"),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The ways of exchanging the counts, forced per communicator: the bytes, the
+    //! errors and the message counts of each.
+
+    use super::{MetaPlan, model_plan};
+    use crate::local::{Emulation, LocalCluster};
+    use crate::topology::{Level, Topology};
+    use crate::{Algorithm, AllGatherAlgorithm, Error, Partition};
+    use std::time::Duration;
+
+    fn packed(counts: &[usize]) -> Vec<usize> {
+        counts
+            .iter()
+            .scan(0, |at, &c| {
+                let d = *at;
+                *at += c;
+                Some(d)
+            })
+            .collect()
+    }
+
+    /// Elements rank `s` sends to rank `d` (zeros included).
+    fn count(s: usize, d: usize) -> usize {
+        (s * 7 + d * 3) % 5
+    }
+
+    fn plans(n: usize) -> Vec<MetaPlan> {
+        let mut p = vec![
+            MetaPlan::Agreed,
+            MetaPlan::Direct,
+            MetaPlan::Gather(AllGatherAlgorithm::Bruck),
+            MetaPlan::Gather(AllGatherAlgorithm::Ring),
+        ];
+        if n.is_power_of_two() {
+            p.push(MetaPlan::Gather(AllGatherAlgorithm::RecursiveDoubling));
+        }
+        p
+    }
+
+    /// Every plan x every algorithm (and automatic): every byte lands where it should,
+    /// on a topology where the forwarding algorithms really forward.
+    #[test]
+    fn every_plan_moves_the_right_bytes_with_every_algorithm() {
+        for spec in ["nodes:2x2", "nodes:2x3"] {
+            let topo = Topology::preset(spec).unwrap();
+            let n = topo.size();
+            for plan in plans(n) {
+                let mut algs: Vec<Option<Algorithm>> =
+                    Algorithm::ALL.iter().copied().map(Some).collect();
+                algs.push(None);
+                for alg in algs {
+                    let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
+                    let out = cluster.run(|comm| {
+                        comm.set_timeout(Duration::from_secs(20));
+                        comm.force_meta_plan(Some(plan));
+                        comm.set_algorithm(alg);
+                        let me = comm.rank();
+                        let sc: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
+                        let rc: Vec<usize> = (0..n).map(|s| count(s, me)).collect();
+                        let send: Vec<u32> = (0..n)
+                            .flat_map(|d| {
+                                (0..sc[d]).map(move |i| (me * 10_000 + d * 100 + i) as u32)
+                            })
+                            .collect();
+                        let mut recv = vec![u32::MAX; rc.iter().sum()];
+                        comm.all_to_all_v(
+                            &send,
+                            &Partition::new(&sc, &packed(&sc)),
+                            &mut recv,
+                            &Partition::new(&rc, &packed(&rc)),
+                        )?;
+                        let expect: Vec<u32> = (0..n)
+                            .flat_map(|s| {
+                                (0..rc[s]).map(move |i| (s * 10_000 + me * 100 + i) as u32)
+                            })
+                            .collect();
+                        assert_eq!(recv, expect, "{spec} {plan:?} {alg:?} rank {me}");
+                        Ok(comm.v_calls())
+                    });
+                    for (r, x) in out.into_iter().enumerate() {
+                        let calls =
+                            x.unwrap_or_else(|e| panic!("{spec} {plan:?} {alg:?} rank {r}: {e}"));
+                        let want = if plan == MetaPlan::Agreed {
+                            (0, 1)
+                        } else {
+                            (1, 0)
+                        };
+                        assert_eq!(calls, want, "{spec} {plan:?} {alg:?} rank {r}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// One rank's call of a bad case: `Ok` per rank, or the error.
+    fn bad_call(plan: MetaPlan, case: u8) -> Vec<Result<(), Error>> {
+        let topo = Topology::preset("nodes:2x3").unwrap();
+        let n = topo.size();
+        let cluster = LocalCluster::new(topo, Emulation::off()).unwrap();
+        cluster
+            .run(|comm| {
+                comm.set_timeout(Duration::from_secs(10));
+                comm.force_meta_plan(Some(plan));
+                let me = comm.rank();
+                let mut sc = vec![1usize; n];
+                let rc = vec![1usize; n];
+                let mut sd = packed(&sc);
+                match case {
+                    // Rank 1 sends two elements to rank 4, which expects one.
+                    0 if me == 1 => sc[4] = 2,
+                    // Rank 2 passes an overflowing displacement, and rank 0 sends two
+                    // elements to rank 5 (the invalid rank is named to the others,
+                    // the disagreeing pair each other).
+                    1 if me == 2 => sd[3] = usize::MAX,
+                    1 if me == 0 => sc[5] = 2,
+                    // Rank 3 expects nothing from itself but sends one element.
+                    2 if me == 3 => sc[3] = 1,
+                    _ => {}
+                }
+                let mut rc = rc;
+                if case == 2 && me == 3 {
+                    rc[3] = 0;
+                }
+                let send = vec![me as u16; sc.iter().sum::<usize>() + 1];
+                let mut recv = vec![0u16; rc.iter().sum()];
+                let r = comm.all_to_all_v(
+                    &send,
+                    &Partition::new(&sc, &sd),
+                    &mut recv,
+                    &Partition::new(&rc, &packed(&rc)),
+                );
+                // The communicator stays usable.
+                let ok = vec![1usize; n];
+                let mut recv = vec![0u16; n];
+                comm.all_to_all_v(
+                    &vec![me as u16; n],
+                    &Partition::new(&ok, &packed(&ok)),
+                    &mut recv,
+                    &Partition::new(&ok, &packed(&ok)),
+                )?;
+                assert_eq!(recv, (0..n as u16).collect::<Vec<_>>());
+                Ok(r)
+            })
+            .into_iter()
+            .map(|r| r.expect("the call after the bad one succeeds"))
+            .collect()
+    }
+
+    /// Bad counts fail every rank, the same way whichever plan exchanged the counts:
+    /// the same error kind, peer and message on every rank as the three passes give.
+    #[test]
+    fn every_plan_fails_every_rank_exactly_as_the_three_passes_do() {
+        for case in 0..3 {
+            let agreed = bad_call(MetaPlan::Agreed, case);
+            for (r, e) in agreed.iter().enumerate() {
+                let e = e.as_ref().expect_err("every rank fails");
+                println!("case {case} rank {r}: {e}");
+            }
+            match case {
+                0 => {
+                    for (r, e) in agreed.iter().enumerate() {
+                        let e = e.as_ref().unwrap_err();
+                        assert!(matches!(e, Error::InvalidUsage { .. }), "rank {r}: {e:?}");
+                        let want = match r {
+                            1 => 4,
+                            4 => 1,
+                            _ => 1,
+                        };
+                        assert_eq!(e.peer(), Some(want), "rank {r}: {e}");
+                        if r == 1 || r == 4 {
+                            let m = e.to_string();
+                            assert!(m.contains("4 bytes") && m.contains("2 bytes"), "{m}");
+                        }
+                    }
+                }
+                1 => {
+                    for (r, e) in agreed.iter().enumerate() {
+                        let e = e.as_ref().unwrap_err();
+                        match r {
+                            2 => assert!(
+                                matches!(e, Error::InvalidArgument { peer: Some(3), .. }),
+                                "{e:?}"
+                            ),
+                            0 => assert_eq!(e.peer(), Some(5), "{e}"),
+                            5 => assert_eq!(e.peer(), Some(0), "{e}"),
+                            _ => assert!(
+                                matches!(e, Error::InvalidUsage { peer: Some(0), .. }),
+                                "rank {r}: {e:?}"
+                            ),
+                        }
+                    }
+                }
+                _ => {
+                    for (r, e) in agreed.iter().enumerate() {
+                        let e = e.as_ref().unwrap_err();
+                        assert!(
+                            matches!(e, Error::InvalidUsage { peer: Some(3), .. }),
+                            "rank {r}: {e:?}"
+                        );
+                    }
+                }
+            }
+            for plan in plans(6).into_iter().skip(1) {
+                assert_eq!(bad_call(plan, case), agreed, "case {case}, {plan:?}");
+            }
+        }
+    }
+
+    /// Messages per call: the one-pass plan sends `n - 1` messages of counts per rank
+    /// and then the data pass's; the three passes send more.
+    #[test]
+    fn one_metadata_pass_is_one_round_of_messages() {
+        let topo = Topology::preset("nodes:2x2").unwrap();
+        let n = topo.size() as u64;
+        let mut messages = Vec::new();
+        for plan in [None, Some(MetaPlan::Direct), Some(MetaPlan::Agreed)] {
+            let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
+            let traffic = cluster.traffic();
+            let out = cluster.run(|comm| {
+                comm.force_meta_plan(plan);
+                comm.set_algorithm(Some(Algorithm::Flat));
+                let c = vec![3usize; comm.size()];
+                let send = vec![comm.rank() as u8; 3 * comm.size()];
+                let mut recv = vec![0u8; 3 * comm.size()];
+                comm.all_to_all_v(
+                    &send,
+                    &Partition::new(&c, &packed(&c)),
+                    &mut recv,
+                    &Partition::new(&c, &packed(&c)),
+                )?;
+                Ok(comm.v_calls())
+            });
+            let calls: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
+            messages.push(traffic.messages_crossing(Level::Device));
+            println!("{plan:?}: {calls:?}, {} messages", messages.last().unwrap());
+            if plan != Some(MetaPlan::Agreed) {
+                assert!(calls.iter().all(|&c| c == (1, 0)), "{plan:?}: {calls:?}");
+            }
+        }
+        // The model picks the direct exchange for 4 ranks: counts, then data.
+        assert_eq!(messages[0], 2 * n * (n - 1));
+        assert_eq!(messages[1], 2 * n * (n - 1));
+        // Two uniform passes of counts (n - 1 messages each with the flat fan-out,
+        // fewer with Bruck's) on top.
+        assert!(messages[2] > messages[1], "{messages:?}");
+    }
+
+    /// The model gathers where the simulated all-gather is no slower than two passes:
+    /// small communicators, never above `GATHER_MAX_RANKS`.
+    #[test]
+    fn the_model_gathers_small_communicators_only() {
+        for (spec, gathers) in [
+            ("nodes:1x4", true),
+            ("nodes:4x2", true),
+            ("frontier:2", true),
+            ("frontier:8", false),
+            ("frontier:16", false),
+        ] {
+            let topo = Topology::preset(spec).unwrap();
+            let comms = LocalCluster::new(topo, Emulation::off())
+                .unwrap()
+                .into_communicators();
+            let plan = model_plan(&comms[0].core, None);
+            println!("{spec}: {plan:?}");
+            assert_eq!(plan != MetaPlan::Agreed, gathers, "{spec}: {plan:?}");
+            // The environment's override decides by size alone.
+            assert_eq!(model_plan(&comms[0].core, Some(0)), MetaPlan::Agreed);
+            assert_ne!(model_plan(&comms[0].core, Some(4096)), MetaPlan::Agreed);
+        }
     }
 }

@@ -27,7 +27,8 @@ pub struct InitConfig {
     /// Force an algorithm (`HALO_ALGO`: flat, pairwise, bruck, halo, halo2d; default automatic).
     pub algorithm: Option<Algorithm>,
     /// Which transport carries the messages (`HALO_TRANSPORT`: auto, shm, fabric):
-    /// by default HALO's shared-memory transport when every rank is on one host.
+    /// by default HALO's shared-memory transport between the ranks of each host, and
+    /// libfabric between hosts.
     pub transport: TransportChoice,
 }
 
@@ -174,8 +175,8 @@ impl Communicator {
         })
     }
 
-    /// The libfabric provider that carries this rank's messages to `peer` (`None` on
-    /// the in-process transport).
+    /// The libfabric provider that carries this rank's messages to `peer`, or
+    /// `"halo-shm"` for HALO's shared-memory rings (`None` on the in-process transport).
     pub fn provider_to(&self, peer: usize) -> Option<&str> {
         match &self.core.backend {
             Backend::Fabric(t) => t.provider_to(peer),
@@ -183,6 +184,7 @@ impl Communicator {
                 use halo_collectives::Transport as _;
                 (peer < t.size() && peer != t.rank()).then_some(crate::transport::shm::PROVIDER)
             }
+            Backend::Hybrid(t) => t.provider_to(peer),
             Backend::Local(_) => None,
             Backend::Shared(s) => s.provider_to(peer),
         }

@@ -100,6 +100,8 @@ enum Kind {
     Uniform,
     /// All-to-all-v data pass after a metadata pass with this algorithm.
     V(Algorithm),
+    /// All-to-all-v data pass after an all-gather of every rank's counts.
+    VGathered,
 }
 
 /// Everything except the pooled buffers, so that a call can borrow both at once.
@@ -144,6 +146,8 @@ struct Pool {
     order: Vec<(usize, usize, usize)>,
     barrier_send: Vec<u8>,
     barrier_recv: Vec<u8>,
+    /// All-to-all-v's count exchange.
+    v: all_to_all_v::VState,
 }
 
 /// One rank's handle on a group of ranks: all-to-all and all-to-all-v over
@@ -412,6 +416,7 @@ impl Communicator {
         self.core.chosen.clear();
         self.core.selector.reset();
         self.core.tuner.reset();
+        self.pool.v.reset();
     }
 
     /// The builders' knobs.
@@ -448,7 +453,7 @@ impl Communicator {
     pub fn emulation(&self) -> Option<crate::local::Emulation> {
         match &self.core.backend {
             Backend::Local(t) => Some(t.emulation()),
-            Backend::Fabric(_) | Backend::Shm(_) => None,
+            Backend::Fabric(_) | Backend::Shm(_) | Backend::Hybrid(_) => None,
             Backend::Shared(s) => s.emulation(),
         }
     }

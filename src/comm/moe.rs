@@ -6,35 +6,45 @@
 //! (token, expert) pair; [`MoeDispatch::Dedup`] sends each token **once per destination
 //! node** and replicates it inside the node.
 //!
-//! # How (an implementation over the existing collectives, not one new schedule)
+//! # How: one schedule per direction, verified and simulated like the others
 //!
-//! `Dedup` is two levels of [`Communicator::all_to_all_v`] on the same communicator:
+//! The data moves as schedules of `halo_collectives::algo::moe` (see its
+//! documentation), run by the same engine and transports as every other collective:
 //!
-//! 1. **Inter-node (stage A)**: a source rank `s` groups its routing by destination
-//!    node `n` (the `Node`-level domain of the expert's rank) and sends each *unique*
-//!    (token, node) row once to its rank-aligned peer in `n`
-//!    ([`Topology::aligned_peer`]), with a replication list (the experts on `n` that
-//!    the token selected, and their gate weights) in a metadata all-to-all-v of `u32`.
-//!    Rows for the source's own node go to itself (a local copy).
-//! 2. **Intra-node (stage B)**: each such relay rank replicates every row it received
-//!    to the ranks of the experts in its list — all in its own node.
+//! - **dispatch** ([`halo_collectives::build_moe_dispatch`]): Phase II sends a source's
+//!   unique tokens for node `n` once, in one message, to its rank-aligned peer in `n`
+//!   ([`Topology::aligned_peer`](halo_topology::Topology::aligned_peer), the *relay*);
+//!   Phase III replicates each row from the relay to its experts' ranks inside `n` (one
+//!   message per (relay, target, source), so replication of one source's rows starts
+//!   when they arrived). Rows for the source's own node are replicated from its send
+//!   buffer directly. `AllToAllV` plans the source as its own relay everywhere: no
+//!   Phase II, one row per (token, expert) straight to the expert's rank.
+//! - **combine**: the gather ([`halo_collectives::build_moe_gather`], Phase III
+//!   reversed) brings every output to its relay; the relay forms for each (token, node)
+//!   the **partial sum** `sum_j gate_j * y_j` over that node's experts (in top-k slot
+//!   order, from `0.0`); the return ([`halo_collectives::build_moe_return`], Phase II
+//!   reversed) carries one partial row per (token, node) back; the source adds the
+//!   partials in ascending node order, from `0.0`. `AllToAllV` forms the same partials
+//!   at the source, so both modes give **bitwise identical** results, and a reference
+//!   written with that summation order (see `tests/moe_dispatch.rs`) matches bitwise.
+//!   [`MoeExchange::combine_residual`] starts the token's own node's partial from a
+//!   residual instead (a transformer block's `h + sum_j gate_j * y_j`).
 //!
-//! `AllToAllV` skips stage A: the source is its own relay, and stage B sends one row
-//! per (token, expert) straight to the expert's rank, wherever it is.
+//! `halo_collectives::verify_moe` proves the three schedules for a routing (every
+//! (token, expert) pair delivered exactly once at its place; every token's sum made of
+//! exactly its k contributions, in the order above).
 //!
-//! The combine mirrors the dispatch: the expert ranks send their outputs back over
-//! stage B's links, the relay forms for each (token, node) the **partial sum**
-//! `sum_j gate_j * y_j` over that node's experts (in top-k slot order, starting from
-//! `0.0`), and stage A carries one partial row per (token, node) back; the source adds
-//! the partials in ascending node order, starting from `0.0`. `AllToAllV` computes the
-//! same partials at the source, so both modes give **bitwise identical** results, and
-//! a reference written with that summation order (see `tests/moe_dispatch.rs`) matches
-//! bitwise.
+//! # Metadata and errors
 //!
-//! Each stage costs a count exchange (an all-to-all of 4 `u64` per pair: rows, metadata
-//! words, status, a hash of the expert map) and two all-to-all-v (metadata, rows), each
-//! with its own count and agreement pass: control traffic that does not grow with the
-//! row size `d`.
+//! Before the data, two metadata stages, each a count exchange (an all-to-all of 4
+//! `u64` per pair: groups, words, status, a hash of the expert map and `d`) and an
+//! all-to-all-v of `u32`: source -> relay, per destination node the unique tokens and
+//! their replication lists (expert, gate); relay -> target, per source the (token,
+//! expert) pairs it will forward, from which the target knows where each row lands.
+//! Bad arguments on one rank, or maps that differ, are an error on every rank there,
+//! before any row moves. The combine starts with a status all-to-all (one `u64` per
+//! pair), so a wrong `expert_out` on one rank is an error on every rank, not a timeout.
+//! Control traffic does not grow with the row size `d`.
 //!
 //! # Output order
 //!
@@ -43,9 +53,12 @@
 //! [`MoeExchange::local_experts`], [`MoeExchange::expert_counts`] and
 //! [`MoeExchange::origins`] describe them.
 
-use super::{Communicator, Partition};
+use super::{Communicator, Partition, exec_options};
 use crate::error::{Error, Result};
-use halo_topology::{Level, Topology};
+use halo_collectives::{
+    Buffers, MoePlan, MoeRelayEntry, Schedule, Step, build_moe_dispatch, build_moe_gather,
+    build_moe_return, moe_forwards, moe_lands, moe_node_of, moe_relay_entries, moe_sends,
+};
 use std::collections::BTreeMap;
 
 /// How [`MoeExchange::dispatch`] moves the tokens.
@@ -85,25 +98,12 @@ pub struct MoeRouting<'a> {
     pub expert_rank: &'a [u32],
 }
 
-/// `(expert, gate)` pairs in top-k slot order.
-type Slots = [(u32, f32)];
-
-/// A relay entry: one (source, token, node) with its experts on that node.
-#[derive(Debug, Clone)]
-struct Entry {
-    token: u32,
-    /// Row of the relay's stage-A receive buffer (or, for `AllToAllV`, the token).
-    row: usize,
-    /// `(expert, gate)` in top-k slot order.
-    slots: Vec<(u32, f32)>,
-}
-
 /// Statistics of one dispatch at this rank, in rows.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MoeStats {
-    /// Rows this rank sent to ranks on other nodes (both stages).
+    /// Rows this rank sent to ranks on other nodes (both phases).
     pub rows_sent_off_node: usize,
-    /// Rows this rank sent in all (both stages, copies to itself included).
+    /// Rows this rank sent to other ranks in all (both phases; local copies not counted).
     pub rows_sent: usize,
 }
 
@@ -139,41 +139,14 @@ pub struct MoeExchange {
     mode: MoeDispatch,
     d: usize,
     num_tokens: usize,
-    /// Source side (Dedup): for each row sent in stage A, in send order, its
-    /// (node, token); and the per-peer row counts of stage A both ways.
-    a_sent: Vec<(usize, u32)>,
-    a_send_rows: Vec<usize>,
-    a_recv_rows: Vec<usize>,
-    /// Relay side: the entries (stage-A receive order; for `AllToAllV` by node, then token).
-    entries: Vec<Entry>,
-    /// Stage B: for each row sent, in send order, its (entry, slot).
-    b_sent: Vec<(usize, usize)>,
-    b_send_rows: Vec<usize>,
-    b_recv_rows: Vec<usize>,
-    /// Expert side: output row i is row `perm[i]` of stage B's receive buffer.
-    perm: Vec<usize>,
+    /// This rank's part of the schedules (rows of `d` elements of the dispatch's type).
+    plan: MoePlan,
+    /// Per relay entry (the plan's order), per token, the gate of each slot.
+    gates: Vec<Vec<Vec<f32>>>,
     local_experts: Vec<u32>,
     expert_counts: Vec<usize>,
     origins: Vec<(u32, u32)>,
     stats: MoeStats,
-}
-
-/// The node of `rank` (its `Node` domain; itself where the topology has no node level).
-fn node_of(topo: &Topology, rank: usize) -> usize {
-    if topo.has_level(Level::Node) {
-        topo.domain(rank, Level::Node)
-    } else {
-        rank
-    }
-}
-
-/// The rank in `node` aligned with `rank`.
-fn relay_for(topo: &Topology, rank: usize, node: usize) -> usize {
-    if topo.has_level(Level::Node) {
-        topo.aligned_peer(rank, Level::Node, node)
-    } else {
-        node
-    }
 }
 
 /// FNV-1a over the expert map: ranks compare it to catch maps that differ.
@@ -324,6 +297,61 @@ fn rows_a2av<E: bytemuck::Pod>(
     Ok(recv)
 }
 
+/// Runs one MoE schedule of this rank over byte buffers, through the engine every
+/// collective uses, with the next tag base of the communicator.
+fn run_schedule(
+    comm: &mut Communicator,
+    schedule: &Schedule,
+    send: &[u8],
+    recv: &mut [u8],
+) -> Result<()> {
+    let base = comm.core.next_tag_base();
+    comm.core.check_aborted()?;
+    let mut scratch = vec![0u8; schedule.scratch_len()];
+    let core = &mut comm.core;
+    let opts = exec_options(core.timeout, &core.abort);
+    core.backend.run(
+        schedule,
+        base,
+        Buffers {
+            send,
+            recv,
+            scratch: &mut scratch,
+            block: None,
+        },
+        &opts,
+    )?;
+    Ok(())
+}
+
+/// An error in a metadata message from `q`.
+fn bad_meta(q: usize) -> Error {
+    Error::internal(format!("moe_dispatch: bad metadata from rank {q}"))
+}
+
+/// Reads `len` words at `*at` of `words` (ending at `end`).
+fn take<'w>(
+    words: &'w [u32],
+    at: &mut usize,
+    end: usize,
+    len: usize,
+    q: usize,
+) -> Result<&'w [u32]> {
+    if *at + len > end {
+        return Err(bad_meta(q));
+    }
+    let out = &words[*at..*at + len];
+    *at += len;
+    Ok(out)
+}
+
+/// The plan with rows of `row` bytes.
+fn with_row(plan: &MoePlan, row: usize) -> MoePlan {
+    let mut p = plan.clone();
+    p.row = row;
+    p
+}
+
 impl MoeExchange {
     /// Dispatches this rank's `tokens` (rows of `d` elements, one per token of
     /// `routing`) to the ranks of their experts; returns the plan (for
@@ -336,8 +364,9 @@ impl MoeExchange {
     /// [`Error::InvalidArgument`] naming what is wrong with this rank's arguments
     /// (lengths, `top_k` 0, an expert id outside the map, an expert twice in one
     /// token, a rank outside the communicator); [`Error::InvalidUsage`] on the other
-    /// ranks then, and on every rank when the expert maps differ; the errors of
-    /// [`Communicator::all_to_all_v`].
+    /// ranks then, and on every rank when the expert maps (or `d`) differ; the errors
+    /// of [`Communicator::all_to_all_v`] and of the schedule's run (timeout, abort,
+    /// remote errors).
     pub fn dispatch<E: bytemuck::Pod>(
         comm: &mut Communicator,
         tokens: &[E],
@@ -350,283 +379,323 @@ impl MoeExchange {
         let topo = comm.topology().clone();
         let checked = check_routing(n, tokens.len(), d, routing);
         let num_tokens = *checked.as_ref().unwrap_or(&0);
-        let mine = checked.map(|_| ());
-        let hash = map_hash(routing.expert_rank);
         let k = routing.top_k.max(1);
-        let my_node = node_of(&topo, me);
+        let dedup = mode == MoeDispatch::Dedup;
+        let sends = checked.and_then(|_| {
+            moe_sends(&topo, me, k, routing.experts, routing.expert_rank, dedup)
+                .map_err(|e| Error::invalid_argument(format!("moe_dispatch: {e}")))
+        });
+        let mine = sends.as_ref().map(|_| ()).map_err(Clone::clone);
+        let sends = sends.unwrap_or_default();
+        let hash = map_hash(routing.expert_rank) ^ (d as u64).rotate_left(32);
 
-        // Group this rank's routing by (node, token); slots in top-k order.
-        let mut by_node: BTreeMap<(usize, u32), Vec<(u32, f32)>> = BTreeMap::new();
-        if mine.is_ok() {
-            for t in 0..num_tokens {
-                for j in 0..k {
-                    let e = routing.experts[t * k + j];
-                    let node = node_of(&topo, routing.expert_rank[e as usize] as usize);
-                    by_node
-                        .entry((node, t as u32))
-                        .or_default()
-                        .push((e, routing.gates[t * k + j]));
+        // Metadata A, source -> relay: per send group [node, tokens, then per token
+        // (token, m, m x (expert, gate bits))]: the replication lists.
+        let mut groups = vec![0usize; n];
+        let mut words = vec![0usize; n];
+        let mut per_peer: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for s in &sends {
+            let w = per_peer.entry(s.relay).or_default();
+            w.extend_from_slice(&[s.node, s.tokens.len() as u32]);
+            for (&t, slots) in s.tokens.iter().zip(&s.slots) {
+                w.extend_from_slice(&[t, slots.len() as u32]);
+                for &j in slots {
+                    let at = t as usize * k + j as usize;
+                    w.extend_from_slice(&[routing.experts[at], routing.gates[at].to_bits()]);
                 }
             }
+            groups[s.relay as usize] += 1;
         }
+        let mut meta = Vec::new();
+        for (&q, w) in &per_peer {
+            words[q as usize] = w.len();
+            meta.extend_from_slice(w);
+        }
+        let (recv_groups, recv_words) = exchange_counts(comm, &groups, &words, &mine, hash)?;
+        let recv_meta = rows_a2av(comm, &meta, &words, &recv_words, 1)?;
+        let mut entries = Vec::new();
+        let mut gate_of: BTreeMap<(u32, u32), Vec<Vec<f32>>> = BTreeMap::new();
+        let mut at = 0usize;
+        for q in 0..n {
+            let end = at + recv_words[q];
+            for _ in 0..recv_groups[q] {
+                let h = take(&recv_meta, &mut at, end, 2, q)?;
+                let (node, count) = (h[0], h[1] as usize);
+                let (mut toks, mut experts, mut gates) = (Vec::new(), Vec::new(), Vec::new());
+                for _ in 0..count {
+                    let h = take(&recv_meta, &mut at, end, 2, q)?;
+                    let (t, m) = (h[0], h[1] as usize);
+                    let pairs = take(&recv_meta, &mut at, end, 2 * m, q)?;
+                    toks.push(t);
+                    experts.push(pairs.chunks(2).map(|p| p[0]).collect::<Vec<u32>>());
+                    gates.push(pairs.chunks(2).map(|p| f32::from_bits(p[1])).collect());
+                }
+                gate_of.insert((q as u32, node), gates);
+                entries.push((q as u32, node, toks, experts));
+            }
+            if at != end {
+                return Err(bad_meta(q));
+            }
+        }
+        let relays = moe_relay_entries(entries, routing.expert_rank)?;
+        let gates: Vec<Vec<Vec<f32>>> = relays
+            .iter()
+            .map(|e| gate_of.remove(&(e.src, e.node)).unwrap_or_default())
+            .collect();
 
+        // Metadata B, relay -> target: per entry group [src, node, rows, rows x
+        // (token, expert)]: where the target puts what it will receive.
+        let mut groups = vec![0usize; n];
+        let mut words = vec![0usize; n];
+        let mut meta = Vec::new();
+        for (q, (g, w)) in groups.iter_mut().zip(words.iter_mut()).enumerate() {
+            let before = meta.len();
+            for (src, node, rows) in moe_forwards(&relays, q as u32) {
+                meta.extend_from_slice(&[src, node, rows.len() as u32]);
+                meta.extend(rows.iter().flat_map(|&(t, e)| [t, e]));
+                *g += 1;
+            }
+            *w = meta.len() - before;
+        }
+        let (recv_groups, recv_words) = exchange_counts(comm, &groups, &words, &Ok(()), hash)?;
+        let recv_meta = rows_a2av(comm, &meta, &words, &recv_words, 1)?;
+        let mut incoming = Vec::new();
+        let mut at = 0usize;
+        for q in 0..n {
+            let end = at + recv_words[q];
+            for _ in 0..recv_groups[q] {
+                let h = take(&recv_meta, &mut at, end, 3, q)?;
+                let (src, node, count) = (h[0], h[1], h[2] as usize);
+                let pairs = take(&recv_meta, &mut at, end, 2 * count, q)?;
+                incoming.push((
+                    q as u32,
+                    src,
+                    node,
+                    pairs.chunks(2).map(|p| (p[0], p[1])).collect(),
+                ));
+            }
+            if at != end {
+                return Err(bad_meta(q));
+            }
+        }
+        let (lands, origins) = moe_lands(incoming)?;
+        let row = d * std::mem::size_of::<E>();
+        let plan = MoePlan {
+            rank: me as u32,
+            size: n,
+            row,
+            send_rows: num_tokens,
+            sends,
+            relays,
+            lands,
+            recv_rows: origins.len(),
+            origins,
+        };
+
+        // The data: one schedule (Phase II to the relays, Phase III inside the node).
+        let mut out = vec![E::zeroed(); plan.recv_rows * d];
+        let schedule = build_moe_dispatch(&with_row(&plan, row.max(1)))?;
         let mut stats = MoeStats::default();
-        let mut ex = MoeExchange {
-            mode,
-            d,
-            num_tokens,
-            a_sent: Vec::new(),
-            a_send_rows: vec![0; n],
-            a_recv_rows: vec![0; n],
-            entries: Vec::new(),
-            b_sent: Vec::new(),
-            b_send_rows: vec![0; n],
-            b_recv_rows: vec![0; n],
-            perm: Vec::new(),
-            local_experts: Vec::new(),
-            expert_counts: Vec::new(),
-            origins: Vec::new(),
-            stats,
-        };
-        // The relay's entries, their sources, and the buffer their rows are in.
-        let mut entry_src: Vec<u32> = Vec::new();
-        let a_rows: Vec<E>;
-        let relay_rows: &[E] = match mode {
-            MoeDispatch::AllToAllV => {
-                // The source is its own relay; the count exchange still runs, so that
-                // invalid arguments and differing maps are errors on every rank.
-                exchange_counts(comm, &vec![0; n], &vec![0; n], &mine, hash)?;
-                for ((_, t), slots) in by_node {
-                    ex.entries.push(Entry {
-                        token: t,
-                        row: t as usize,
-                        slots,
-                    });
-                    entry_src.push(me as u32);
+        let my_node = moe_node_of(&topo, me);
+        for step in schedule.steps() {
+            if let Step::Send { peer, region, .. } = step {
+                let rows = region.len / row.max(1);
+                stats.rows_sent += rows;
+                if moe_node_of(&topo, *peer as usize) != my_node {
+                    stats.rows_sent_off_node += rows;
                 }
-                tokens
-            }
-            MoeDispatch::Dedup => {
-                // Stage A: one row per (token, node) to the aligned peer in that node.
-                let mut per_peer: BTreeMap<usize, Vec<(usize, u32, &Slots)>> = BTreeMap::new();
-                for ((node, t), slots) in &by_node {
-                    per_peer
-                        .entry(relay_for(&topo, me, *node))
-                        .or_default()
-                        .push((*node, *t, slots));
-                }
-                let mut words = vec![0usize; n];
-                let mut meta: Vec<u32> = Vec::new();
-                let mut send: Vec<E> = Vec::with_capacity(by_node.len() * d);
-                for (&peer, list) in &per_peer {
-                    ex.a_send_rows[peer] = list.len();
-                    let before = meta.len();
-                    for &(node, t, slots) in list {
-                        meta.push(t);
-                        meta.push(slots.len() as u32);
-                        for &(e, g) in slots {
-                            meta.push(e);
-                            meta.push(g.to_bits());
-                        }
-                        send.extend_from_slice(&tokens[t as usize * d..(t as usize + 1) * d]);
-                        ex.a_sent.push((node, t));
-                        if node_of(&topo, peer) != my_node {
-                            stats.rows_sent_off_node += 1;
-                        }
-                        stats.rows_sent += 1;
-                    }
-                    words[peer] = meta.len() - before;
-                }
-                let (recv_rows, recv_words) =
-                    exchange_counts(comm, &ex.a_send_rows, &words, &mine, hash)?;
-                ex.a_recv_rows = recv_rows;
-                let recv_meta = rows_a2av(comm, &meta, &words, &recv_words, 1)?;
-                a_rows = rows_a2av(comm, &send, &ex.a_send_rows, &ex.a_recv_rows, d)?;
-                // Parse the replication lists, in receive order.
-                let mut at = 0usize;
-                let mut row = 0usize;
-                for (q, &words) in recv_words.iter().enumerate() {
-                    let end = at + words;
-                    for _ in 0..ex.a_recv_rows[q] {
-                        let bad =
-                            || Error::internal(format!("moe_dispatch: bad metadata from rank {q}"));
-                        if at + 2 > end {
-                            return Err(bad());
-                        }
-                        let (t, m) = (recv_meta[at], recv_meta[at + 1] as usize);
-                        at += 2;
-                        if at + 2 * m > end {
-                            return Err(bad());
-                        }
-                        let slots = (0..m)
-                            .map(|i| {
-                                (
-                                    recv_meta[at + 2 * i],
-                                    f32::from_bits(recv_meta[at + 2 * i + 1]),
-                                )
-                            })
-                            .collect();
-                        at += 2 * m;
-                        ex.entries.push(Entry {
-                            token: t,
-                            row,
-                            slots,
-                        });
-                        entry_src.push(q as u32);
-                        row += 1;
-                    }
-                    if at != end {
-                        return Err(Error::internal(format!(
-                            "moe_dispatch: metadata from rank {q} has {} extra words",
-                            end - at
-                        )));
-                    }
-                }
-                &a_rows
-            }
-        };
-
-        // Stage B: replicate every entry's row to its experts' ranks.
-        let mut per_peer: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
-        for (i, entry) in ex.entries.iter().enumerate() {
-            for (j, &(e, _)) in entry.slots.iter().enumerate() {
-                let q = *routing.expert_rank.get(e as usize).ok_or_else(|| {
-                    Error::internal(format!("moe_dispatch: expert {e} outside the map"))
-                })? as usize;
-                per_peer.entry(q).or_default().push((i, j));
             }
         }
-        let mut meta: Vec<u32> = Vec::new();
-        let mut send: Vec<E> = Vec::with_capacity(ex.entries.len() * d);
-        for (&q, list) in &per_peer {
-            ex.b_send_rows[q] = list.len();
-            for &(i, j) in list {
-                let entry = &ex.entries[i];
-                meta.extend_from_slice(&[entry_src[i], entry.token, entry.slots[j].0]);
-                send.extend_from_slice(&relay_rows[entry.row * d..(entry.row + 1) * d]);
-                ex.b_sent.push((i, j));
-                if node_of(&topo, q) != my_node {
-                    stats.rows_sent_off_node += 1;
-                }
-                stats.rows_sent += 1;
-            }
+        if row > 0 {
+            run_schedule(
+                comm,
+                &schedule,
+                bytemuck::cast_slice(tokens),
+                bytemuck::cast_slice_mut(&mut out),
+            )?;
         }
-        let words = scaled(&ex.b_send_rows, 3);
-        let (recv_rows, _) = exchange_counts(comm, &ex.b_send_rows, &words, &Ok(()), hash)?;
-        ex.b_recv_rows = recv_rows;
-        let recv_meta = rows_a2av(comm, &meta, &words, &scaled(&ex.b_recv_rows, 3), 1)?;
-        let b_rows = rows_a2av(comm, &send, &ex.b_send_rows, &ex.b_recv_rows, d)?;
-
-        // Order by (expert, source, token).
-        let total: usize = ex.b_recv_rows.iter().sum();
-        let key = |i: usize| (recv_meta[3 * i + 2], recv_meta[3 * i], recv_meta[3 * i + 1]);
-        let mut perm: Vec<usize> = (0..total).collect();
-        perm.sort_unstable_by_key(|&i| key(i));
-        ex.local_experts = routing
+        let local_experts: Vec<u32> = routing
             .expert_rank
             .iter()
             .enumerate()
             .filter(|(_, q)| **q as usize == me)
             .map(|(e, _)| e as u32)
             .collect();
-        ex.expert_counts = vec![0; ex.local_experts.len()];
-        let mut out = Vec::with_capacity(total * d);
-        for &i in &perm {
-            let (e, s, t) = key(i);
-            let slot = ex.local_experts.binary_search(&e).map_err(|_| {
+        let mut expert_counts = vec![0; local_experts.len()];
+        for &(e, _, _) in &plan.origins {
+            let slot = local_experts.binary_search(&e).map_err(|_| {
                 Error::internal(format!(
                     "moe_dispatch: received a row for expert {e}, not local"
                 ))
             })?;
-            ex.expert_counts[slot] += 1;
-            ex.origins.push((s, t));
-            out.extend_from_slice(&b_rows[i * d..(i + 1) * d]);
+            expert_counts[slot] += 1;
         }
-        ex.perm = perm;
-        ex.stats = stats;
-        Ok((ex, out))
+        let origins = plan.origins.iter().map(|&(_, s, t)| (s, t)).collect();
+        let plan = with_row(&plan, d * std::mem::size_of::<f32>());
+        Ok((
+            MoeExchange {
+                mode,
+                d,
+                num_tokens,
+                plan,
+                gates,
+                local_experts,
+                expert_counts,
+                origins,
+                stats,
+            },
+            out,
+        ))
     }
 
     /// Sends the experts' outputs (`expert_out`: one row of `d` per dispatched row, in
     /// the dispatch's output order) back and returns, for each of this rank's tokens,
     /// `sum_j gate_j * y_j` over its top-k experts (`tokens x d`), summed as the module
-    /// documentation says (per node in slot order, then across nodes in ascending node
-    /// order), bitwise the same in both modes.
+    /// documentation says (per node in slot order, at the relay; then across nodes in
+    /// ascending node order, at the source), bitwise the same in both modes.
+    ///
+    /// Three passes: a status all-to-all (so that a rank with a wrong `expert_out` is
+    /// an error on every rank, not a timeout), the gather schedule (outputs to the
+    /// relays over the intra-node links), the return schedule (one partial row per
+    /// (token, node) to the source).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `expert_out` does not have `rows x d` elements
-    /// (this rank then exchanges no rows, so every rank that expected rows from it, or
-    /// was to send it rows, gets [`Error::InvalidUsage`] from the count agreement); the
-    /// errors of [`Communicator::all_to_all_v`].
+    /// [`Error::InvalidArgument`] when `expert_out` does not have `rows x d` elements,
+    /// and [`Error::InvalidUsage`] naming that rank on every other rank; the errors of
+    /// the schedules' runs.
     pub fn combine(&self, comm: &mut Communicator, expert_out: &[f32]) -> Result<Vec<f32>> {
+        self.combine_inner(comm, expert_out, None)
+    }
+
+    /// [`MoeExchange::combine`] added to a residual (`tokens x d`), in the order a
+    /// transformer block's combine `h + sum_j gate_j * y_j` takes when reduced inside
+    /// the nodes: the token's **own node first, starting from `residual`** (its slots
+    /// in top-k order), then the partial sum of every other node (each from 0.0, in slot
+    /// order) in ascending node order. When all of a token's experts are on its own
+    /// node this is exactly `((h + g_0 y_0) + g_1 y_1) + ...`. Both modes give the same
+    /// bits; `halo-piper`'s executor computes the same order for its all-to-all-v path.
+    ///
+    /// # Errors
+    /// As [`MoeExchange::combine`], and [`Error::InvalidArgument`] when `residual` does
+    /// not have `tokens x d` elements.
+    pub fn combine_residual(
+        &self,
+        comm: &mut Communicator,
+        expert_out: &[f32],
+        residual: &[f32],
+    ) -> Result<Vec<f32>> {
+        self.combine_inner(comm, expert_out, Some(residual))
+    }
+
+    fn combine_inner(
+        &self,
+        comm: &mut Communicator,
+        expert_out: &[f32],
+        residual: Option<&[f32]>,
+    ) -> Result<Vec<f32>> {
         let d = self.d;
-        if expert_out.len() != self.perm.len() * d {
-            // Take part in this call's exchanges with no rows, so that every peer that
-            // expected rows from this rank fails in the count agreement instead of
-            // waiting for its timeout.
-            // (When stage B agreed — this rank had no rows in it — its peers go on to
-            // stage A, and so does this rank.)
-            let zeros = vec![0usize; self.b_send_rows.len()];
-            let b = rows_a2av::<f32>(comm, &[], &zeros, &zeros, d);
-            if b.is_ok() && self.mode == MoeDispatch::Dedup {
-                let _ = rows_a2av::<f32>(comm, &[], &zeros, &zeros, d);
-            }
-            return Err(Error::invalid_argument(format!(
-                "moe_combine: expert_out has {} elements, not {} rows x d = {d}",
-                expert_out.len(),
-                self.perm.len()
-            )));
+        let n = comm.size();
+        let rows = self.plan.recv_rows;
+        let mine = if expert_out.len() != rows * d {
+            Err(Error::invalid_argument(format!(
+                "moe_combine: expert_out has {} elements, not {rows} rows x d = {d}",
+                expert_out.len()
+            )))
+        } else if let Some(r) = residual.filter(|r| r.len() != self.num_tokens * d) {
+            Err(Error::invalid_argument(format!(
+                "moe_combine: residual has {} elements, not {} tokens x d = {d}",
+                r.len(),
+                self.num_tokens
+            )))
+        } else {
+            Ok(())
+        };
+        let status = vec![u64::from(mine.is_err()); n];
+        let mut all = vec![0u64; n];
+        comm.all_to_all(&status, &mut all)?;
+        mine?;
+        if let Some(q) = all.iter().position(|&s| s != 0) {
+            return Err(Error::InvalidUsage {
+                peer: Some(q),
+                message: format!("moe_combine: rank {q} passed invalid arguments"),
+            });
         }
-        // Back to stage B's receive order.
-        let mut y = vec![0f32; expert_out.len()];
-        for (o, &i) in self.perm.iter().enumerate() {
-            y[i * d..(i + 1) * d].copy_from_slice(&expert_out[o * d..(o + 1) * d]);
+        let mut out = match residual {
+            Some(r) => r.to_vec(),
+            None => vec![0f32; self.num_tokens * d],
+        };
+        if d == 0 {
+            return Ok(out);
         }
-        let back = rows_a2av(comm, &y, &self.b_recv_rows, &self.b_send_rows, d)?;
-        // Where each (entry, slot)'s output landed.
-        let mut pos: Vec<Vec<usize>> = self
-            .entries
-            .iter()
-            .map(|e| vec![usize::MAX; e.slots.len()])
-            .collect();
-        for (r, &(i, j)) in self.b_sent.iter().enumerate() {
-            pos[i][j] = r;
-        }
-        // Partial sums per entry, in slot order.
-        let mut partial = vec![0f32; self.entries.len() * d];
-        for (i, entry) in self.entries.iter().enumerate() {
-            let acc = &mut partial[i * d..(i + 1) * d];
-            for (j, &(_, g)) in entry.slots.iter().enumerate() {
-                let r = pos[i][j];
-                for (a, v) in acc.iter_mut().zip(&back[r * d..(r + 1) * d]) {
-                    *a += g * v;
+        let me = comm.rank() as u32;
+        let my_node = moe_node_of(comm.topology(), comm.rank());
+        // With a residual, the own node's partial starts from it.
+        let own = |e: &MoeRelayEntry| residual.is_some() && e.src == me && e.node == my_node;
+        // Gather: every output to the relay of its (token, node).
+        let mut gathered = vec![0f32; self.plan.gather_rows() * d];
+        let schedule = build_moe_gather(&self.plan)?;
+        run_schedule(
+            comm,
+            &schedule,
+            bytemuck::cast_slice(expert_out),
+            bytemuck::cast_slice_mut(&mut gathered),
+        )?;
+        // The partial sums at the relay: gate-weighted, in slot order, from 0.0.
+        let offs = self.plan.gather_offsets();
+        let (poffs, prows) = self.plan.partial_offsets();
+        let mut partial = vec![0f32; prows * d];
+        for (ei, e) in self.plan.relays.iter().enumerate() {
+            let rows = e.tokens.iter().zip(&self.gates[ei]).zip(&offs[ei]);
+            for (i, ((&t, gates), &first)) in rows.enumerate() {
+                let p = poffs[ei] + i;
+                let acc = &mut partial[p * d..(p + 1) * d];
+                if own(e) {
+                    let t = t as usize;
+                    acc.copy_from_slice(&out[t * d..(t + 1) * d]);
                 }
-            }
-        }
-        let mut out = vec![0f32; self.num_tokens * d];
-        match self.mode {
-            MoeDispatch::AllToAllV => {
-                // Entries are in (node, token) order already.
-                for (i, entry) in self.entries.iter().enumerate() {
-                    let t = entry.token as usize;
-                    for (o, p) in out[t * d..(t + 1) * d]
-                        .iter_mut()
-                        .zip(&partial[i * d..(i + 1) * d])
-                    {
-                        *o += p;
+                for (j, &g) in gates.iter().enumerate() {
+                    let r = first + j;
+                    for (a, v) in acc.iter_mut().zip(&gathered[r * d..(r + 1) * d]) {
+                        *a += g * v;
                     }
                 }
             }
-            MoeDispatch::Dedup => {
-                let home = rows_a2av(comm, &partial, &self.a_recv_rows, &self.a_send_rows, d)?;
-                let mut order: Vec<usize> = (0..self.a_sent.len()).collect();
-                order.sort_by_key(|&r| self.a_sent[r]);
-                for r in order {
-                    let t = self.a_sent[r].1 as usize;
-                    for (o, p) in out[t * d..(t + 1) * d]
-                        .iter_mut()
-                        .zip(&home[r * d..(r + 1) * d])
-                    {
+        }
+        // Return: one partial per (token, node) to the source.
+        let (roffs, rrows) = self.plan.return_offsets();
+        let mut home = vec![0f32; rrows * d];
+        let schedule = build_moe_return(&self.plan)?;
+        run_schedule(
+            comm,
+            &schedule,
+            bytemuck::cast_slice(&partial),
+            bytemuck::cast_slice_mut(&mut home),
+        )?;
+        // The source adds the partials in ascending node order (the send groups'
+        // order); with a residual, the own node's partial (which started from the
+        // residual) replaces the row first, and the others are added after it.
+        let own_first = residual.is_some();
+        let first = self
+            .plan
+            .sends
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| own_first && s.node == my_node);
+        let rest = self
+            .plan
+            .sends
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !(own_first && s.node == my_node));
+        for (si, s) in first.chain(rest) {
+            let replace = own_first && s.node == my_node;
+            for (i, &t) in s.tokens.iter().enumerate() {
+                let (t, r) = (t as usize, roffs[si] + i);
+                let dst = &mut out[t * d..(t + 1) * d];
+                if replace {
+                    dst.copy_from_slice(&home[r * d..(r + 1) * d]);
+                } else {
+                    for (o, p) in dst.iter_mut().zip(&home[r * d..(r + 1) * d]) {
                         *o += p;
                     }
                 }

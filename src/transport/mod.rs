@@ -4,15 +4,37 @@
 //! - [`local`]: ranks as threads of one process, with optional link emulation.
 //! - [`fabric`]: ranks as processes over libfabric (`shm` within a host, `tcp;ofi_rxm`
 //!   or `cxi` between hosts).
-//! - [`shm`]: ranks as processes on one host, over HALO's own shared-memory rings
-//!   (chosen automatically when every rank is on one host; `HALO_TRANSPORT`).
-//! - `shared`: either of them shared by a communicator and its sub-communicators.
+//! - [`shm`]: ranks as processes on one host, over HALO's own shared-memory rings in
+//!   one segment per host.
+//! - [`hybrid`]: a job across hosts — the rings between the ranks of each host, the
+//!   fabric transport between hosts, routed per peer in one session.
+//! - `shared`: any of them shared by a communicator and its sub-communicators.
 //! - `sys`: safe wrappers over the system calls the library needs elsewhere
 //!   (the host's network interfaces, for the bootstrap).
+//!
+//! # Which transport carries a pair (`HALO_TRANSPORT`)
+//! Decided at bootstrap from every rank's card, so every rank decides alike
+//! (`crate::bootstrap::job`). The ranks of one host (same host name and PID
+//! namespace — under `halo launch --hosts`, the emulated host's UTS namespace) share
+//! a segment of rings; pairs on different hosts go over the fabric:
+//!
+//! | `HALO_TRANSPORT` | same-host pairs | pairs across hosts |
+//! |---|---|---|
+//! | `auto` (default) | HALO's rings (libfabric `shm` where a rank could not make its segment file, or where `HALO_FABRIC_PROVIDER` forces a provider) | the network provider |
+//! | `shm` | HALO's rings, an error at initialisation where they cannot be (libfabric's `shm` provider is not opened) | the network provider |
+//! | `fabric` (on any rank) | libfabric `shm` (for the whole job) | the network provider |
+//!
+//! A job on one host gets [`shm::ShmTransport`] alone (the fabric endpoints opened
+//! for the bootstrap are closed), a job whose ranks are each alone on their host (or
+//! with the fabric forced) [`fabric::FabricTransport`], any other job
+//! [`hybrid::HybridTransport`] on the ranks that share a host with another
+//! (the others are on the fabric alone). `Communicator::provider_to` names the
+//! carrier of each peer (`halo-shm` for the rings).
 
 pub(crate) mod device;
 mod emulation;
 pub(crate) mod fabric;
+pub(crate) mod hybrid;
 pub mod local;
 mod raw;
 mod shared;
@@ -64,6 +86,9 @@ pub(crate) enum Backend {
     Fabric(Box<fabric::FabricTransport>),
     /// Ranks as processes on one host, over shared-memory rings.
     Shm(Box<shm::ShmTransport>),
+    /// Ranks as processes on several hosts: shared-memory rings between the ranks of
+    /// this host, libfabric to the others.
+    Hybrid(Box<hybrid::HybridTransport>),
     /// One of the above, shared by the communicators of a split tree (see `shared`).
     Shared(SharedBackend),
 }
@@ -101,6 +126,7 @@ impl Backend {
             Backend::Local(t) => run_on(t, program, tag_base, bufs, opts),
             Backend::Fabric(t) => run_on(&mut **t, program, tag_base, bufs, opts),
             Backend::Shm(t) => run_on(&mut **t, program, tag_base, bufs, opts),
+            Backend::Hybrid(t) => run_on(&mut **t, program, tag_base, bufs, opts),
             Backend::Shared(s) => s.run(program, tag_base, bufs, opts),
         }
     }

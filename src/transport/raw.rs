@@ -26,6 +26,19 @@ impl<'a> RawBuffers<'a> {
         }
     }
 
+    /// A second view of the same buffers for the same borrow, for a transport of two
+    /// halves that serve different peers (the hybrid transport): each half writes only
+    /// the regions of its own receives, and the receives of one collective never
+    /// overlap (the verifier's placement pass), so the two never write the same bytes.
+    pub(crate) fn alias(&self) -> RawBuffers<'a> {
+        RawBuffers {
+            send: self.send,
+            recv: self.recv,
+            scratch: self.scratch,
+            _borrow: PhantomData,
+        }
+    }
+
     /// Base pointer and length of a buffer.
     pub(crate) fn base(&self, buf: Buf) -> (*mut u8, usize) {
         match buf {

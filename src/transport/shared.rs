@@ -186,6 +186,12 @@ impl Backend {
                         .collect(),
                 ),
                 Backend::Shm(t) => (None, vec![Some(super::shm::PROVIDER.to_string()); t.size()]),
+                Backend::Hybrid(t) => (
+                    None,
+                    (0..t.size())
+                        .map(|p| t.provider_to(p).map(str::to_string))
+                        .collect(),
+                ),
                 Backend::Shared(_) => unreachable!("checked above"),
             };
             let endpoint = Arc::new(Endpoint {
@@ -357,6 +363,7 @@ impl SharedBackend {
             Some(Backend::Local(t)) => run_mapped(t, map, program, tag_base, bufs, opts),
             Some(Backend::Fabric(t)) => run_mapped(&mut **t, map, program, tag_base, bufs, opts),
             Some(Backend::Shm(t)) => run_mapped(&mut **t, map, program, tag_base, bufs, opts),
+            Some(Backend::Hybrid(t)) => run_mapped(&mut **t, map, program, tag_base, bufs, opts),
             _ => Err(CollectiveError::Internal(
                 "shared endpoint without a transport".into(),
             )),

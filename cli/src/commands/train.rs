@@ -109,9 +109,11 @@ pub(crate) struct TrainArgs {
     /// for bit).
     #[arg(long)]
     overlap: bool,
-    /// How each MoE layer's forward dispatch moves the tokens: `a2av` (one copy per
-    /// (token, expert), all-to-all-v) or `dedup` (one copy per destination node,
-    /// replicated inside it; same results, bit for bit; not with --overlap).
+    /// How each MoE layer moves the tokens: `a2av` (one copy per (token, expert) both
+    /// ways) or `dedup` (the forward dispatch sends one copy per destination node,
+    /// replicated inside it, and the forward combine sums a token's outputs inside each
+    /// node before one row goes back; the backward stays per (token, expert)). Same
+    /// results, bit for bit; not with --overlap.
     #[arg(long, default_value = "a2av", value_parser = ["a2av", "dedup"])]
     dispatch: String,
     /// Run as threads even when started by a launcher.

@@ -3,8 +3,10 @@
 //! - **Shared memory of dead ranks.** A rank that dies without closing libfabric
 //!   (SIGKILL, `--timeout`, Ctrl-C) leaves the 16 MiB region of the shm provider,
 //!   `/dev/shm/<pid>:<n>:<n>`, HALO's doorbell `/dev/shm/halo-bell-<ns>-<pid>-<n>`,
-//!   and, when the job dies before every rank mapped it, the segment of HALO's
-//!   shared-memory transport `/dev/shm/halo-shm-<ns>-<pid>-<n>` (rank 0's pid).
+//!   and, when the job dies before every rank of a host mapped it, a segment file of
+//!   HALO's shared-memory transport `/dev/shm/halo-shm-<ns>-<pid>-<n>` (every rank
+//!   makes one during set-up; the lowest rank of each host keeps its own as the
+//!   host's segment).
 //!   The launcher removes those of every process it started, by pid, once the process
 //!   is reaped ([`remove_shm_of`]).
 //! - **A launcher that died** (SIGKILL, OOM killer) cannot do that. Each launcher
@@ -73,7 +75,7 @@ fn pid_free(pid: i32) -> bool {
 
 /// Whether `name` is a shared-memory file of process `pid`: libfabric's shm region
 /// `<pid>:<n>[:<n>...]`, HALO's bell `halo-bell-<ns>-<pid>-<n>` or the segment of
-/// HALO's shared-memory transport `halo-shm-<ns>-<pid>-<n>` (made by rank 0).
+/// HALO's shared-memory transport `halo-shm-<ns>-<pid>-<n>` (made by any rank).
 fn shm_of(name: &str, pid: i32) -> bool {
     let pid = pid.to_string();
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());

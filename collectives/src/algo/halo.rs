@@ -23,6 +23,13 @@
 //! messages, `H-1` inter-node messages (instead of `N-R`), and about `(H-1)(R-1)`
 //! forwarded blocks; inter-node bytes are those of the flat fan-out.
 //!
+//! Large uniform packets are *spread* (`Builder::spread`): once a Phase II packet is
+//! cut into chunks, each chunk (one or two blocks) goes to a rank it holds a block
+//! for rather than every chunk to the aligned peer, so a packet's chunks do not queue
+//! on one ordered channel and Phase III forwards at most one block per chunk; with
+//! one block per chunk (from 128 KiB per peer on 8-rank nodes by default) Phase II
+//! is the flat fan-out's network traffic and Phase III is empty.
+//!
 //! Tags: `tier << 44 | chunk << 32 | source rank`, unique per (sender, receiver).
 
 use super::BuildCtx;
@@ -344,6 +351,63 @@ impl Builder<'_, '_> {
         self.ctx.options.chunks(len)
     }
 
+    /// Blocks per Phase II chunk when this build *spreads* its chunks, for a packet
+    /// of `width` blocks (the receiving node's ranks); `None` to send every chunk of a
+    /// packet to the one aligned peer.
+    ///
+    /// Spreading: in a uniform all-to-all with one aggregation level, a packet that
+    /// [`AlgoOptions::chunks`](super::AlgoOptions::chunks) cuts into several chunks is
+    /// cut instead at block boundaries into chunks of at most two blocks (and at most
+    /// `max_chunks` chunks), and each chunk goes to one of the ranks whose blocks it
+    /// holds (the sender's local index modulo the chunk's width), which keeps its own
+    /// block and forwards the other; a chunk of one block is received in place. The network carries
+    /// the same messages and bytes as sending every chunk to the aligned peer, but
+    /// (a) a packet's chunks no longer queue one after the other on one ordered
+    /// channel — they go to different peers and leave together, as flat's messages
+    /// do — and (b) Phase III forwards only the chunk's other blocks (none when a
+    /// chunk is one block). Every rank can place every block only when all sizes are
+    /// equal, so all-to-all-v keeps the aligned routing; so does the metadata pass of
+    /// all-to-all-v (blocks of `META_BLOCK` bytes), whose routes the data pass reads.
+    fn spread(&self, width: usize) -> Option<usize> {
+        let s = self.ctx.sizes.uniform()?;
+        if self.plan.m() != 1 || s <= crate::layout::META_BLOCK || width == 0 {
+            return None;
+        }
+        let (k, _) = self.chunk_plan(width.saturating_mul(s));
+        if k < 2 {
+            return None;
+        }
+        // At most two blocks per chunk (fewer when the chunk size asks for it) and at
+        // most `max_chunks` chunks: simulated on Frontier (docs/SIMULATION.md, table
+        // 1b), two blocks per chunk beat one, four and eight from 32 to 64 KiB per peer.
+        let most = self
+            .ctx
+            .options
+            .max_chunks
+            .clamp(1, crate::algo::MAX_CHUNKS);
+        Some(width.div_ceil(k).min(2).max(width.div_ceil(most)))
+    }
+
+    /// The rank that receives the chunk holding positions `[pa, pb)` from `sender`
+    /// when chunks are spread (see `spread`).
+    fn spread_target(&self, sender: Rank, pa: usize, pb: usize) -> Rank {
+        let idx = self.ctx.topology.local_index(sender, self.plan.tiers[0]);
+        self.plan.order[pa + idx % (pb - pa)] as usize
+    }
+
+    /// Appends to `out` the ranks outside this rank's node that send the spread chunk
+    /// holding positions `[pa, pb)` (this node's) to the rank at position `at`.
+    fn spread_senders(&self, pa: usize, pb: usize, at: usize, out: &mut Vec<Rank>) {
+        let topo = self.ctx.topology;
+        let level = self.plan.tiers[0];
+        let mine = topo.domain(self.plan.order[pa] as usize, level);
+        let (w, t) = (pb - pa, at - pa);
+        for d in (0..topo.num_domains(level)).filter(|&d| d != mine) {
+            let members = topo.ranks(level, d);
+            out.extend(members.iter().skip(t).step_by(w).map(|&r| r as usize));
+        }
+    }
+
     /// Sends `region` (with `self.deps` the steps it depends on) to `peer` at tier `j`
     /// in chunks. `keep` is the part of it, relative to `region`, that `peer` keeps
     /// rather than forwards.
@@ -422,7 +486,46 @@ impl Builder<'_, '_> {
             next.clear();
             // Receives first, so a transport can pre-post them.
             senders.clear();
-            self.plan.senders_to(topo, me, j, &mut senders);
+            if let Some(bpc) = self.spread(mhi - mlo) {
+                // Spread chunks (`spread`): the one holding this rank's block comes from
+                // every sender whose local index selects this rank.
+                let mine = self.plan.pos[me] as usize;
+                let pa = mlo + (mine - mlo) / bpc * bpc;
+                let pb = (pa + bpc).min(mhi);
+                let c = (mine - mlo) / bpc;
+                self.spread_senders(pa, pb, mine, &mut senders);
+                for &g in &senders {
+                    if pb - pa == 1 {
+                        // A chunk of one block, this rank's own: straight into place.
+                        let r = self.ctx.layout.recv_region(g);
+                        self.b.recv(g, tag(j, c, g), r, &[]);
+                        continue;
+                    }
+                    self.offsets(g, pa, pb, &mut off);
+                    let len = off[off.len() - 1];
+                    let base = self.b.scratch(len);
+                    let first = self.chunks.len() as u32;
+                    let id = self.b.recv(g, tag(j, c, g), base, &[]);
+                    self.chunks.push((base.offset, base.offset + len, id));
+                    for (i, pos) in (pa..pb).enumerate() {
+                        self.b
+                            .note_routed(g, self.plan.order[pos] as usize, base.offset + off[i]);
+                    }
+                    next.push(Packet {
+                        src: g,
+                        lo: pa,
+                        hi: pb,
+                        at: Loc::Scratch {
+                            start: base.offset,
+                            first,
+                            end: first + 1,
+                        },
+                    });
+                }
+                senders.clear();
+            } else {
+                self.plan.senders_to(topo, me, j, &mut senders);
+            }
             for &g in &senders {
                 srcs.clear();
                 self.plan.sources(topo, g, j, &mut srcs);
@@ -493,6 +596,22 @@ impl Builder<'_, '_> {
                     if off[b - p.lo] == off[a - p.lo] {
                         continue;
                     }
+                    if let Some(bpc) = self.spread(b - a) {
+                        let k = (b - a).div_ceil(bpc);
+                        // Rotated by this rank's node and local index, for egress
+                        // models that serve a port's messages in order.
+                        let first = (topo.domain(me, child) + topo.local_index(me, child)) % k;
+                        for c in (first..k).chain(0..first) {
+                            let pa = a + c * bpc;
+                            let pb = (pa + bpc).min(b);
+                            let target = self.spread_target(me, pa, pb);
+                            let region = self.region(p, &off, pa, pb);
+                            let deps = std::mem::take(&mut self.deps);
+                            self.b.send(target, tag(j, c, p.src), region, &deps);
+                            self.deps = deps;
+                        }
+                        continue;
+                    }
                     let d = topo.domain(self.plan.order[a] as usize, child);
                     let peer = topo.aligned_peer(me, child, d);
                     let region = self.region(p, &off, a, b);
@@ -513,7 +632,19 @@ impl Builder<'_, '_> {
                 continue;
             }
             srcs.clear();
-            self.plan.sources(topo, g, 0, &mut srcs);
+            if let Some(bpc) = self.spread(hi - lo) {
+                // g's own block, and those of the spread chunks holding this rank's
+                // block that g received.
+                srcs.push(g);
+                let mine = self.plan.pos[me] as usize;
+                let pa = lo + (mine - lo) / bpc * bpc;
+                let pb = (pa + bpc).min(hi);
+                if (pa..pb).contains(&pos) {
+                    self.spread_senders(pa, pb, pos, &mut srcs);
+                }
+            } else {
+                self.plan.sources(topo, g, 0, &mut srcs);
+            }
             for &src in &srcs {
                 let r = layout.recv_region(src);
                 if r.len > 0 {

@@ -10,6 +10,7 @@ mod bruck;
 mod flat;
 mod halo;
 mod halo2d;
+pub(crate) mod moe;
 mod pack;
 mod pairwise;
 
@@ -93,7 +94,9 @@ impl FromStr for Algorithm {
 pub struct AlgoOptions {
     /// Messages that cross an aggregation level are cut into chunks of about this
     /// many bytes (at most [`AlgoOptions::max_chunks`] of them), so redistribution of one
-    /// chunk overlaps the transfer of the next.
+    /// chunk overlaps the transfer of the next. (HALO's uniform all-to-all cuts such a
+    /// message instead into chunks of one or two blocks, each sent to a rank it holds a
+    /// block for: `algo/halo.rs`.)
     pub chunk_bytes: usize,
     /// Most chunks one message is cut into (each chunk costs a message).
     pub max_chunks: usize,

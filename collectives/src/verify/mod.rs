@@ -37,11 +37,13 @@
 
 mod content;
 mod matching;
+mod moe;
 mod placement;
 mod replay;
 mod shape;
 mod waves;
 
+pub use moe::{MoeVerifyReport, verify_moe};
 pub use waves::{WaveReport, verify_waves};
 
 use crate::error::VerifyError;

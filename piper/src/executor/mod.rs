@@ -6,7 +6,8 @@
 //!   implementation ([`ReferenceModel`], over `halo-moe`).
 //! - `pipeline` (private): the 1F1B schedule and the stage-to-stage exchanges.
 //! - `moe_layer` (private): routing, count exchange, dispatch and combine with
-//!   `all_to_all_v` on the stage's EP communicator, and their backward.
+//!   `all_to_all_v` (or the de-duplicating `MoeExchange`) on the stage's EP
+//!   communicator, and their backward.
 //!
 //! # A step
 //!
@@ -181,19 +182,31 @@ impl Executor {
         self.overlap
     }
 
-    /// How the forward dispatch of every MoE layer moves the tokens (default
-    /// [`halo::MoeDispatch::AllToAllV`]). With [`halo::MoeDispatch::Dedup`] the forward
-    /// dispatch is one [`halo::MoeExchange::dispatch`] — each token once per destination
-    /// node of its EP group, replicated inside the node — and every expert gets the same
-    /// rows in the same order, so the results are bit-for-bit the same. The forward
-    /// combine and the backward exchanges stay all-to-all-v (the model's combine needs
-    /// every expert's output separately, for the gates' gradients). Dedup runs without
-    /// overlap. Collective in effect: every rank of an EP group must set the same value.
+    /// How every MoE layer moves the tokens (default [`halo::MoeDispatch::AllToAllV`]).
+    ///
+    /// With [`halo::MoeDispatch::Dedup`] the forward is one
+    /// [`halo::MoeExchange::dispatch`] — each token once per destination node of its EP
+    /// group, replicated inside the node — and one
+    /// [`halo::MoeExchange::combine_residual`]: the gate-weighted outputs of a token's
+    /// experts on one node are summed inside that node, and one row per (token, node)
+    /// goes back. The experts keep their outputs; the backward sends each (token,
+    /// slot) its `d_out` row and its gate (rows of `hidden + 1`, all-to-all-v), the
+    /// expert computes `d_y = gate * d_out` and the gate's gradient `<y, d_out>` where
+    /// `y` is, and returns `d_x` with the gate gradient. So the backward stays
+    /// per-(token, expert) traffic (one element more per row); only the forward is
+    /// de-duplicated.
+    ///
+    /// Both modes sum `h + sum_j gate_j * y_j` in the dedup combine's order (the
+    /// token's own node's slots added to `h` in slot order, then each other node's
+    /// partial sum in ascending node order), so losses and gradients are **bitwise**
+    /// the same in both modes (`piper/tests/executor.rs` checks it); with one node per
+    /// EP group that order is the model's own slot order. Dedup runs without overlap.
+    /// Collective in effect: every rank of an EP group must set the same value.
     pub fn set_dispatch(&mut self, dispatch: halo::MoeDispatch) {
         self.dispatch = dispatch;
     }
 
-    /// How the forward dispatch moves the tokens.
+    /// How MoE layers move the tokens.
     pub fn dispatch(&self) -> halo::MoeDispatch {
         self.dispatch
     }

@@ -162,10 +162,36 @@ fn exchange_overlapped(
 pub(super) struct LayerTape<C: StageCompute> {
     dense: C::DenseState,
     router: C::RouterState,
-    combine: C::CombineState,
+    /// The model's combine state (all-to-all-v), or, with the de-duplicated combine,
+    /// each local expert's outputs (its rows in receive order) and the routing's gates:
+    /// the gate gradients are computed where the outputs are.
+    combine: CombineTape<C>,
     dispatch: Dispatch,
     /// Per local expert: its saved state (`None` when it got no rows).
     experts: Vec<Option<C::ExpertState>>,
+}
+
+/// How a block's combine was done, for its backward.
+enum CombineTape<C: StageCompute> {
+    /// The model's combine at the source, on every (token, slot) output.
+    Model(C::CombineState),
+    /// [`MoeExchange::combine_residual`]: per local expert its outputs, and the gates.
+    Dedup {
+        expert_y: Vec<Vec<f32>>,
+        gates: Vec<f32>,
+    },
+}
+
+impl<C: StageCompute> CombineTape<C> {
+    fn bytes(&self) -> usize {
+        use super::compute::Footprint;
+        match self {
+            CombineTape::Model(s) => s.bytes(),
+            CombineTape::Dedup { expert_y, gates } => {
+                4 * (expert_y.iter().map(Vec::len).sum::<usize>() + gates.len())
+            }
+        }
+    }
 }
 
 impl<C: StageCompute> LayerTape<C> {
@@ -273,9 +299,84 @@ fn overlapped(st: &Stage, ep: &Communicator) -> bool {
         && st.placement.per_rank() > 1
 }
 
-/// The forward dispatch by [`MoeExchange`] ([`MoeDispatch::Dedup`]): the rows each local
-/// expert gets, by local expert index `j` of `local`, in the order of [`dispatch`]
-/// (source rank, then slot), which is `MoeExchange`'s order (expert, source, token).
+/// `y += s * x` (the reference model's order of operations: the same bits).
+fn axpy(s: f32, x: &[f32], y: &mut [f32]) {
+    for (yv, &xv) in y.iter_mut().zip(x) {
+        *yv += s * xv;
+    }
+}
+
+/// `sum x_i * y_i` from 0.0 in index order (the reference model's).
+fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut s = 0.0f32;
+    for (a, b) in x.iter().zip(y) {
+        s += a * b;
+    }
+    s
+}
+
+/// The combine `h + sum_j gate_j * y_j` of both dispatch modes, in the order the
+/// de-duplicated combine reduces inside the nodes ([`MoeExchange::combine_residual`]):
+/// per token, its own node's slots added to `h` in slot order, then each other node's
+/// partial sum (from 0.0, slot order) in ascending node order. `expert_out` is
+/// slot-indexed (`rows x k x d`); `node_of_slot[s]` is the node of slot `s`'s expert.
+fn combine_by_node(
+    h: &[f32],
+    gates: &[f32],
+    expert_out: &[f32],
+    node_of_slot: &[u32],
+    home: u32,
+    d: usize,
+    k: usize,
+) -> Vec<f32> {
+    let mut out = h.to_vec();
+    let rows = h.len().checked_div(d).unwrap_or(0);
+    let mut partial = vec![0.0f32; d];
+    let mut nodes: Vec<u32> = Vec::with_capacity(k);
+    for t in 0..rows {
+        let o = &mut out[t * d..(t + 1) * d];
+        let slots = t * k..(t + 1) * k;
+        for s in slots.clone().filter(|&s| node_of_slot[s] == home) {
+            axpy(gates[s], &expert_out[s * d..(s + 1) * d], o);
+        }
+        nodes.clear();
+        nodes.extend(
+            slots
+                .clone()
+                .map(|s| node_of_slot[s])
+                .filter(|&n| n != home),
+        );
+        nodes.sort_unstable();
+        nodes.dedup();
+        for &n in &nodes {
+            partial.fill(0.0);
+            for s in slots.clone().filter(|&s| node_of_slot[s] == n) {
+                axpy(gates[s], &expert_out[s * d..(s + 1) * d], &mut partial);
+            }
+            for (ov, &p) in o.iter_mut().zip(&partial) {
+                *ov += p;
+            }
+        }
+    }
+    out
+}
+
+/// The node of each slot's expert and this rank's node, on the EP communicator.
+fn slot_nodes(ep: &Communicator, st: &Stage, layer: usize, routing: &Routing) -> (Vec<u32>, u32) {
+    let topo = ep.topology();
+    let owners = st.placement.owners(layer);
+    let nodes = routing
+        .experts
+        .iter()
+        .map(|&e| halo_collectives::moe_node_of(topo, owners[e as usize]))
+        .collect();
+    (nodes, halo_collectives::moe_node_of(topo, ep.rank()))
+}
+
+/// The forward dispatch by [`MoeExchange`] ([`MoeDispatch::Dedup`]): the exchange (for
+/// the combine) and the rows each local expert gets, by local expert index `j` of
+/// `local`, in the order of [`dispatch`] (source rank, then slot), which is
+/// `MoeExchange`'s order (expert, source, token).
 fn dispatch_dedup(
     ep: &mut Communicator,
     st: &Stage,
@@ -283,7 +384,7 @@ fn dispatch_dedup(
     routing: &Routing,
     u: &[f32],
     local: &[usize],
-) -> Result<Vec<Vec<f32>>> {
+) -> Result<(MoeExchange, Vec<Vec<f32>>)> {
     let d = st.hidden;
     let expert_rank: Vec<u32> = st
         .placement
@@ -304,17 +405,22 @@ fn dispatch_dedup(
         at.push((start, c));
         start += c;
     }
-    local
+    if ex
+        .local_experts()
         .iter()
-        .map(|&e| {
-            let i = ex
-                .local_experts()
-                .binary_search(&(e as u32))
-                .map_err(|_| PiperError::Compute(format!("expert {e} is not local")))?;
-            let (s, c) = at[i];
-            Ok(rows[s * d..(s + c) * d].to_vec())
-        })
-        .collect()
+        .map(|&e| e as usize)
+        .ne(local.iter().copied())
+    {
+        return Err(PiperError::Compute(format!(
+            "the dedup dispatch's local experts {:?} are not the placement's {local:?}",
+            ex.local_experts()
+        )));
+    }
+    let by = at
+        .iter()
+        .map(|&(s, c)| rows[s * d..(s + c) * d].to_vec())
+        .collect();
+    Ok((ex, by))
 }
 
 /// Forward of block `layer` on `x`; returns its output and saved state.
@@ -349,12 +455,19 @@ pub(super) fn forward<C: StageCompute>(
         times.all_to_all += waited;
         back
     } else {
-        let (recv, by_expert) = if st.dispatch == MoeDispatch::Dedup {
-            let by = timed(&mut times.all_to_all, || {
-                dispatch_dedup(ep, st, layer, &routing, &u, &local)
-            })?;
-            (None, Some(by))
-        } else {
+        if st.dispatch == MoeDispatch::Dedup {
+            return forward_dedup(
+                ep,
+                st,
+                model,
+                layer,
+                &routing,
+                (h, u, dense, router),
+                plan,
+                times,
+            );
+        }
+        let (recv, by_expert): (Option<Vec<f32>>, Option<Vec<Vec<f32>>>) = {
             let recv = timed(&mut times.all_to_all, || dispatch(ep, &plan, &send, d))?;
             (Some(recv), None)
         };
@@ -388,17 +501,162 @@ pub(super) fn forward<C: StageCompute>(
     };
     let mut expert_out = vec![0.0f32; rows * k * d];
     scatter_slots(&back, d, &plan.send_slots, &mut expert_out)?;
-    let (out, combine) = model.combine_forward(&h, &routing.gates, &expert_out)?;
+    // The model's combine for its saved state (its backward does not depend on the
+    // order of the forward's sum); the output summed in the dedup combine's order.
+    let (_, combine) = model.combine_forward(&h, &routing.gates, &expert_out)?;
+    let (node_of_slot, home) = slot_nodes(ep, st, layer, &routing);
+    let out = combine_by_node(&h, &routing.gates, &expert_out, &node_of_slot, home, d, k);
     Ok((
         out,
         LayerTape {
             dense,
             router,
-            combine,
+            combine: CombineTape::Model(combine),
             dispatch: plan,
             experts,
         },
     ))
+}
+
+/// Forward of block `layer` with the de-duplicated dispatch and combine: every token
+/// once per destination node both ways; the experts' outputs are reduced inside the
+/// node ([`MoeExchange::combine_residual`]) and kept at the experts for the backward.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn forward_dedup<C: StageCompute>(
+    ep: &mut Communicator,
+    st: &Stage,
+    model: &C,
+    layer: usize,
+    routing: &Routing,
+    (h, u, dense, router): (Vec<f32>, Vec<f32>, C::DenseState, C::RouterState),
+    plan: Dispatch,
+    times: &mut StepTimes,
+) -> Result<(Vec<f32>, LayerTape<C>)> {
+    let d = st.hidden;
+    let local = st.local(layer);
+    let (ex, by) = timed(&mut times.all_to_all, || {
+        dispatch_dedup(ep, st, layer, routing, &u, &local)
+    })?;
+    let mut experts = Vec::with_capacity(local.len());
+    let mut expert_y = Vec::with_capacity(local.len());
+    let mut y_all = Vec::with_capacity(by.iter().map(Vec::len).sum());
+    for (j, xin) in by.iter().enumerate() {
+        if plan.expert_rows[j].len() * d != xin.len() {
+            return Err(PiperError::Compute(format!(
+                "dedup dispatch gave local expert {j} {} rows, the counts say {}",
+                xin.len() / d.max(1),
+                plan.expert_rows[j].len()
+            )));
+        }
+        if xin.is_empty() {
+            experts.push(None);
+            expert_y.push(Vec::new());
+            continue;
+        }
+        let (y, es) = model.expert_forward(layer, local[j], xin)?;
+        y_all.extend_from_slice(&y);
+        experts.push(Some(es));
+        expert_y.push(y);
+    }
+    let out = timed(&mut times.all_to_all, || {
+        ex.combine_residual(ep, &y_all, &h)
+            .map_err(PiperError::from)
+    })?;
+    Ok((
+        out,
+        LayerTape {
+            dense,
+            router,
+            combine: CombineTape::Dedup {
+                expert_y,
+                gates: routing.gates.clone(),
+            },
+            dispatch: plan,
+            experts,
+        },
+    ))
+}
+
+/// [`dispatch`] / [`combine`] with rows of `w` elements instead of `d`.
+fn widened(dp: &Dispatch, d: usize, w: usize) -> (Vec<usize>, Vec<usize>) {
+    let f = |c: &Vec<usize>| c.iter().map(|&x| x / d * w).collect();
+    (f(&dp.send_counts), f(&dp.recv_counts))
+}
+
+/// Backward of the expert part with the de-duplicated combine: `d_out` and the gate
+/// of every (token, slot) go to the expert (rows of `d + 1`), which computes
+/// `d_y = gate * d_out` and the gate's gradient `<y, d_out>` where `y` is, and returns
+/// `d_x` with the gate gradient (rows of `d + 1`). Returns the slot-indexed
+/// `(d_expert_in, d_gates)`: the same bits as the model's combine backward on the
+/// all-to-all-v path.
+#[allow(clippy::too_many_arguments)]
+fn backward_dedup_experts<C: StageCompute>(
+    ep: &mut Communicator,
+    st: &Stage,
+    model: &mut C,
+    layer: usize,
+    plan: &Dispatch,
+    (expert_y, gates): (Vec<Vec<f32>>, Vec<f32>),
+    states: Vec<Option<C::ExpertState>>,
+    d_out: &[f32],
+    times: &mut StepTimes,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let d = st.hidden;
+    let w = d + 1;
+    let k = model.top_k();
+    let local = st.local(layer);
+    let mut send = Vec::with_capacity(plan.send_slots.len() * w);
+    for &s in &plan.send_slots {
+        let t = s / k;
+        send.extend_from_slice(&d_out[t * d..(t + 1) * d]);
+        send.push(gates[s]);
+    }
+    let (sc, rc) = widened(plan, d, w);
+    let mut recv = vec![0.0f32; plan.recv_rows * w];
+    timed(&mut times.all_to_all, || {
+        ep.all_to_all_v(
+            &send,
+            &Partition::packed(&sc),
+            &mut recv,
+            &Partition::packed(&rc),
+        )
+        .map_err(PiperError::from)
+    })?;
+    let mut din_recv = vec![0.0f32; recv.len()];
+    for (j, (rows_j, es)) in plan.expert_rows.iter().zip(states).enumerate() {
+        let Some(es) = es else { continue };
+        let y = &expert_y[j];
+        let mut dy = vec![0.0f32; rows_j.len() * d];
+        let mut dg = Vec::with_capacity(rows_j.len());
+        for (i, &r) in rows_j.iter().enumerate() {
+            let row = &recv[r * w..(r + 1) * w];
+            let (dr, g) = (&row[..d], row[d]);
+            axpy(g, dr, &mut dy[i * d..(i + 1) * d]);
+            dg.push(dot(&y[i * d..(i + 1) * d], dr));
+        }
+        let dxe = model.expert_backward(layer, local[j], es, &dy)?;
+        for (i, &r) in rows_j.iter().enumerate() {
+            din_recv[r * w..r * w + d].copy_from_slice(&dxe[i * d..(i + 1) * d]);
+            din_recv[r * w + d] = dg[i];
+        }
+    }
+    let mut back = vec![0.0f32; plan.send_slots.len() * w];
+    timed(&mut times.all_to_all, || {
+        ep.all_to_all_v(
+            &din_recv,
+            &Partition::packed(&rc),
+            &mut back,
+            &Partition::packed(&sc),
+        )
+        .map_err(PiperError::from)
+    })?;
+    let mut d_expert_in = vec![0.0f32; plan.send_slots.len() * d];
+    let mut d_gates = vec![0.0f32; plan.send_slots.len()];
+    for (i, &s) in plan.send_slots.iter().enumerate() {
+        d_expert_in[s * d..(s + 1) * d].copy_from_slice(&back[i * w..i * w + d]);
+        d_gates[s] = back[i * w + d];
+    }
+    Ok((d_expert_in, d_gates))
 }
 
 /// Backward of block `layer` from `d_out`; returns `d_x`.
@@ -414,7 +672,25 @@ pub(super) fn backward<C: StageCompute>(
     let d = st.hidden;
     let plan = &tape.dispatch;
     let local = st.local(layer);
-    let cg = model.combine_backward(tape.combine, d_out)?;
+    let cg = match tape.combine {
+        CombineTape::Model(state) => model.combine_backward(state, d_out)?,
+        CombineTape::Dedup { expert_y, gates } => {
+            let (d_expert_in, d_gates) = backward_dedup_experts(
+                ep,
+                st,
+                model,
+                layer,
+                plan,
+                (expert_y, gates),
+                tape.experts,
+                d_out,
+                times,
+            )?;
+            let d_router = model.router_backward(layer, tape.router, &d_gates)?;
+            let du = model.moe_input_backward(&d_router, &d_expert_in)?;
+            return model.dense_backward(layer, tape.dense, d_out, &du);
+        }
+    };
     let send = gather_slots(&cg.d_expert_out, d, &plan.send_slots)?;
     let back = if overlapped(st, ep) {
         let mut states: Vec<Option<C::ExpertState>> = tape.experts;

@@ -91,6 +91,7 @@ mod watchdog;
 
 pub(crate) use endpoint::MAX_NAME;
 pub(crate) use liveness::{Proc, has_ended, this_process};
+pub(crate) use session::FabricSession;
 pub(crate) use transport::FabricTransport;
 
 use crate::error::{Error, Result};

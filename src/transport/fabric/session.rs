@@ -148,6 +148,17 @@ impl FabricSession<'_> {
         r
     }
 
+    /// Takes `e`, the failure of the hybrid transport's other half in this
+    /// collective, as this session's own: its drop then breaks the transport (closing
+    /// the endpoints, so peers on other hosts see it) and, after a size mismatch,
+    /// first delivers its outstanding sends, as after a failure of its own.
+    pub(crate) fn share_failure(&mut self, e: &CollectiveError) {
+        if self.error.is_none() {
+            self.error = Some(e.to_string());
+            self.mismatch = matches!(e, CollectiveError::Mismatch { .. });
+        }
+    }
+
     /// After a size mismatch: lets this rank's sends that are still outstanding reach
     /// their receivers (for at most `limit`), so that a peer whose call differs receives
     /// this rank's view of the sizes and fails with the mismatch itself, instead of

@@ -392,6 +392,20 @@ impl Transport for FabricTransport {
     }
 
     fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<FabricSession<'a>> {
+        let block = bufs.block;
+        self.begin_raw(tag_base, RawBuffers::new(bufs), block)
+    }
+}
+
+impl FabricTransport {
+    /// [`Transport::begin`] over buffers already taken as raw pointers (the hybrid
+    /// transport's, whose other half uses the same buffers for other peers).
+    pub(crate) fn begin_raw<'a>(
+        &'a mut self,
+        tag_base: u64,
+        raw: RawBuffers<'a>,
+        block: Option<usize>,
+    ) -> CResult<FabricSession<'a>> {
         if let Some(why) = &self.broken {
             return Err(CollectiveError::InvalidUsage(format!(
                 "rank {}: this communicator can no longer be used: {why}; drop it and create \
@@ -404,8 +418,7 @@ impl Transport for FabricTransport {
                 "fabric transport used before connect".into(),
             ));
         }
-        self.block = bufs.block;
-        let raw = RawBuffers::new(bufs);
+        self.block = block;
         FabricSession::begin(self, raw, tag_base)
     }
 }

@@ -2,15 +2,20 @@
 //! lock-free single-producer/single-consumer rings in one shared segment per job.
 //!
 //! # Segment
-//! Rank 0 creates `/dev/shm/halo-shm-NS-PID-N` before the bootstrap exchange and
-//! publishes its path in its card; after the exchange every rank maps it, and the last
-//! rank to map it unlinks it, so a running job has no file in `/dev/shm` at all and a
-//! job that dies in any way leaves none. A job that dies during set-up (before every
-//! rank mapped the segment) leaves the file: rank 0 removes it when its transport is
-//! dropped, `halo launch` when it reaps rank 0 (the name carries rank 0's pid, like
-//! the doorbells, `cli/src/launch/leftovers.rs`), and the next segment created in the
-//! same PID namespace removes those of processes that no longer run. Layout:
-//! `segment.rs`.
+//! One per host: the ranks of a host (all of a one-host job's; in a job across hosts
+//! the others are reached by the fabric, `super::hybrid`) share a segment holding only
+//! their rings, indexed by their place among them. Before the bootstrap exchange every
+//! rank makes an empty file `/dev/shm/halo-shm-NS-PID-N` and publishes its path in its
+//! card; after it the lowest rank of each host sizes its file for the host's ranks and
+//! writes the header, and the others remove theirs and map it (waiting until the
+//! header is written; a maker that fails removes its file, one that ends is seen
+//! ending, so nobody waits for the bootstrap timeout). The last rank to map it unlinks
+//! it, so a running job has no file in `/dev/shm` at all and a job that dies in any
+//! way leaves none. A job that dies during set-up leaves the files: each rank removes
+//! its own when it fails, `halo launch` those of every rank it reaps (the name carries
+//! the rank's pid, like the doorbells, `cli/src/launch/leftovers.rs`), and the next
+//! file made in the same PID namespace removes those of processes that no longer run.
+//! Layout: `segment.rs`.
 //!
 //! # Rings
 //! One ring per ordered pair of ranks (sender, receiver): `slots` cells of `cell`
@@ -75,14 +80,15 @@ mod cma;
 mod segment;
 mod session;
 
-pub(crate) use segment::{Segment, is_segment_path};
+pub(crate) use segment::{Reservation, Segment, is_segment_path};
 
 use crate::error::{Error, Result};
 use crate::transport::fabric::Proc;
 use crate::transport::raw::RawBuffers;
 use cma::{CMA_NO, CMA_OK, CmaConfig, CmaMode};
 use halo_collectives::{Buffers, CollectiveError, Transport};
-use session::{InRing, OutRing, RdvSend, ShmSession, Unexpected};
+pub(crate) use session::ShmSession;
+use session::{InRing, OutRing, RdvSend, Unexpected};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -92,15 +98,19 @@ type CResult<T> = std::result::Result<T, CollectiveError>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum TransportChoice {
-    /// HALO's shared-memory transport when every rank is on one host (same host name
-    /// and PID namespace) and no libfabric provider is forced (`HALO_FABRIC_PROVIDER`);
-    /// libfabric otherwise. The default.
+    /// HALO's shared-memory transport between the ranks of each host (same host name
+    /// and PID namespace) unless a libfabric provider is forced
+    /// (`HALO_FABRIC_PROVIDER`); libfabric between hosts, and for a host whose ranks
+    /// could not share a segment. The default.
     #[default]
     Auto,
-    /// HALO's shared-memory transport; an error at initialisation unless every rank is
-    /// on one host.
+    /// HALO's shared-memory transport between the ranks of each host (an error at
+    /// initialisation where they cannot share a segment, or where a rank forces the
+    /// fabric); the network provider between hosts. libfabric's own `shm` provider is
+    /// not opened.
     Shm,
     /// libfabric for every peer (`shm` within a host, the network provider between).
+    /// One rank saying so is enough for the whole job.
     Fabric,
 }
 
@@ -140,6 +150,9 @@ pub(crate) struct ShmTransport {
     pub(super) rank: usize,
     pub(super) size: usize,
     pub(super) seg: Segment,
+    /// The other ranks of the segment (all others in a one-host job; this host's in a
+    /// job across hosts, where the rest are another transport's), ascending.
+    pub(super) peers: Vec<usize>,
     /// Per peer: this rank's end of the ring to it.
     pub(super) out: Vec<OutRing>,
     /// Per peer: this rank's end of the ring from it.
@@ -195,25 +208,47 @@ impl std::fmt::Debug for ShmTransport {
 }
 
 impl ShmTransport {
-    /// The transport of `rank` of `size` over the mapped segment `seg` (every rank
-    /// calls [`Segment::attach`] through this); `procs[r]`: rank r's process, watched
-    /// while waiting for it.
+    /// The transport of `rank` of `size` over the mapped segment `seg`, which holds
+    /// every rank (every rank calls [`Segment::attach`] through this); `procs[r]`:
+    /// rank r's process, watched while waiting for it.
+    #[cfg(test)]
     pub(crate) fn new(
         rank: usize,
         size: usize,
         seg: Segment,
         procs: Vec<Option<Proc>>,
     ) -> Result<ShmTransport> {
-        if procs.len() != size || rank >= size {
+        Self::new_group(rank, size, &(0..size).collect::<Vec<_>>(), seg, procs)
+    }
+
+    /// The transport of `rank` of `size` over the mapped segment `seg` of the ranks
+    /// `group` (ascending, `rank` among them; the ranks of this host): messages to
+    /// the ranks of `group` only. Every rank of the group calls it.
+    pub(crate) fn new_group(
+        rank: usize,
+        size: usize,
+        group: &[usize],
+        mut seg: Segment,
+        procs: Vec<Option<Proc>>,
+    ) -> Result<ShmTransport> {
+        if procs.len() != size
+            || rank >= size
+            || !group.contains(&rank)
+            || !group.is_sorted()
+            || group.len() != seg.ranks()
+        {
             return Err(Error::internal(
-                "shm transport: one process per rank expected",
+                "shm transport: one process per rank and a segment slot per group member \
+                 expected",
             ));
         }
+        seg.set_ranks(group, size)?;
         let cma = CmaConfig::from_env()?;
         publish_probe(&seg, rank, cma.mode);
         seg.attach();
-        wait_attached(&seg, rank, &procs)?;
-        let (cma_pid, cma_pidfd) = probe_peers(&seg, rank, size, cma)?;
+        wait_attached(&seg, rank, group, &procs)?;
+        let peers: Vec<usize> = group.iter().copied().filter(|&p| p != rank).collect();
+        let (cma_pid, cma_pidfd) = probe_peers(&seg, rank, size, &peers, cma)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let yield_spin = size > cores;
         let spin = match std::env::var("HALO_SHM_SPIN_US") {
@@ -231,6 +266,7 @@ impl ShmTransport {
         tracing::info!(
             rank,
             size,
+            ?peers,
             segment = seg.path(),
             slots = seg.slots(),
             payload = seg.payload(),
@@ -242,6 +278,7 @@ impl ShmTransport {
             rank,
             size,
             seg,
+            peers,
             out: (0..size).map(|_| OutRing::default()).collect(),
             inn: (0..size).map(|_| InRing::default()).collect(),
             sendq: (0..size).map(|_| VecDeque::new()).collect(),
@@ -286,14 +323,20 @@ fn publish_probe(seg: &Segment, rank: usize, mode: CmaMode) {
 /// (`process_vm_readv` of the peer's probe word); tells each peer through the ring
 /// from it; returns the peers' pids to read from (0: the ring path) and pidfds of
 /// them. With `HALO_SHM_CMA=1` a peer that cannot be read is an error.
-fn probe_peers(seg: &Segment, rank: usize, size: usize, cma: CmaConfig) -> Result<Probed> {
+fn probe_peers(
+    seg: &Segment,
+    rank: usize,
+    size: usize,
+    peers: &[usize],
+    cma: CmaConfig,
+) -> Result<Probed> {
     let mode = cma.mode;
     use std::sync::atomic::Ordering::{Relaxed, Release};
     let mut pids = vec![0u32; size];
     let mut fds: Vec<Option<std::os::fd::OwnedFd>> = (0..size).map(|_| None).collect();
     let mut off: Vec<(usize, String)> = Vec::new();
     let my_ns = cma::pid_ns_ino();
-    for p in (0..size).filter(|&p| p != rank) {
+    for &p in peers {
         let verdict = if mode == CmaMode::Off {
             Err("HALO_SHM_CMA=0".to_string())
         } else {
@@ -339,7 +382,7 @@ fn probe_peers(seg: &Segment, rank: usize, size: usize, cma: CmaConfig) -> Resul
             ),
         });
     }
-    if size > 1 {
+    if !peers.is_empty() {
         match off.first() {
             None => tracing::info!(
                 rank,
@@ -353,27 +396,33 @@ fn probe_peers(seg: &Segment, rank: usize, size: usize, cma: CmaConfig) -> Resul
                 "shared-memory transport: cross-memory attach off from {} of {} peers (rank \
                  {p}: {why}); their large messages pass through the rings",
                 off.len(),
-                size - 1
+                peers.len()
             ),
         }
     }
     Ok((pids, fds))
 }
 
-/// Waits until every rank has mapped the segment (so that none is left unable to
-/// open it because the file is gone: the last rank to attach unlinks it, and rank 0
-/// removes it when it ends before that). Fails when a rank's process ended first, or
-/// after the bootstrap timeout (`HALO_BOOTSTRAP_TIMEOUT_MS`).
-fn wait_attached(seg: &Segment, rank: usize, procs: &[Option<Proc>]) -> Result<()> {
+/// Waits until every rank of `group` has mapped the segment (so that none is left
+/// unable to open it because the file is gone: the last rank to attach unlinks it,
+/// and its maker removes it when it ends before that). Fails when a rank's process
+/// ended first, or after the bootstrap timeout (`HALO_BOOTSTRAP_TIMEOUT_MS`).
+fn wait_attached(
+    seg: &Segment,
+    rank: usize,
+    group: &[usize],
+    procs: &[Option<Proc>],
+) -> Result<()> {
     let start = std::time::Instant::now();
     let limit = crate::bootstrap::bootstrap_timeout();
     let mut pause = Duration::from_micros(10);
     let mut looked = start;
-    while seg.attached() < procs.len() {
+    while seg.attached() < group.len() {
         if looked.elapsed() >= Duration::from_millis(50) {
             looked = std::time::Instant::now();
-            if let Some(p) = (0..procs.len())
-                .find(|&p| procs[p].is_some_and(crate::transport::fabric::has_ended))
+            if let Some(&p) = group
+                .iter()
+                .find(|&&p| procs[p].is_some_and(crate::transport::fabric::has_ended))
             {
                 return Err(Error::RemoteError {
                     peer: p,
@@ -390,7 +439,7 @@ fn wait_attached(seg: &Segment, rank: usize, procs: &[Option<Proc>]) -> Result<(
                     "rank {rank}: only {} of {} ranks mapped the shared-memory segment {} within \
                      {limit:?} (HALO_BOOTSTRAP_TIMEOUT_MS)",
                     seg.attached(),
-                    procs.len(),
+                    group.len(),
                     seg.path()
                 ),
             });
@@ -413,6 +462,20 @@ impl Transport for ShmTransport {
     }
 
     fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<ShmSession<'a>> {
+        let block = bufs.block;
+        self.begin_raw(tag_base, RawBuffers::new(bufs), block)
+    }
+}
+
+impl ShmTransport {
+    /// [`Transport::begin`] over buffers already taken as raw pointers (the hybrid
+    /// transport's, whose other half uses the same buffers for other peers).
+    pub(crate) fn begin_raw<'a>(
+        &'a mut self,
+        tag_base: u64,
+        bufs: RawBuffers<'a>,
+        block: Option<usize>,
+    ) -> CResult<ShmSession<'a>> {
         if let Some(why) = &self.broken {
             return Err(CollectiveError::InvalidUsage(format!(
                 "rank {}: this communicator can no longer be used: {why}; drop it and create \
@@ -420,13 +483,12 @@ impl Transport for ShmTransport {
                 self.rank
             )));
         }
-        let block = bufs.block;
-        Ok(ShmSession::new(
-            self,
-            RawBuffers::new(bufs),
-            tag_base,
-            block,
-        ))
+        Ok(ShmSession::new(self, bufs, tag_base, block))
+    }
+
+    /// Whether `peer` is reached through this transport (a rank of its segment).
+    pub(crate) fn reaches(&self, peer: usize) -> bool {
+        peer != self.rank && self.seg.holds(peer)
     }
 }
 

@@ -1,10 +1,15 @@
-//! The job's shared-memory segment: one file in `/dev/shm`, created by rank 0, mapped
-//! by every rank, unlinked by the last rank to map it; its layout; the rings' and
-//! bells' raw access; the futex.
+//! A host's shared-memory segment: one file in `/dev/shm`, reserved (empty) by every
+//! rank before the bootstrap exchange, sized by the lowest rank of the host's ranks
+//! after it, mapped by each of them, unlinked by the last one to map it; its layout;
+//! the rings' and bells' raw access; the futex.
+//!
+//! The segment holds the `n` ranks of one host (all of a one-host job's); rings and
+//! bells are indexed by *slot* (the rank's place among them), and every accessor takes
+//! the job's rank and maps it ([`Segment::set_ranks`]).
 //!
 //! Layout (all offsets from the start of the mapping; a fresh file is all zero, and
 //! all zero is a valid state — every ring empty, every bell awake — so ranks may map
-//! it as soon as rank 0 has written the header):
+//! it as soon as its maker has written the header):
 //! - page 0: [`Header`];
 //! - from page 1: one [`Bell`] (64 bytes) per rank, padded to a page (its futex word,
 //!   and what peers need to probe cross-memory attach: pid, PID namespace, probe word);
@@ -134,6 +139,20 @@ pub(crate) struct Segment {
     /// if the file is still there (a rank never attached).
     own: Option<(PathBuf, u64, u64)>,
     path: String,
+    /// Job rank -> slot in this segment (`NO_SLOT`: a rank of another host).
+    slot: Vec<u32>,
+}
+
+/// [`Segment`]'s `slot` of a rank that is not in the segment.
+const NO_SLOT: u32 = u32::MAX;
+
+/// Why [`Segment::open`] did not open a segment.
+#[derive(Debug)]
+enum NotReady {
+    /// Its maker has not sized it yet (what was found).
+    Yet(String),
+    /// It cannot be opened.
+    Not(CollectiveError),
 }
 
 impl std::fmt::Debug for Segment {
@@ -240,18 +259,46 @@ fn remove_stale(ns: &str) {
     }
 }
 
-impl Segment {
-    /// Creates the job's segment for `nranks` ranks (rank 0 does, before the card
-    /// exchange): `/dev/shm/halo-shm-NS-PID-N`.
-    pub(crate) fn create(nranks: usize) -> CResult<Segment> {
-        let (slots, cell) = geometry(nranks);
-        Self::create_with(nranks, slots, cell)
+/// An empty segment file this rank made before the bootstrap exchange (its name goes
+/// in its card): the segment of its host's ranks if it turns out to be the lowest of
+/// them ([`Reservation::into_segment`]), removed on drop otherwise.
+pub(crate) struct Reservation {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reservation {
+    /// The file's path (`/dev/shm/halo-shm-NS-PID-N`).
+    pub(crate) fn path(&self) -> String {
+        self.path.to_string_lossy().into_owned()
     }
 
-    /// [`Segment::create`] with `slots` cells of `cell` bytes per ring (`cell` a
-    /// multiple of 64 above the cell header, `slots >= 2`).
-    pub(crate) fn create_with(nranks: usize, slots: usize, cell: usize) -> CResult<Segment> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
+    /// Sizes the file for `nranks` ranks (the default geometry) and maps it: the
+    /// segment the other ranks open ([`Segment::open_when_ready`]).
+    pub(crate) fn into_segment(self, nranks: usize) -> CResult<Segment> {
+        let (slots, cell) = geometry(nranks);
+        self.into_segment_with(nranks, slots, cell)
+    }
+
+    /// [`Reservation::into_segment`] with `slots` cells of `cell` bytes per ring
+    /// (`cell` a multiple of 64 above the cell header, `slots >= 2`).
+    pub(crate) fn into_segment_with(
+        mut self,
+        nranks: usize,
+        slots: usize,
+        cell: usize,
+    ) -> CResult<Segment> {
+        // On failure the reservation's drop removes the file: ranks waiting for the
+        // segment see it gone and fail at once.
         if slots < 2 || cell <= CELL_HEAD || !cell.is_multiple_of(64) {
             return Err(CollectiveError::InvalidArgument(format!(
                 "shared-memory rings of {slots} cells of {cell} bytes: need at least 2 cells \
@@ -260,6 +307,71 @@ impl Segment {
         }
         let (_, _, _, total) = layout(nranks, slots, cell)
             .ok_or_else(|| sys("segment size", format!("too large for {nranks} ranks")))?;
+        let path = self.path.clone();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| sys(&format!("cannot open {}", path.display()), e))?;
+        let meta = f.metadata().map_err(|e| sys("stat", e))?;
+        if (meta.dev(), meta.ino()) != (self.dev, self.ino) {
+            return Err(sys(
+                &path.display().to_string(),
+                "replaced by another file since this rank made it",
+            ));
+        }
+        f.set_len(total as u64).map_err(|e| {
+            sys(
+                &format!("cannot size {} to {total} bytes", path.display()),
+                e,
+            )
+        })?;
+        let own = Some((path.clone(), self.dev, self.ino));
+        let seg = Self::map_created(&f, total, nranks, slots, cell, own)?;
+        // The segment owns the file now (its drop removes it if no rank attached): the
+        // reservation's drop leaves it alone.
+        self.path = PathBuf::new();
+        tracing::debug!(path = %path.display(), total, slots, cell, "shared-memory segment created");
+        Ok(seg)
+    }
+
+    fn map_created(
+        f: &std::fs::File,
+        total: usize,
+        nranks: usize,
+        slots: usize,
+        cell: usize,
+        own: Option<(PathBuf, u64, u64)>,
+    ) -> CResult<Segment> {
+        let seg = Segment::map(f, total, nranks, slots, cell, own)?;
+        let h = seg.header();
+        h.nranks.store(nranks as u32, Ordering::Relaxed);
+        h.slots.store(slots as u32, Ordering::Relaxed);
+        h.cell.store(cell as u32, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(seg)
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
+        if let Ok(m) = std::fs::metadata(&self.path)
+            && m.dev() == self.dev
+            && m.ino() == self.ino
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Segment {
+    /// Makes an empty segment file, `/dev/shm/halo-shm-NS-PID-N` (every rank that may
+    /// use the transport does, before the card exchange).
+    pub(crate) fn reserve() -> CResult<Reservation> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
         let ns = pid_ns();
         remove_stale(&ns);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -276,54 +388,89 @@ impl Segment {
             .open(&path)
             .map_err(|e| sys(&format!("cannot create {}", path.display()), e))?;
         let meta = f.metadata().map_err(|e| sys("stat", e))?;
-        let own = Some((path.clone(), meta.dev(), meta.ino()));
-        let map = f
-            .set_len(total as u64)
-            .map_err(|e| {
-                sys(
-                    &format!("cannot size {} to {total} bytes", path.display()),
-                    e,
-                )
-            })
-            .and_then(|()| Self::map(&f, total, nranks, slots, cell, own.clone()));
-        let seg = match map {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                return Err(e);
-            }
-        };
-        let h = seg.header();
-        h.nranks.store(nranks as u32, Ordering::Relaxed);
-        h.slots.store(slots as u32, Ordering::Relaxed);
-        h.cell.store(cell as u32, Ordering::Relaxed);
-        h.magic.store(MAGIC, Ordering::Release);
-        tracing::debug!(path = %path.display(), total, slots, cell, "shared-memory segment created");
-        Ok(seg)
+        Ok(Reservation {
+            path,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
     }
 
-    /// Maps the segment rank 0 created at `path` for `nranks` ranks, after checking its
-    /// header and size.
-    pub(crate) fn open(path: &str, nranks: usize) -> CResult<Segment> {
+    /// Creates a segment for `nranks` ranks at once ([`Segment::reserve`], then
+    /// [`Reservation::into_segment`]).
+    #[cfg(test)]
+    pub(crate) fn create(nranks: usize) -> CResult<Segment> {
+        Self::reserve()?.into_segment(nranks)
+    }
+
+    /// [`Segment::create`] with `slots` cells of `cell` bytes per ring.
+    #[cfg(test)]
+    pub(crate) fn create_with(nranks: usize, slots: usize, cell: usize) -> CResult<Segment> {
+        Self::reserve()?.into_segment_with(nranks, slots, cell)
+    }
+
+    /// Opens the segment another rank sizes at `path` for `nranks` ranks, waiting
+    /// until it has ([`Reservation::into_segment`]): fails when the file is gone (its
+    /// maker failed or ended), when `ended()` says its maker ended, or after `limit`.
+    pub(crate) fn open_when_ready(
+        path: &str,
+        nranks: usize,
+        limit: Duration,
+        ended: impl Fn() -> bool,
+    ) -> CResult<Segment> {
+        let start = std::time::Instant::now();
+        let mut pause = Duration::from_micros(20);
+        loop {
+            match Self::open(path, nranks) {
+                Ok(s) => return Ok(s),
+                Err(NotReady::Not(e)) => return Err(e),
+                Err(NotReady::Yet(why)) => {
+                    if ended() {
+                        return Err(sys(
+                            path,
+                            "the rank that makes this segment ended before it was ready",
+                        ));
+                    }
+                    if start.elapsed() >= limit {
+                        return Err(sys(
+                            path,
+                            format!(
+                                "not ready within {limit:?} ({why}; HALO_BOOTSTRAP_TIMEOUT_MS)"
+                            ),
+                        ));
+                    }
+                }
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// Maps the segment another rank made at `path` for `nranks` ranks, after
+    /// checking its header and size; `NotReady::Yet` while it is still empty or
+    /// being sized.
+    fn open(path: &str, nranks: usize) -> Result<Segment, NotReady> {
         if !is_segment_path(path) {
-            return Err(CollectiveError::InvalidUsage(format!(
+            return Err(NotReady::Not(CollectiveError::InvalidUsage(format!(
                 "{path:?} is not a HALO shared-memory segment (/dev/shm/{FILE_PREFIX}N-N-N)"
-            )));
+            ))));
         }
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(path)
-            .map_err(|e| sys(&format!("cannot open {path}"), e))?;
-        let size = f.metadata().map_err(|e| sys("stat", e))?.len() as usize;
+            .map_err(|e| NotReady::Not(sys(&format!("cannot open {path}"), e)))?;
+        let size = f
+            .metadata()
+            .map_err(|e| NotReady::Not(sys("stat", e)))?
+            .len() as usize;
         if size < PAGE {
-            return Err(sys(path, format!("{size} bytes, not a segment")));
+            return Err(NotReady::Yet(format!("{size} bytes")));
         }
         // Map the header first to learn the geometry.
-        let probe = Self::map(&f, PAGE, nranks, 1, CELL_HEAD + 8, None)?;
+        let probe = Self::map(&f, PAGE, nranks, 1, CELL_HEAD + 8, None).map_err(NotReady::Not)?;
         let h = probe.header();
         if h.magic.load(Ordering::Acquire) != MAGIC {
-            return Err(sys(path, "no HALO segment header"));
+            return Err(NotReady::Yet("no header yet".into()));
         }
         let (n, slots, cell) = (
             h.nranks.load(Ordering::Relaxed) as usize,
@@ -332,15 +479,15 @@ impl Segment {
         );
         drop(probe);
         if n != nranks {
-            return Err(CollectiveError::InvalidUsage(format!(
-                "shared-memory segment {path} was made for {n} ranks, this job has {nranks}"
-            )));
+            return Err(NotReady::Not(CollectiveError::InvalidUsage(format!(
+                "shared-memory segment {path} was made for {n} ranks, this host has {nranks}"
+            ))));
         }
         let total = layout(nranks, slots, cell)
             .map(|l| l.3)
             .filter(|&t| t == size && slots >= 2 && cell > CELL_HEAD)
-            .ok_or_else(|| sys(path, "size does not match its header"))?;
-        let mut seg = Self::map(&f, total, nranks, slots, cell, None)?;
+            .ok_or_else(|| NotReady::Not(sys(path, "size does not match its header")))?;
+        let mut seg = Self::map(&f, total, nranks, slots, cell, None).map_err(NotReady::Not)?;
         seg.path = path.to_string();
         Ok(seg)
     }
@@ -386,6 +533,7 @@ impl Segment {
             ring_len,
             own,
             path,
+            slot: (0..nranks as u32).collect(),
         })
     }
 
@@ -423,13 +571,48 @@ impl Segment {
         false
     }
 
+    /// How many ranks the segment holds.
+    pub(crate) fn ranks(&self) -> usize {
+        self.nranks
+    }
+
     /// How many ranks have attached.
     pub(crate) fn attached(&self) -> usize {
         self.header().attached.load(Ordering::Acquire) as usize
     }
 
-    /// The control block of ring `(s, r)`.
+    /// Which job ranks the segment's slots hold, in slot order (`ranks[i]` has slot
+    /// `i`; one per slot), in a job of `size` ranks. By default rank `i` has slot `i`.
+    pub(crate) fn set_ranks(&mut self, ranks: &[usize], size: usize) -> CResult<()> {
+        if ranks.len() != self.nranks || ranks.iter().any(|&r| r >= size) {
+            return Err(CollectiveError::Internal(format!(
+                "shared-memory segment of {} ranks given ranks {ranks:?} of {size}",
+                self.nranks
+            )));
+        }
+        self.slot = vec![NO_SLOT; size];
+        for (i, &r) in ranks.iter().enumerate() {
+            self.slot[r] = i as u32;
+        }
+        Ok(())
+    }
+
+    /// Whether job rank `rank` has a slot in this segment.
+    pub(super) fn holds(&self, rank: usize) -> bool {
+        self.slot.get(rank).is_some_and(|&s| s != NO_SLOT)
+    }
+
+    /// The slot of job rank `rank` (a rank of this segment).
+    #[inline]
+    fn at(&self, rank: usize) -> usize {
+        let s = self.slot[rank] as usize;
+        debug_assert!(s < self.nranks, "rank {rank} has no slot");
+        s
+    }
+
+    /// The control block of ring `(s, r)` (job ranks).
     pub(super) fn ring(&self, s: usize, r: usize) -> &RingCtl {
+        let (s, r) = (self.at(s), self.at(r));
         debug_assert!(s < self.nranks && r < self.nranks);
         let at = self.rings_at + (s * self.nranks + r) * self.ring_len;
         // SAFETY: `at + CTL` is inside the mapping (layout), 64-aligned (page-aligned
@@ -440,6 +623,7 @@ impl Segment {
     /// A pointer to cell `i` (`< slots`) of ring `(s, r)`; `cell` bytes from there
     /// lie inside the mapping.
     pub(super) fn cell(&self, s: usize, r: usize, i: usize) -> *mut u8 {
+        let (s, r) = (self.at(s), self.at(r));
         debug_assert!(s < self.nranks && r < self.nranks && i < self.slots);
         let at = self.rings_at + (s * self.nranks + r) * self.ring_len + CTL + i * self.cell;
         // SAFETY: in bounds of the mapping by the layout (see `layout`).
@@ -455,6 +639,7 @@ impl Segment {
     }
 
     pub(super) fn bell(&self, rank: usize) -> &Bell {
+        let rank = self.at(rank);
         debug_assert!(rank < self.nranks);
         // SAFETY: inside the bells' pages, 64-aligned; the word is atomic.
         unsafe { &*self.base.add(self.bells_at + rank * 64).cast::<Bell>() }
@@ -554,7 +739,7 @@ mod tests {
         let b = Segment::open(&path, 2).unwrap();
         assert!(matches!(
             Segment::open(&path, 3),
-            Err(CollectiveError::InvalidUsage(_))
+            Err(NotReady::Not(CollectiveError::InvalidUsage(_)))
         ));
         assert!(!a.attach());
         assert!(std::path::Path::new(&path).exists());
@@ -572,5 +757,44 @@ mod tests {
         assert!(std::path::Path::new(&path).exists());
         drop(a);
         assert!(!std::path::Path::new(&path).exists());
+    }
+
+    #[test]
+    fn reservation_is_removed_unless_sized_and_waiters_see_either() {
+        const LIMIT: Duration = Duration::from_secs(10);
+        // Dropped: the file goes, and a rank waiting for it fails at once.
+        let r = Segment::reserve().unwrap();
+        let path = r.path();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert!(matches!(Segment::open(&path, 2), Err(NotReady::Yet(_))));
+        drop(r);
+        assert!(!std::path::Path::new(&path).exists());
+        let t = std::time::Instant::now();
+        let e = Segment::open_when_ready(&path, 2, LIMIT, || false).unwrap_err();
+        assert!(e.to_string().contains("cannot open"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(1));
+        // Its maker ended: the waiter fails instead of waiting out the limit.
+        let r = Segment::reserve().unwrap();
+        let e = Segment::open_when_ready(&r.path(), 2, LIMIT, || true).unwrap_err();
+        assert!(e.to_string().contains("ended before it was ready"), "{e}");
+        // Sized while another rank waits: it opens it; ranks map to slots.
+        let path = r.path();
+        let waiter = std::thread::spawn(move || {
+            let mut b = Segment::open_when_ready(&path, 2, LIMIT, || false).unwrap();
+            b.set_ranks(&[3, 5], 6).unwrap();
+            b
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        let mut a = r.into_segment_with(2, 4, 128).unwrap();
+        a.set_ranks(&[3, 5], 6).unwrap();
+        let b = waiter.join().unwrap();
+        assert!(a.holds(3) && a.holds(5) && !a.holds(0) && !a.holds(4) && !a.holds(9));
+        a.ring(5, 3).tail.store(11, Ordering::Release);
+        assert_eq!(b.ring(5, 3).tail.load(Ordering::Acquire), 11);
+        assert_eq!(b.ring(3, 5).tail.load(Ordering::Acquire), 0);
+        assert!(a.set_ranks(&[1, 2, 3], 6).is_err());
+        assert!(!a.attach());
+        assert!(b.attach());
+        assert!(!std::path::Path::new(a.path()).exists());
     }
 }

@@ -165,6 +165,16 @@ impl<'a> ShmSession<'a> {
 }
 
 impl ShmSession<'_> {
+    /// Takes `e`, the failure of the hybrid transport's other half in this
+    /// collective, as this session's own (its drop breaks the transport and, after a
+    /// size mismatch, first delivers the queued sends and poison).
+    pub(crate) fn share_failure(&mut self, e: &CollectiveError) {
+        if self.error.is_none() {
+            self.error = Some(e.to_string());
+            self.mismatch = matches!(e, CollectiveError::Mismatch { .. });
+        }
+    }
+
     /// Keeps the first error (for the reason the transport breaks) and returns it.
     fn note<T>(&mut self, r: CResult<T>) -> CResult<T> {
         if let Err(e) = &r
@@ -186,9 +196,9 @@ impl ShmSession<'_> {
     }
 
     fn check_peer(&self, peer: usize) -> CResult<()> {
-        if peer >= self.t.size || peer == self.t.rank {
+        if !self.t.reaches(peer) {
             return Err(CollectiveError::Internal(format!(
-                "no route to rank {peer}"
+                "no route to rank {peer} over shared memory"
             )));
         }
         Ok(())
@@ -225,10 +235,8 @@ impl ShmSession<'_> {
     /// Moves cells both ways with every peer; whether anything moved.
     fn poll(&mut self) -> CResult<bool> {
         let mut moved = false;
-        for p in 0..self.t.size {
-            if p == self.t.rank {
-                continue;
-            }
+        for i in 0..self.t.peers.len() {
+            let p = self.t.peers[i];
             moved |= self.push(p)?;
             moved |= self.drain(p)?;
             if !self.t.rdvq[p].is_empty() {
@@ -891,7 +899,7 @@ impl Session for ShmSession<'_> {
     }
 
     fn post_poison(&mut self, peer: usize, tag: u64) -> CResult<()> {
-        if peer == self.t.rank || peer >= self.t.size {
+        if !self.t.reaches(peer) {
             return Ok(());
         }
         let empty = Region::new(halo_collectives::Buf::Send, 0, 0);

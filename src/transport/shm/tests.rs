@@ -19,7 +19,7 @@ fn pattern(rank: usize, round: usize, i: usize, len: usize) -> Vec<u8> {
 /// Two transports of one segment of `slots` cells of `cell` bytes per ring.
 fn pair(slots: usize, cell: usize) -> (ShmTransport, ShmTransport) {
     let a = Segment::create_with(2, slots, cell).unwrap();
-    let b = Segment::open(a.path(), 2).unwrap();
+    let b = Segment::open_when_ready(a.path(), 2, Duration::from_secs(5), || false).unwrap();
     // Each waits until both attached: on two threads.
     std::thread::scope(|s| {
         let hb = s.spawn(|| ShmTransport::new(1, 2, b, vec![None, None]).unwrap());
