@@ -466,7 +466,7 @@ fn wait_child(c: &mut std::process::Child) -> std::process::ExitStatus {
 fn cma_peer_process() {
     let path = std::env::var("HALO_SHM_TEST_SEGMENT").expect("started by a process test");
     let role = std::env::var("HALO_SHM_TEST_ROLE").unwrap();
-    let seg = Segment::open(&path, 2).unwrap();
+    let seg = Segment::open_when_ready(&path, 2, Duration::from_secs(30), || false).unwrap();
     let parent = proc_of(std::os::unix::process::parent_id());
     let mut t = ShmTransport::new(0, 2, seg, vec![None, Some(parent)]).unwrap();
     wait_cma_word(&t, 1);
