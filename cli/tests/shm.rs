@@ -5,6 +5,9 @@
 //! killed with SIGKILL — in the middle of its collectives, or during set-up while the
 //! segment file still exists (the launcher removes it).
 //!
+//! Cross-memory attach (`HALO_SHM_CMA=1`, a low `HALO_SHM_CMA_MIN`) under the same
+//! check, and forced off.
+//!
 //! Elsewhere: the ring stress test and the refusals in `src/transport/shm/tests.rs`;
 //! a SIGKILLed rank's survivors (`fabric.rs`, `sigkilled_rank_survivors_fail_fast_halo_shm`);
 //! abort and the communicator after a timeout (`fabric.rs`, the `(None, true)` cases);
@@ -154,6 +157,74 @@ fn every_algorithm_byte_exact_on_2_3_4_8_processes() {
         ],
         "halo-shm",
     );
+}
+
+#[test]
+fn cross_memory_attach_every_algorithm_byte_exact_and_forced_off() {
+    let dir = scratch("cma");
+    // Blocks of 1,500 x 4 and 70,000 x 4 bytes go by rendezvous (process_vm_readv),
+    // smaller ones through the rings; with tiny rings the rendezvous cells wrap too.
+    for (n, extra) in [
+        (4, &[][..]),
+        (3, &[("HALO_SHM_SLOTS", "2"), ("HALO_SHM_CELL", "128")][..]),
+    ] {
+        let mut env = vec![
+            ("HALO_TRANSPORT", "shm"),
+            ("HALO_SHM_CMA", "1"),
+            ("HALO_SHM_CMA_MIN", "4096"),
+            ("HALO_DEBUG", "info"),
+        ];
+        env.extend_from_slice(extra);
+        check_job(&dir, n, &env, "halo-shm");
+        let (_, stderr) = output(&dir);
+        assert_eq!(
+            stderr
+                .matches("copied once (process_vm_readv) from every peer")
+                .count(),
+            n,
+            "{stderr}"
+        );
+    }
+    // Forced off: the rings carry everything, and each rank says so.
+    check_job(
+        &dir,
+        3,
+        &[
+            ("HALO_TRANSPORT", "shm"),
+            ("HALO_SHM_CMA", "0"),
+            ("HALO_SHM_CMA_MIN", "4096"),
+            ("HALO_DEBUG", "info"),
+        ],
+        "halo-shm",
+    );
+    let (_, stderr) = output(&dir);
+    assert_eq!(
+        stderr
+            .matches("cross-memory attach off from 2 of 2 peers")
+            .count(),
+        3,
+        "{stderr}"
+    );
+    // A bad value is an error naming the variable.
+    let mut child = start(
+        &dir,
+        &[
+            "-n",
+            "2",
+            "--",
+            HALO,
+            "check",
+            "--counts",
+            "1",
+            "--v-rounds",
+            "0",
+        ],
+        &[("HALO_TRANSPORT", "shm"), ("HALO_SHM_CMA", "yes")],
+    );
+    let st = wait_for(&mut child, Duration::from_secs(60));
+    let (_, stderr) = output(&dir);
+    assert!(!st.success());
+    assert!(stderr.contains("HALO_SHM_CMA=\"yes\""), "{stderr}");
 }
 
 #[test]

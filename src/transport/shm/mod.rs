@@ -32,8 +32,11 @@
 //! the caller's buffer, any other into memory of the transport's own ("unexpected")
 //! until its receive is posted — so a ring never blocks on a message nobody asked for
 //! yet, and the schedules' deadlock freedom (proved under rendezvous) carries over.
-//! Large messages are copied twice (into the ring, out of it); cross-memory attach
-//! (`process_vm_readv`) is not used.
+//! Messages through the ring are copied twice (into the ring, out of it). Messages of
+//! at least `HALO_SHM_CMA_MIN` bytes (32 KiB) are copied once where the receiver can
+//! read the sender's memory: one cell offers the buffer's address, the receiver reads
+//! it with `process_vm_readv` and acks, and only the ack completes the send
+//! (*rendezvous*; probed per pair at set-up, `HALO_SHM_CMA=0|1`; `cma.rs`).
 //!
 //! # Waiting
 //! When nothing completes, a rank polls without pause (not when the host has fewer
@@ -53,6 +56,10 @@
 //!   published before it ended is still read, and if the collective still needs it,
 //!   the collective fails with `Remote` naming it. There are no locks, so a killed peer
 //!   cannot leave anything spinning.
+//! - A rendezvous (see `cma.rs`) whose sender's session ends first is withdrawn: its
+//!   receiver fails with `Remote` naming the sender, never with bytes the caller may
+//!   have changed since; a sender that dies before the read, or a receiver that dies
+//!   before the ack, is noticed as above.
 //! - A receive completes only with exactly its posted length: a message of another
 //!   length, or another uniform block size, is a `Mismatch` naming both ranks and both
 //!   sizes; poison (`post_poison`) takes the place of messages a failed rank will not
@@ -64,10 +71,12 @@
 //!
 //! # Files
 //! `segment.rs`: the segment, its layout, bells and the futex (all the `unsafe`);
-//! `session.rs`: posting, matching, progress, waiting and the [`Session`] impl.
+//! `session.rs`: posting, matching, progress, waiting and the [`Session`] impl;
+//! `cma.rs`: cross-memory attach (the probe, the read, the rendezvous states).
 //!
 //! [`Session`]: halo_collectives::Session
 
+mod cma;
 mod segment;
 mod session;
 
@@ -76,9 +85,10 @@ pub(crate) use segment::{Reservation, Segment, is_segment_path};
 use crate::error::{Error, Result};
 use crate::transport::fabric::Proc;
 use crate::transport::raw::RawBuffers;
+use cma::{CMA_NO, CMA_OK, CmaConfig, CmaMode};
 use halo_collectives::{Buffers, CollectiveError, Transport};
 pub(crate) use session::ShmSession;
-use session::{InRing, OutRing, Unexpected};
+use session::{InRing, OutRing, RdvSend, Unexpected};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -163,6 +173,21 @@ pub(crate) struct ShmTransport {
     pub(super) pure: Duration,
     /// Whether to yield from the first poll on (more ranks than cores).
     pub(super) yield_spin: bool,
+    /// Cross-memory attach settings (`HALO_SHM_CMA`, `HALO_SHM_CMA_MIN`).
+    pub(super) cma: CmaConfig,
+    /// Per peer, as sender: whether the peer reads this rank's sends of at least
+    /// `cma.min` bytes by rendezvous (`None`: it has not said yet).
+    pub(super) cma_to: Vec<Option<bool>>,
+    /// Per peer, as receiver: the peer's pid to read its rendezvous from (0: none).
+    pub(super) cma_pid: Vec<u32>,
+    /// Per peer, as receiver: a pidfd of that process (checked after every read).
+    pub(super) cma_pidfd: Vec<Option<std::os::fd::OwnedFd>>,
+    /// Per peer: rendezvous sends published and not yet acked, in ring order.
+    pub(super) rdvq: Vec<VecDeque<RdvSend>>,
+    /// Rendezvous sends published so far (for the tests and the debug log).
+    pub(super) rdv_sent: u64,
+    /// The last session's completion list, kept for the next (empty).
+    pub(super) done_spare: Vec<u32>,
 }
 
 // SAFETY: the raw pointers inside (queued sends, posted receives) point into the
@@ -218,8 +243,12 @@ impl ShmTransport {
             ));
         }
         seg.set_ranks(group, size)?;
+        let cma = CmaConfig::from_env()?;
+        publish_probe(&seg, rank, cma.mode);
         seg.attach();
         wait_attached(&seg, rank, group, &procs)?;
+        let peers: Vec<usize> = group.iter().copied().filter(|&p| p != rank).collect();
+        let (cma_pid, cma_pidfd) = probe_peers(&seg, rank, size, &peers, cma)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let yield_spin = size > cores;
         let spin = match std::env::var("HALO_SHM_SPIN_US") {
@@ -234,7 +263,6 @@ impl ShmTransport {
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map_or(spin, Duration::from_micros);
-        let peers: Vec<usize> = group.iter().copied().filter(|&p| p != rank).collect();
         tracing::info!(
             rank,
             size,
@@ -261,8 +289,118 @@ impl ShmTransport {
             spin,
             pure,
             yield_spin,
+            cma,
+            cma_to: vec![None; size],
+            cma_pid,
+            cma_pidfd,
+            rdvq: (0..size).map(|_| VecDeque::new()).collect(),
+            rdv_sent: 0,
+            done_spare: Vec::with_capacity(64),
         })
     }
+}
+
+/// What [`probe_peers`] found: per peer, its pid to read from (0: none) and a pidfd.
+type Probed = (Vec<u32>, Vec<Option<std::os::fd::OwnedFd>>);
+
+/// Writes what peers need to probe cross-memory attach to this rank into its bell
+/// (before it attaches: peers read it once every rank has).
+fn publish_probe(seg: &Segment, rank: usize, mode: CmaMode) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let b = seg.bell(rank);
+    b.pid.store(std::process::id(), Relaxed);
+    b.pid_ns.store(cma::pid_ns_ino(), Relaxed);
+    let (addr, val) = if mode == CmaMode::Off {
+        (0, 0)
+    } else {
+        cma::probe_word()
+    };
+    b.probe_addr.store(addr, Relaxed);
+    b.probe_val.store(val, Relaxed);
+}
+
+/// Probes, as receiver, whether this process can read each peer's memory
+/// (`process_vm_readv` of the peer's probe word); tells each peer through the ring
+/// from it; returns the peers' pids to read from (0: the ring path) and pidfds of
+/// them. With `HALO_SHM_CMA=1` a peer that cannot be read is an error.
+fn probe_peers(
+    seg: &Segment,
+    rank: usize,
+    size: usize,
+    peers: &[usize],
+    cma: CmaConfig,
+) -> Result<Probed> {
+    let mode = cma.mode;
+    use std::sync::atomic::Ordering::{Relaxed, Release};
+    let mut pids = vec![0u32; size];
+    let mut fds: Vec<Option<std::os::fd::OwnedFd>> = (0..size).map(|_| None).collect();
+    let mut off: Vec<(usize, String)> = Vec::new();
+    let my_ns = cma::pid_ns_ino();
+    for &p in peers {
+        let verdict = if mode == CmaMode::Off {
+            Err("HALO_SHM_CMA=0".to_string())
+        } else {
+            let b = seg.bell(p);
+            let (pid, ns) = (b.pid.load(Relaxed), b.pid_ns.load(Relaxed));
+            if ns != my_ns || my_ns == 0 {
+                Err(format!("rank {p} is in another PID namespace"))
+            } else {
+                // The pidfd first: if the probe then finds the peer's word and the
+                // process has not exited since, the pidfd is the peer's.
+                let fd = cma::pidfd(pid);
+                cma::probe(pid, b.probe_addr.load(Relaxed), b.probe_val.load(Relaxed))
+                    .and_then(|()| match &fd {
+                        Some(f) if cma::exited(f) => Err(format!("process {pid} ended")),
+                        _ => Ok(()),
+                    })
+                    .map(|()| {
+                        fds[p] = fd;
+                        pid
+                    })
+            }
+        };
+        match verdict {
+            Ok(pid) => {
+                pids[p] = pid;
+                seg.ring(p, rank).cma.store(CMA_OK, Release);
+            }
+            Err(why) => {
+                seg.ring(p, rank).cma.store(CMA_NO, Release);
+                off.push((p, why));
+            }
+        }
+    }
+    if mode == CmaMode::Required
+        && let Some((p, why)) = off.first()
+    {
+        return Err(Error::SystemError {
+            message: format!(
+                "HALO_SHM_CMA=1: rank {rank} cannot read rank {p}'s memory with \
+                process_vm_readv ({why}; ptrace_scope {:?}); unset HALO_SHM_CMA to fall back \
+                 to the rings",
+                cma::ptrace_scope()
+            ),
+        });
+    }
+    if !peers.is_empty() {
+        match off.first() {
+            None => tracing::info!(
+                rank,
+                min = cma.min,
+                "shared-memory transport: large messages copied once (process_vm_readv) from \
+                 every peer"
+            ),
+            Some((p, why)) => tracing::info!(
+                rank,
+                ptrace_scope = ?cma::ptrace_scope(),
+                "shared-memory transport: cross-memory attach off from {} of {} peers (rank \
+                 {p}: {why}); their large messages pass through the rings",
+                off.len(),
+                peers.len()
+            ),
+        }
+    }
+    Ok((pids, fds))
 }
 
 /// Waits until every rank of `group` has mapped the segment (so that none is left

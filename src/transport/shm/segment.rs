@@ -11,7 +11,8 @@
 //! all zero is a valid state — every ring empty, every bell awake — so ranks may map
 //! it as soon as its maker has written the header):
 //! - page 0: [`Header`];
-//! - from page 1: one [`Bell`] (64 bytes) per rank, padded to a page;
+//! - from page 1: one [`Bell`] (64 bytes) per rank, padded to a page (its futex word,
+//!   and what peers need to probe cross-memory attach: pid, PID namespace, probe word);
 //! - then `N x N` rings, ring `(s, r)` (sender `s`, receiver `r`) at index `s * N + r`
 //!   (the diagonal is unused), each a [`RingCtl`] (128 bytes) followed by `slots`
 //!   cells of `cell` bytes: a [`CellHead`] (32 bytes) and the payload.
@@ -35,6 +36,12 @@ const PAGE: usize = 4096;
 const CTL: usize = 128;
 /// Bytes of a cell's header.
 pub(super) const CELL_HEAD: usize = std::mem::size_of::<CellHead>();
+const _: () = assert!(
+    std::mem::size_of::<RingCtl>() == CTL
+        && std::mem::size_of::<Bell>() == 64
+        && CELL_HEAD == 32
+        && std::mem::size_of::<Rdv>() <= 32
+);
 /// Prefix of the segment files' names in `/dev/shm`.
 pub(crate) const FILE_PREFIX: &str = "halo-shm-";
 
@@ -56,19 +63,39 @@ struct Header {
 }
 
 /// One ring's control block: `tail` (cells published, written by the sender) and
-/// `head` (cells consumed, written by the receiver), each on its own cache line.
+/// `head` (cells consumed, written by the receiver), each on its own cache line; next
+/// to the head, `cma`: whether the receiver can read the sender's memory
+/// ([`super::cma::CMA_OK`]), written once by the receiver at set-up.
 #[repr(C, align(64))]
 pub(super) struct RingCtl {
     pub(super) tail: AtomicU64,
     _pad: [u8; 56],
     pub(super) head: AtomicU64,
-    _pad2: [u8; 56],
+    pub(super) cma: AtomicU32,
+    _pad2: [u8; 52],
 }
 
-/// A rank's bell: one futex word, on its own cache line.
+/// A rank's bell: one futex word, on its own cache line, and (written once before the
+/// rank attaches, read by peers after every rank has) what a peer needs to probe
+/// cross-memory attach to it.
 #[repr(C, align(64))]
-struct Bell {
+pub(super) struct Bell {
     word: AtomicU32,
+    /// The rank's process id (in its PID namespace).
+    pub(super) pid: AtomicU32,
+    /// Its PID namespace's inode.
+    pub(super) pid_ns: AtomicU64,
+    /// The address of its probe word and the word's value.
+    pub(super) probe_addr: AtomicU64,
+    pub(super) probe_val: AtomicU64,
+}
+
+/// A rendezvous cell's payload: the state word (see `cma.rs`) and the address of the
+/// sender's bytes.
+#[repr(C)]
+pub(super) struct Rdv {
+    pub(super) state: AtomicU64,
+    pub(super) addr: AtomicU64,
 }
 
 /// What a cell carries before its payload. Written by the sender before it publishes
@@ -94,6 +121,9 @@ pub(super) const KIND_FIRST: u32 = 1;
 pub(super) const KIND_MORE: u32 = 2;
 /// Poison in place of the message `tag` (no payload).
 pub(super) const KIND_POISON: u32 = 3;
+/// A whole message by rendezvous: the payload is a [`Rdv`], the receiver reads the
+/// bytes from the sender's memory.
+pub(super) const KIND_RDV: u32 = 4;
 
 /// A mapped segment.
 pub(crate) struct Segment {
@@ -600,7 +630,15 @@ impl Segment {
         unsafe { self.base.add(at) }
     }
 
-    fn bell(&self, rank: usize) -> &Bell {
+    /// The rendezvous in cell `i` of ring `(s, r)`.
+    pub(super) fn rdv(&self, s: usize, r: usize, i: usize) -> &Rdv {
+        // SAFETY: the payload of a cell starts CELL_HEAD (32) bytes into it, so it is
+        // 32-aligned, and is at least 32 bytes (cells are multiples of 64 above the
+        // header): room for the two atomics.
+        unsafe { &*self.cell(s, r, i).add(CELL_HEAD).cast::<Rdv>() }
+    }
+
+    pub(super) fn bell(&self, rank: usize) -> &Bell {
         let rank = self.at(rank);
         debug_assert!(rank < self.nranks);
         // SAFETY: inside the bells' pages, 64-aligned; the word is atomic.

@@ -1,7 +1,8 @@
 //! One collective's operations on the shared-memory transport: posting, matching,
 //! moving cells through the rings, waiting, and the [`Session`] impl.
 
-use super::segment::{CELL_HEAD, CellHead, KIND_FIRST, KIND_MORE, KIND_POISON};
+use super::cma::{self, CLAIMED, CMA_OK, CMA_UNKNOWN, CmaMode, DONE, FAILED, OFFERED, REVOKED};
+use super::segment::{CELL_HEAD, CellHead, KIND_FIRST, KIND_MORE, KIND_POISON, KIND_RDV};
 use super::{CResult, ShmTransport};
 use crate::transport::fabric::has_ended;
 use crate::transport::raw::RawBuffers;
@@ -58,6 +59,14 @@ pub(crate) struct SendOp {
     started: bool,
     block: u64,
     poison: bool,
+}
+
+/// A rendezvous send published and not yet acked.
+#[derive(Debug)]
+pub(crate) struct RdvSend {
+    token: u32,
+    /// Its cell's number in the ring (the tail before it was published).
+    seq: u64,
 }
 
 /// A receive posted and not yet matched.
@@ -141,15 +150,16 @@ impl<'a> ShmSession<'a> {
         block: Option<usize>,
     ) -> ShmSession<'a> {
         ShmSession {
-            t,
             bufs,
             tag_base,
             block: block.map_or(NO_BLOCK, |b| b as u64),
-            done: Vec::new(),
+            // The previous session's (emptied) vector: no allocation per message.
+            done: std::mem::take(&mut t.done_spare),
             error: None,
             mismatch: false,
             idle_since: None,
             last_watch: Instant::now(),
+            t,
         }
     }
 }
@@ -227,32 +237,137 @@ impl ShmSession<'_> {
         let mut moved = false;
         for i in 0..self.t.peers.len() {
             let p = self.t.peers[i];
-            moved |= self.push(p);
+            moved |= self.push(p)?;
             moved |= self.drain(p)?;
+            if !self.t.rdvq[p].is_empty() {
+                moved |= self.acks(p)?;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Whether sends of `len` bytes to `p` go by rendezvous (asks the ring the first
+    /// time: the receiver says whether it can read this process).
+    fn rendezvous(t: &mut ShmTransport, p: usize, len: usize) -> bool {
+        if len < t.cma.min || t.cma.mode == CmaMode::Off {
+            return false;
+        }
+        match t.cma_to[p] {
+            Some(b) => b,
+            None => match t.seg.ring(t.rank, p).cma.load(Ordering::Acquire) {
+                CMA_UNKNOWN => false,
+                w => {
+                    t.cma_to[p] = Some(w == CMA_OK);
+                    w == CMA_OK
+                }
+            },
+        }
+    }
+
+    /// Completes the rendezvous sends to `p` the receiver has acked, in ring order;
+    /// fails on one whose read failed.
+    fn acks(&mut self, p: usize) -> CResult<bool> {
+        let me = self.t.rank;
+        let slots = self.t.seg.slots() as u64;
+        let mut moved = false;
+        while let Some(r) = self.t.rdvq[p].front() {
+            let st = self
+                .t
+                .seg
+                .rdv(me, p, (r.seq % slots) as usize)
+                .state
+                .load(Ordering::Acquire);
+            match st {
+                DONE => {
+                    self.done.push(r.token);
+                    self.t.rdvq[p].pop_front();
+                    moved = true;
+                }
+                FAILED => {
+                    self.t.rdvq[p].pop_front();
+                    return Err(CollectiveError::Remote {
+                        peer: p,
+                        message: format!(
+                            "rank {p} could not read rank {me}'s message from its memory \
+                            (process_vm_readv failed there; HALO_SHM_CMA=0 turns cross-memory \
+                            attach off)"
+                        ),
+                    });
+                }
+                _ => break,
+            }
         }
         Ok(moved)
     }
 
     /// Writes queued sends to `peer` into its ring while there is room.
-    fn push(&mut self, p: usize) -> bool {
-        let t = &mut *self.t;
-        let me = t.rank;
-        let seg = &t.seg;
-        let (out, q) = (&mut t.out[p], &mut t.sendq[p]);
-        if q.is_empty() {
-            return false;
+    fn push(&mut self, p: usize) -> CResult<bool> {
+        if self.t.sendq[p].is_empty() {
+            return Ok(false);
         }
-        let slots = seg.slots() as u64;
-        let payload = seg.payload();
-        let ring = seg.ring(me, p);
+        let slots = self.t.seg.slots() as u64;
         let mut moved = false;
-        while let Some(op) = q.front_mut() {
+        loop {
+            let t = &mut *self.t;
+            let me = t.rank;
+            let Some(op) = t.sendq[p].front() else { break };
+            let rdv = !op.started && !op.poison && Self::rendezvous(t, p, op.len);
+            let out = &mut t.out[p];
+            let ring = t.seg.ring(me, p);
             if out.tail - out.head_cache >= slots {
                 out.head_cache = ring.head.load(Ordering::Acquire);
                 if out.tail - out.head_cache >= slots {
                     break;
                 }
             }
+            // A rendezvous in the cell about to be reused is over (the receiver sets
+            // its state before it frees the cell): complete it first.
+            if t.rdvq[p]
+                .front()
+                .is_some_and(|r| r.seq + slots <= t.out[p].tail)
+            {
+                self.acks(p)?;
+                if self.t.rdvq[p]
+                    .front()
+                    .is_some_and(|r| r.seq + slots <= self.t.out[p].tail)
+                {
+                    return Err(CollectiveError::Internal(format!(
+                        "shm ring to rank {p}: a rendezvous cell was freed before its ack"
+                    )));
+                }
+                continue;
+            }
+            if rdv {
+                let seq = t.out[p].tail;
+                let i = (seq % slots) as usize;
+                let op = t.sendq[p].pop_front().expect("checked");
+                let head = CellHead {
+                    tag: op.tag,
+                    len: op.len as u64,
+                    block: op.block,
+                    kind: KIND_RDV,
+                    chunk: 0,
+                };
+                // SAFETY: the cell is free (tail - head < slots) and ours to write
+                // until the tail's Release store below publishes it.
+                unsafe { ptr::write(t.seg.cell(me, p, i).cast::<CellHead>(), head) };
+                let r = t.seg.rdv(me, p, i);
+                r.addr.store(op.src as u64, Ordering::Relaxed);
+                r.state.store(OFFERED, Ordering::Relaxed);
+                t.out[p].tail += 1;
+                ring.tail.store(t.out[p].tail, Ordering::Release);
+                t.rdvq[p].push_back(RdvSend {
+                    token: op.token,
+                    seq,
+                });
+                t.rdv_sent += 1;
+                moved = true;
+                continue;
+            }
+            let payload = t.seg.payload();
+            let op = t.sendq[p].front_mut().expect("checked");
+            let out = &mut t.out[p];
+            let seg = &t.seg;
             let cell = seg.cell(me, p, (out.tail % slots) as usize);
             let n = (op.len - op.sent).min(payload);
             let head = CellHead {
@@ -287,16 +402,16 @@ impl ShmSession<'_> {
             moved = true;
             if op.sent == op.len {
                 let (token, poison) = (op.token, op.poison);
-                q.pop_front();
+                t.sendq[p].pop_front();
                 if !poison {
                     self.done.push(token);
                 }
             }
         }
         if moved {
-            seg.ring_bell(p);
+            self.t.seg.ring_bell(p);
         }
-        moved
+        Ok(moved)
     }
 
     /// Reads every published cell of the ring from `p`.
@@ -323,10 +438,14 @@ impl ShmSession<'_> {
             // the tail read with Acquire); the sender does not touch it again until the
             // head's Release store frees it.
             let head: CellHead = unsafe { ptr::read(cell.cast::<CellHead>()) };
-            let chunk = (head.chunk as usize).min(payload);
-            // SAFETY: as above; the payload follows the header inside the cell.
-            let data = unsafe { cell.add(CELL_HEAD) };
-            out = self.accept(p, &head, data, chunk);
+            if head.kind == KIND_RDV && self.t.inn[p].partial.is_none() {
+                out = self.take_rdv(p, &head, (self.t.inn[p].head % slots) as usize);
+            } else {
+                let chunk = (head.chunk as usize).min(payload);
+                // SAFETY: as above; the payload follows the header inside the cell.
+                let data = unsafe { cell.add(CELL_HEAD) };
+                out = self.accept(p, &head, data, chunk);
+            }
             let inn = &mut self.t.inn[p];
             inn.head += 1;
             self.t
@@ -442,6 +561,157 @@ impl ShmSession<'_> {
         Ok(())
     }
 
+    /// Takes a rendezvous from `p` in cell `i` of its ring: reads the message from
+    /// its process into the posted receive (or memory of the transport's own) and
+    /// acks it (see `cma.rs`).
+    fn take_rdv(&mut self, p: usize, h: &CellHead, i: usize) -> CResult<()> {
+        let me = self.t.rank;
+        let len = usize::try_from(h.len).unwrap_or(usize::MAX);
+        let pid = self.t.cma_pid[p];
+        let posted = self.find_recv(p, h.tag).map(|k| self.t.recvs.remove(k));
+        let rdv = self.t.seg.rdv(p, me, i);
+        let addr = rdv.addr.load(Ordering::Relaxed);
+        let withdrawn = || CollectiveError::Remote {
+            peer: p,
+            message: format!(
+                "rank {p} withdrew its message {:#x} before rank {me} had read it (its \
+                 collective failed, timed out or was aborted)",
+                h.tag
+            ),
+        };
+        if let Some(r) = &posted
+            && let Some(e) = self.refuse(p, h.tag, len, h.block, r.len)
+        {
+            // Not read: the sender's send completes, as on the ring path.
+            let _ = rdv
+                .state
+                .compare_exchange(OFFERED, DONE, Ordering::AcqRel, Ordering::Acquire);
+            return Err(e);
+        }
+        if pid == 0 {
+            rdv.state.store(FAILED, Ordering::Release);
+            return Err(CollectiveError::Internal(format!(
+                "shm ring from rank {p}: a rendezvous, but rank {me} did not offer to read \
+                 rank {p}'s memory"
+            )));
+        }
+        if rdv
+            .state
+            .compare_exchange(OFFERED, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return self.abandoned(p, h, posted, withdrawn());
+        }
+        let mut heap = Vec::new();
+        let dst = match &posted {
+            Some(r) => r.dst,
+            None => {
+                if let Err(e) = heap.try_reserve_exact(len) {
+                    rdv.state.store(FAILED, Ordering::Release);
+                    return Err(CollectiveError::System(format!(
+                        "rank {me}: no memory for a message of {len} bytes from rank {p}: {e}"
+                    )));
+                }
+                heap.as_mut_ptr()
+            }
+        };
+        // SAFETY: `dst .. + len` is the posted receive's region (bounds-checked at post
+        // time, `len` equal to its length: `refuse` above), in a buffer the session
+        // borrows mutably, or `heap`'s reserved capacity of `len` bytes; nothing else
+        // touches either during the call.
+        let read = unsafe { cma::read_from(pid, dst, addr, len) };
+        if let Err(e) = read {
+            rdv.state.store(FAILED, Ordering::Release);
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                return Err(CollectiveError::Remote {
+                    peer: p,
+                    message: format!(
+                        "rank {p} (process {pid}) ended before rank {me} had read its message"
+                    ),
+                });
+            }
+            return Err(CollectiveError::System(format!(
+                "rank {me}: process_vm_readv of {len} bytes from rank {p} (process {pid}) \
+                 failed: {e} (HALO_SHM_CMA=0 turns cross-memory attach off)"
+            )));
+        }
+        if self.t.cma_pidfd[p].as_ref().is_some_and(cma::exited) {
+            // The process may have ended before or during the read, and its pid may
+            // name another process now: the bytes are not trusted.
+            rdv.state.store(FAILED, Ordering::Release);
+            return Err(CollectiveError::Remote {
+                peer: p,
+                message: format!(
+                    "rank {p} (process {pid}) ended before rank {me} had read its message"
+                ),
+            });
+        }
+        if rdv
+            .state
+            .compare_exchange(CLAIMED, DONE, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // Withdrawn while it was read: the bytes may be anything.
+            return self.abandoned(p, h, posted, withdrawn());
+        }
+        match posted {
+            Some(r) => self.done.push(r.token),
+            None => {
+                // SAFETY: the read filled all `len` reserved bytes.
+                unsafe { heap.set_len(len) };
+                self.t.unexpected.push(Unexpected {
+                    peer: p,
+                    tag: h.tag,
+                    block: h.block,
+                    poison: false,
+                    data: heap,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A rendezvous the sender withdrew: fails the posted receive, or leaves poison
+    /// for the one to come.
+    fn abandoned(
+        &mut self,
+        p: usize,
+        h: &CellHead,
+        posted: Option<PostedRecv>,
+        e: CollectiveError,
+    ) -> CResult<()> {
+        if posted.is_some() {
+            return Err(e);
+        }
+        self.t.unexpected.push(Unexpected {
+            peer: p,
+            tag: h.tag,
+            block: h.block,
+            poison: true,
+            data: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Withdraws every rendezvous send not yet acked (the session ends without them:
+    /// their buffers go back to the caller). A receiver that reads one now drops it.
+    fn revoke_rdvs(&mut self) {
+        let me = self.t.rank;
+        let slots = self.t.seg.slots() as u64;
+        for p in 0..self.t.size {
+            for r in std::mem::take(&mut self.t.rdvq[p]) {
+                let st = &self.t.seg.rdv(me, p, (r.seq % slots) as usize).state;
+                let mut cur = st.load(Ordering::Acquire);
+                while cur == OFFERED || cur == CLAIMED {
+                    match st.compare_exchange(cur, REVOKED, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => break,
+                        Err(c) => cur = c,
+                    }
+                }
+            }
+        }
+    }
+
     fn find_recv(&self, peer: usize, tag: u64) -> Option<usize> {
         self.t
             .recvs
@@ -535,7 +805,7 @@ impl ShmSession<'_> {
             poison,
         });
         // Eager: into the ring now, if there is room.
-        self.push(peer);
+        self.push(peer)?;
         Ok(())
     }
 
@@ -550,7 +820,7 @@ impl ShmSession<'_> {
                     ..
                 })
             );
-            if partial_recv || !self.t.sendq[p].is_empty() {
+            if partial_recv || !self.t.sendq[p].is_empty() || !self.t.rdvq[p].is_empty() {
                 v.push(p);
             }
         }
@@ -591,6 +861,7 @@ impl ShmSession<'_> {
     fn outstanding(&self) -> bool {
         !self.t.recvs.is_empty()
             || self.t.sendq.iter().any(|q| !q.is_empty())
+            || self.t.rdvq.iter().any(|q| !q.is_empty())
             || self.t.inn.iter().any(|i| {
                 matches!(
                     i.partial,
@@ -658,6 +929,7 @@ impl Session for ShmSession<'_> {
         }
         let pending = self.t.recvs.iter().any(|r| r.token == token)
             || self.t.sendq.iter().flatten().any(|s| s.token == token)
+            || self.t.rdvq.iter().flatten().any(|s| s.token == token)
             || self.t.inn.iter().any(|i| {
                 matches!(i.partial, Some(Partial { dest: Dest::Recv { token: t, .. }, .. }) if t == token)
             });
@@ -672,6 +944,21 @@ impl Session for ShmSession<'_> {
             {
                 part.dest = Dest::Discard;
             }
+        }
+        // A rendezvous not yet read is withdrawn (its receiver fails with an error
+        // naming this rank); one read already completes as usual.
+        let me = self.t.rank;
+        let slots = self.t.seg.slots() as u64;
+        for p in 0..self.t.size {
+            let seg = &self.t.seg;
+            self.t.rdvq[p].retain(|r| {
+                r.token != token
+                    || seg
+                        .rdv(me, p, (r.seq % slots) as usize)
+                        .state
+                        .compare_exchange(OFFERED, REVOKED, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+            });
         }
         let mut torn = false;
         for q in &mut self.t.sendq {
@@ -697,7 +984,9 @@ impl Session for ShmSession<'_> {
         self.note(r)?;
         let idle = self.idle_since.get_or_insert_with(Instant::now).elapsed();
         if idle < self.t.pure && !self.t.yield_spin {
-            for _ in 0..16 {
+            // A few pauses only: the next poll comes sooner (a 1-byte ping-pong
+            // notices the message up to ~16 pauses earlier than with 16).
+            for _ in 0..2 {
                 std::hint::spin_loop();
             }
             return Ok(());
@@ -725,6 +1014,8 @@ impl Session for ShmSession<'_> {
 
 impl Drop for ShmSession<'_> {
     fn drop(&mut self) {
+        self.done.clear();
+        self.t.done_spare = std::mem::take(&mut self.done);
         // Operations still outstanding mean the collective did not complete (the
         // engine returns success only when every step has): the transport breaks.
         let failed = self.outstanding() || self.error.is_some();
@@ -745,7 +1036,10 @@ impl Drop for ShmSession<'_> {
             // they fail with the mismatch too; keep draining meanwhile so that peers
             // blocked on a full ring to this rank move on.
             let deadline = Instant::now() + FLUSH_SENDS;
-            while Instant::now() < deadline && self.t.sendq.iter().any(|q| !q.is_empty()) {
+            while Instant::now() < deadline
+                && (self.t.sendq.iter().any(|q| !q.is_empty())
+                    || self.t.rdvq.iter().any(|q| !q.is_empty()))
+            {
                 // Errors (more mismatches, poison) are expected here.
                 let _ = self.poll();
                 self.withdraw_recvs();
@@ -755,6 +1049,7 @@ impl Drop for ShmSession<'_> {
         for q in &mut self.t.sendq {
             q.clear();
         }
+        self.revoke_rdvs();
         self.done.clear();
         tracing::warn!(
             rank = self.t.rank,

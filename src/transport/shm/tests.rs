@@ -217,3 +217,423 @@ fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
         other => panic!("expected a block mismatch, got {other:?}"),
     }
 }
+
+// ---- Cross-memory attach (rendezvous) ----
+
+/// Lengths around a rendezvous threshold of 1000 bytes, with ring traffic between.
+const RDV_LENS: &[usize] = &[0, 1, 999, 1000, 1001, 5000, 3, 20_000, 1 << 20, 1000, 64];
+const RDV_MIN: usize = 1000;
+
+/// One round of [`RDV_LENS`] both ways; receives posted before (`early`) or after the
+/// sends (so that rendezvous arrive before their receive: read into the transport's
+/// own memory).
+fn rdv_round(t: &mut ShmTransport, r: usize, early: bool) -> Result<(), CollectiveError> {
+    let me = t.rank();
+    let peer = 1 - me;
+    let send: Vec<u8> = RDV_LENS
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &l)| pattern(me, r, i, l))
+        .collect();
+    let total: usize = RDV_LENS.iter().sum();
+    let mut recv = vec![0xeeu8; total];
+    let offsets: Vec<usize> = RDV_LENS
+        .iter()
+        .scan(0, |o, &l| {
+            let at = *o;
+            *o += l;
+            Some(at)
+        })
+        .collect();
+    {
+        let bufs = Buffers {
+            send: &send,
+            recv: &mut recv,
+            scratch: &mut [],
+            block: None,
+        };
+        let mut s = t.begin((r as u64) << 48, bufs)?;
+        let post_recvs = |s: &mut <ShmTransport as Transport>::Session<'_>| {
+            for i in (0..RDV_LENS.len()).rev() {
+                let region = Region::new(Buf::Recv, offsets[i], RDV_LENS[i]);
+                s.post_recv(peer, i as u64, region, 1000 + i as u32)?;
+            }
+            Ok::<(), CollectiveError>(())
+        };
+        if early {
+            post_recvs(&mut s)?;
+        }
+        for (i, &l) in RDV_LENS.iter().enumerate() {
+            let region = Region::new(Buf::Send, offsets[i], l);
+            s.post_send(peer, i as u64, region, i as u32)?;
+        }
+        if !early {
+            // Let the peer's messages arrive first.
+            let start = Instant::now();
+            let mut sink = Vec::new();
+            while start.elapsed() < Duration::from_millis(5) {
+                s.progress(&mut sink)?;
+            }
+            post_recvs(&mut s)?;
+            complete(&mut s, 2 * RDV_LENS.len() - sink.len())?;
+        } else {
+            complete(&mut s, 2 * RDV_LENS.len())?;
+        }
+    }
+    for (i, &l) in RDV_LENS.iter().enumerate() {
+        assert_eq!(
+            &recv[offsets[i]..offsets[i] + l],
+            &pattern(peer, r, i, l)[..],
+            "rank {me} round {r} message {i} ({l} bytes)"
+        );
+    }
+    Ok(())
+}
+
+/// How many of [`RDV_LENS`] go by rendezvous per round.
+fn rdv_per_round() -> u64 {
+    RDV_LENS.iter().filter(|&&l| l >= RDV_MIN).count() as u64
+}
+
+#[test]
+fn rendezvous_byte_exact_at_below_and_above_the_threshold_in_one_process() {
+    // Tiny rings: rendezvous cells interleave with eager and pipelined messages and
+    // wrap around; the ring is full of unacked rendezvous at times.
+    for (slots, cell) in [(2, 64), (3, 256), (32, 8192)] {
+        let (mut a, mut b) = pair(slots, cell);
+        // This process reads itself: the probe succeeds.
+        assert_eq!(a.cma_pid[1], std::process::id());
+        assert_eq!(b.cma_pid[0], std::process::id());
+        a.cma.min = RDV_MIN;
+        b.cma.min = RDV_MIN;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for r in 0..20 {
+                    rdv_round(&mut a, r, r % 2 == 0).unwrap();
+                }
+            });
+            s.spawn(|| {
+                for r in 0..20 {
+                    rdv_round(&mut b, r, r % 3 == 0).unwrap();
+                }
+            });
+        });
+        assert_eq!(a.rdv_sent, 20 * rdv_per_round(), "{slots} x {cell}");
+        assert_eq!(b.rdv_sent, 20 * rdv_per_round(), "{slots} x {cell}");
+        assert!(a.broken.is_none() && b.broken.is_none());
+        assert!(a.unexpected.is_empty() && b.unexpected.is_empty());
+    }
+}
+
+#[test]
+fn rendezvous_off_takes_the_ring() {
+    let (mut a, mut b) = pair(3, 256);
+    a.cma.min = RDV_MIN;
+    b.cma.min = RDV_MIN;
+    a.cma.mode = super::cma::CmaMode::Off;
+    b.cma.mode = super::cma::CmaMode::Off;
+    std::thread::scope(|s| {
+        s.spawn(|| rdv_round(&mut a, 0, true).unwrap());
+        s.spawn(|| rdv_round(&mut b, 0, false).unwrap());
+    });
+    assert_eq!((a.rdv_sent, b.rdv_sent), (0, 0));
+}
+
+#[test]
+fn the_probe_refuses_a_dead_process_and_a_wrong_word() {
+    let (addr, val) = super::cma::probe_word();
+    assert_eq!(super::cma::probe(std::process::id(), addr, val), Ok(()));
+    let e = super::cma::probe(std::process::id(), addr, val ^ 2).unwrap_err();
+    assert!(e.contains("not the peer"), "{e}");
+    // A process that ended (and was reaped): its pid names nobody.
+    let mut c = std::process::Command::new("true").spawn().unwrap();
+    let pid = c.id();
+    c.wait().unwrap();
+    let e = super::cma::probe(pid, addr, val).unwrap_err();
+    assert!(e.contains("process_vm_readv"), "{e}");
+    assert!(super::cma::probe(0, addr, val).is_err());
+    // The pidfd check after every read: this process lives, a child that ended not.
+    let me = super::cma::pidfd(std::process::id()).expect("pidfd_open (Linux 5.3)");
+    assert!(!super::cma::exited(&me));
+    let mut c = std::process::Command::new("true").spawn().unwrap();
+    let fd = super::cma::pidfd(c.id()).expect("pidfd of a child");
+    c.wait().unwrap();
+    assert!(super::cma::exited(&fd));
+}
+
+#[test]
+fn a_withdrawn_rendezvous_fails_its_receive_with_the_senders_rank() {
+    let (mut a, mut b) = pair(4, 128);
+    a.cma.min = 64;
+    let send = vec![7u8; 4096];
+    {
+        let bufs = Buffers {
+            send: &send,
+            recv: &mut [],
+            scratch: &mut [],
+            block: None,
+        };
+        let mut s = a.begin(0, bufs).unwrap();
+        s.post_send(1, 5, Region::new(Buf::Send, 0, 4096), 0)
+            .unwrap();
+        s.post_send(1, 6, Region::new(Buf::Send, 0, 4096), 1)
+            .unwrap();
+        let mut done = Vec::new();
+        s.progress(&mut done).unwrap();
+        assert!(
+            done.is_empty(),
+            "a rendezvous completed without its receiver"
+        );
+        // The session ends (a timeout, an abort) with both unacked: withdrawn.
+    }
+    assert!(a.broken.is_some());
+    assert_eq!(a.rdv_sent, 2);
+    let mut recv = vec![0u8; 8192];
+    let bufs = Buffers {
+        send: &[],
+        recv: &mut recv,
+        scratch: &mut [],
+        block: None,
+    };
+    let mut s = b.begin(0, bufs).unwrap();
+    // The first with its receive posted, the second before its receive.
+    s.post_recv(0, 5, Region::new(Buf::Recv, 0, 4096), 0)
+        .unwrap();
+    match complete(&mut s, 1) {
+        Err(CollectiveError::Remote { peer: 0, message }) => {
+            assert!(message.contains("withdrew"), "{message}")
+        }
+        other => panic!("expected the withdrawal, got {other:?}"),
+    }
+    drop(s);
+    assert!(recv.iter().all(|&x| x == 0), "withdrawn bytes were written");
+}
+
+// ---- Between real processes: this test binary, run again as the other rank ----
+
+/// `/proc/PID/stat`'s start time (field 22).
+fn start_time(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, rest) = s.rsplit_once(')').unwrap();
+    rest.split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+fn proc_of(pid: u32) -> crate::transport::fabric::Proc {
+    crate::transport::fabric::Proc {
+        pid,
+        start: start_time(pid),
+    }
+}
+
+/// Starts this test binary as the other rank (`cma_peer_process`) with `env`.
+fn spawn_peer(seg: &Segment, role: &str, env: &[(&str, &str)]) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "transport::shm::tests::cma_peer_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("HALO_SHM_TEST_SEGMENT", seg.path())
+        .env("HALO_SHM_TEST_ROLE", role)
+        .env_remove("HALO_SHM_CMA")
+        .env_remove("HALO_SHM_CMA_MIN")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_child(c: &mut std::process::Child) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            return st;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("the peer process ran past 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The other rank (rank 0) of the process tests below; not a test on its own.
+#[test]
+#[ignore = "the other rank of the process tests, started by them"]
+fn cma_peer_process() {
+    let path = std::env::var("HALO_SHM_TEST_SEGMENT").expect("started by a process test");
+    let role = std::env::var("HALO_SHM_TEST_ROLE").unwrap();
+    let seg = Segment::open_when_ready(&path, 2, Duration::from_secs(30), || false).unwrap();
+    let parent = proc_of(std::os::unix::process::parent_id());
+    let mut t = ShmTransport::new(0, 2, seg, vec![None, Some(parent)]).unwrap();
+    wait_cma_word(&t, 1);
+    match role.as_str() {
+        "exact" => {
+            for r in 0..6 {
+                rdv_round(&mut t, r, r % 2 == 0).unwrap();
+            }
+            let want: u64 = std::env::var("HALO_SHM_TEST_RDV").unwrap().parse().unwrap();
+            assert_eq!(t.rdv_sent, want);
+        }
+        "send-and-wait" => {
+            // One rendezvous, then wait for an ack that will not come: killed meanwhile.
+            let send = vec![3u8; 1 << 20];
+            let bufs = Buffers {
+                send: &send,
+                recv: &mut [],
+                scratch: &mut [],
+                block: None,
+            };
+            let mut s = t.begin(0, bufs).unwrap();
+            s.post_send(1, 1, Region::new(Buf::Send, 0, 1 << 20), 0)
+                .unwrap();
+            let _ = complete(&mut s, 1);
+            panic!("the receiver acked a message it was not reading");
+        }
+        "idle" => std::thread::sleep(Duration::from_secs(30)),
+        other => panic!("role {other}"),
+    }
+}
+
+/// Waits until `peer` has said whether it reads this rank's rendezvous (its probe).
+fn wait_cma_word(t: &ShmTransport, peer: usize) {
+    let start = Instant::now();
+    while t
+        .seg
+        .ring(t.rank, peer)
+        .cma
+        .load(std::sync::atomic::Ordering::Acquire)
+        == 0
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "rank {peer} never probed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn process_pair(role: &str, env: &[(&str, &str)]) -> (ShmTransport, std::process::Child) {
+    let seg = Segment::create_with(2, 4, 256).unwrap();
+    let child = spawn_peer(&seg, role, env);
+    let t = ShmTransport::new(1, 2, seg, vec![Some(proc_of(child.id())), None]).unwrap();
+    (t, child)
+}
+
+#[test]
+fn rendezvous_byte_exact_between_processes_and_forced_off() {
+    let per = rdv_per_round();
+    for (cma, want) in [("auto", 6 * per), ("0", 0)] {
+        let n = want.to_string();
+        let env = [
+            ("HALO_SHM_CMA", cma),
+            ("HALO_SHM_CMA_MIN", "1000"),
+            ("HALO_SHM_TEST_RDV", n.as_str()),
+        ];
+        let (mut t, mut child) = process_pair("exact", &env);
+        if cma == "0" {
+            // The peer did not offer to read this process: the ring, whatever this
+            // rank's settings.
+            assert_eq!(t.cma_pid[0], 0);
+        } else {
+            assert_eq!(t.cma_pid[0], child.id());
+        }
+        t.cma.min = RDV_MIN;
+        wait_cma_word(&t, 0);
+        for r in 0..6 {
+            rdv_round(&mut t, r, r % 3 == 0).unwrap();
+        }
+        assert_eq!(t.rdv_sent, want, "HALO_SHM_CMA={cma}");
+        assert!(wait_child(&mut child).success(), "HALO_SHM_CMA={cma}");
+    }
+}
+
+/// Waits until `pid` is a zombie (killed, not reaped).
+fn wait_zombie(pid: u32) {
+    let start = Instant::now();
+    loop {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        if s.rsplit_once(')').unwrap().1.trim_start().starts_with('Z') {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_sender_killed_during_a_rendezvous_fails_the_receive_naming_it() {
+    let (mut t, mut child) = process_pair("send-and-wait", &[("HALO_SHM_CMA_MIN", "4096")]);
+    let ring = t.seg.ring(0, 1);
+    let start = Instant::now();
+    while ring.tail.load(std::sync::atomic::Ordering::Acquire) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "no rendezvous");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The rendezvous is published and not read: the sender dies.
+    // SAFETY: (test) a signal to the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    wait_zombie(child.id());
+    let mut recv = vec![0u8; 1 << 20];
+    let bufs = Buffers {
+        send: &[],
+        recv: &mut recv,
+        scratch: &mut [],
+        block: None,
+    };
+    let started = Instant::now();
+    {
+        let mut s = t.begin(0, bufs).unwrap();
+        s.post_recv(0, 1, Region::new(Buf::Recv, 0, 1 << 20), 0)
+            .unwrap();
+        match complete(&mut s, 1) {
+            Err(CollectiveError::Remote { peer: 0, message }) => {
+                assert!(
+                    message.contains("ended before rank 1 had read"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected rank 0's end, got {other:?}"),
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(recv.iter().all(|&x| x == 0));
+    let _ = child.wait();
+}
+
+#[test]
+fn a_receiver_killed_while_its_sender_waits_for_the_ack_fails_the_send() {
+    let (mut t, mut child) = process_pair("idle", &[]);
+    t.cma.min = 4096;
+    wait_cma_word(&t, 0);
+    let send = vec![9u8; 1 << 20];
+    let bufs = Buffers {
+        send: &send,
+        recv: &mut [],
+        scratch: &mut [],
+        block: None,
+    };
+    let mut s = t.begin(0, bufs).unwrap();
+    s.post_send(0, 1, Region::new(Buf::Send, 0, 1 << 20), 0)
+        .unwrap();
+    let mut sink = Vec::new();
+    s.progress(&mut sink).unwrap();
+    assert!(sink.is_empty(), "completed without an ack");
+    // SAFETY: (test) a signal to the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let started = Instant::now();
+    match complete(&mut s, 1) {
+        Err(CollectiveError::Remote { peer: 0, message }) => {
+            assert!(message.contains("ended"), "{message}")
+        }
+        other => panic!("expected rank 0's end, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+    drop(s);
+    assert!(t.broken.is_some());
+    assert_eq!(t.rdv_sent, 1);
+    let _ = child.wait();
+}
