@@ -410,8 +410,14 @@ mod tests {
             t.pick(Key::Uniform(2), || vec![Algorithm::Pairwise]),
             Some(Algorithm::Pairwise)
         );
-        assert!(t.record(Key::Uniform(2), Algorithm::Pairwise, ms(1)).is_none());
-        assert_eq!(t.tuned(Key::Uniform(2)).unwrap().algorithm, Algorithm::Pairwise);
+        assert!(
+            t.record(Key::Uniform(2), Algorithm::Pairwise, ms(1))
+                .is_none()
+        );
+        assert_eq!(
+            t.tuned(Key::Uniform(2)).unwrap().algorithm,
+            Algorithm::Pairwise
+        );
         assert_eq!(t.pick(Key::Uniform(3), Vec::new), None);
     }
 
@@ -445,7 +451,10 @@ mod tests {
         }
         // No agree(): the next pick starts over.
         assert_eq!(t.pick(Key::Uniform(4), Vec::new), Some(Algorithm::Flat));
-        assert!(t.agree(Key::Uniform(4), &[1]).is_none(), "wrong length is refused");
+        assert!(
+            t.agree(Key::Uniform(4), &[1]).is_none(),
+            "wrong length is refused"
+        );
     }
 
     #[test]

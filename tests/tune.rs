@@ -236,7 +236,10 @@ fn every_rank_measures_all_to_all_v_alike() {
                 }
                 let tuned = comm.tuned_v(mean).unwrap();
                 // The uniform all-to-all's class of the same size is its own.
-                assert!(comm.tuned(mean).is_none(), "v trials decided a uniform class");
+                assert!(
+                    comm.tuned(mean).is_none(),
+                    "v trials decided a uniform class"
+                );
                 for extra in 0..3 {
                     assert_eq!(
                         exact_v_call(comm, scale, call + extra, false)?,
@@ -296,12 +299,12 @@ fn a_forced_algorithm_wins_over_v_measurement() {
     let out = local::run(&topo, Emulation::off(), |comm| {
         comm.set_algorithm(Some(Algorithm::Pairwise));
         for call in 0..TRIALS * MAX_CANDIDATES + 2 {
-            assert_eq!(
-                exact_v_call(comm, scale, call, false)?,
-                Algorithm::Pairwise
-            );
+            assert_eq!(exact_v_call(comm, scale, call, false)?, Algorithm::Pairwise);
         }
-        assert!(comm.tuned_v(mean).is_none(), "nothing measured while forced");
+        assert!(
+            comm.tuned_v(mean).is_none(),
+            "nothing measured while forced"
+        );
         comm.set_algorithm(None);
         let first = exact_v_call(comm, scale, 100, false)?;
         comm.set_algorithm(Some(Algorithm::Bruck));

@@ -1242,9 +1242,7 @@ mod tests {
         use crate::tune::{MAX_CANDIDATES, TRIALS};
         let topo = Topology::preset("nodes:2x3").unwrap();
         let n = topo.size();
-        let total: usize = (0..n)
-            .flat_map(|s| (0..n).map(move |d| count(s, d)))
-            .sum();
+        let total: usize = (0..n).flat_map(|s| (0..n).map(move |d| count(s, d))).sum();
         let mean = total * 4 / (n * n);
         for plan in [MetaPlan::Agreed, MetaPlan::Direct] {
             let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
@@ -1290,7 +1288,11 @@ mod tests {
             let k = ran.len() as u64;
             assert_eq!(
                 *calls,
-                if plan == MetaPlan::Agreed { (0, k) } else { (k, 0) },
+                if plan == MetaPlan::Agreed {
+                    (0, k)
+                } else {
+                    (k, 0)
+                },
                 "{plan:?}"
             );
             let cands: Vec<Algorithm> = tuned.times.iter().map(|t| t.0).collect();
