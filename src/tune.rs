@@ -1,9 +1,14 @@
-//! Measured automatic selection: which algorithm a communicator's uniform all-to-all
-//! uses when the caller forced none, decided by timing the candidates on the run itself.
+//! Measured automatic selection: which algorithm a communicator's all-to-all (uniform)
+//! and all-to-all-v data pass use when the caller forced none, decided by timing the
+//! candidates on the run itself. One tuner serves both, with separate keys ([`Key`]).
 //!
 //! A model can be fooled (the simulator has no processor, no lock contention, no
 //! oversubscribed cores), so the automatic mode measures. Per size class
-//! ([`crate::select::size_class`]):
+//! ([`crate::select::size_class`]) — of the block for the uniform all-to-all, of the
+//! mean block over all `n x n` pairs (total bytes / `n^2`) for all-to-all-v, which
+//! every rank knows identically once the counts are exchanged (the gathered count
+//! matrix, or the totals in the three-pass path's status blocks), so that every rank
+//! uses the same class:
 //!
 //! 1. **Candidates**: the simulator's (or the alpha-beta model's) ranking for the class
 //!    ([`crate::select`]), cheapest first, skipping algorithms that do not build and
@@ -25,6 +30,15 @@
 //!
 //! A forced algorithm ([`crate::Communicator::set_algorithm`], `HALO_ALGO`) bypasses all
 //! of this. With one candidate there is nothing to measure and no all-reduce.
+//!
+//! All-to-all-v specifics: the candidates are those of the uniform all-to-all of the
+//! mean block (built and compared with uniform blocks, as above), less the forwarding
+//! algorithms the count exchange did not prepare for (after a uniform metadata pass only
+//! that pass's algorithm may forward), and the time of a call is its data pass,
+//! schedule build included (it is built on every call); the count exchange is the same
+//! whichever algorithm runs and is not timed. A call that fails in the count exchange
+//! (a count mismatch, invalid arguments) fails on every rank before the data pass, so
+//! no rank records a trial for it and the trials stay in step.
 
 use crate::select::Selector;
 use halo_collectives::{AlgoOptions, Algorithm, BuildCtx, Layout, Schedule, Step, UniformSizes};
@@ -40,6 +54,22 @@ pub const TRIALS: usize = 2;
 
 /// Calls of a size class after which its trials run again.
 pub const RETRY_CALLS: u64 = 4096;
+
+/// What a tuner state is kept for: a kind of call and a size class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Key {
+    /// Uniform all-to-all of blocks in this size class.
+    Uniform(u32),
+    /// All-to-all-v data pass whose mean block is in size class `class`; `meta` is the
+    /// algorithm of the uniform metadata pass (three passes), `None` after an
+    /// all-gather of the counts.
+    V {
+        /// The size class of the mean block.
+        class: u32,
+        /// The metadata pass's algorithm, if the counts went through one.
+        meta: Option<Algorithm>,
+    },
+}
 
 /// One size class's state.
 #[derive(Debug, Clone)]
@@ -73,7 +103,7 @@ pub struct Tuned {
 /// A communicator's measured-selection state, per size class.
 #[derive(Debug, Default)]
 pub(crate) struct Tuner {
-    classes: HashMap<u32, State>,
+    classes: HashMap<Key, State>,
 }
 
 impl Tuner {
@@ -81,7 +111,7 @@ impl Tuner {
     /// class has no state yet (it must give every rank the same list, not empty).
     pub(crate) fn pick(
         &mut self,
-        class: u32,
+        class: Key,
         candidates: impl FnOnce() -> Vec<Algorithm>,
     ) -> Option<Algorithm> {
         let state = match self.classes.entry(class) {
@@ -115,7 +145,7 @@ impl Tuner {
     /// [`Tuner::agree`].
     pub(crate) fn record(
         &mut self,
-        class: u32,
+        class: Key,
         algorithm: Algorithm,
         elapsed: Duration,
     ) -> Option<Vec<u64>> {
@@ -148,7 +178,7 @@ impl Tuner {
     }
 
     /// Decides `class` from the times all-reduced (maximum over ranks) after its trials.
-    pub(crate) fn agree(&mut self, class: u32, times: &[u64]) -> Option<Algorithm> {
+    pub(crate) fn agree(&mut self, class: Key, times: &[u64]) -> Option<Algorithm> {
         let State::Trying { candidates, .. } = self.classes.get(&class)? else {
             return None;
         };
@@ -164,7 +194,7 @@ impl Tuner {
         }
         let algorithm = candidates[at];
         tracing::debug!(
-            class,
+            ?class,
             %algorithm,
             times_ns = ?candidates.iter().zip(times).collect::<Vec<_>>(),
             "measured all-to-all candidates"
@@ -182,28 +212,47 @@ impl Tuner {
     }
 
     /// What was decided for `class`, if anything.
-    pub(crate) fn tuned(&self, class: u32) -> Option<Tuned> {
-        match self.classes.get(&class)? {
-            State::Decided {
-                candidates,
-                algorithm,
-                times,
-                ..
-            } => Some(Tuned {
-                algorithm: *algorithm,
-                times: candidates
-                    .iter()
-                    .copied()
-                    .zip(times.iter().copied())
-                    .collect(),
-            }),
-            State::Trying { .. } => None,
-        }
+    pub(crate) fn tuned(&self, class: Key) -> Option<Tuned> {
+        tuned(self.classes.get(&class)?)
+    }
+
+    /// What was decided for all-to-all-v calls whose mean block is in size class
+    /// `class`, whatever the count exchange (a communicator uses one).
+    pub(crate) fn tuned_v(&self, class: u32) -> Option<Tuned> {
+        self.classes
+            .iter()
+            .filter(|(k, _)| matches!(k, Key::V { class: c, .. } if *c == class))
+            .find_map(|(_, s)| tuned(s))
+    }
+
+    /// Forgets `class` (its candidates changed: one of them did not build).
+    pub(crate) fn forget(&mut self, class: Key) {
+        self.classes.remove(&class);
     }
 
     /// Forgets everything (the builder options changed).
     pub(crate) fn reset(&mut self) {
         self.classes.clear();
+    }
+}
+
+/// What a decided state says; `None` during trials.
+fn tuned(state: &State) -> Option<Tuned> {
+    match state {
+        State::Decided {
+            candidates,
+            algorithm,
+            times,
+            ..
+        } => Some(Tuned {
+            algorithm: *algorithm,
+            times: candidates
+                .iter()
+                .copied()
+                .zip(times.iter().copied())
+                .collect(),
+        }),
+        State::Trying { .. } => None,
     }
 }
 
@@ -224,8 +273,10 @@ fn start(candidates: Vec<Algorithm>) -> State {
 }
 
 /// The candidates for a uniform all-to-all of `block` bytes: the ranking's algorithms
-/// that build, cheapest first, without those whose programs are the same as an earlier
-/// candidate's (tags aside), at most [`MAX_CANDIDATES`]. Both tests look at the programs
+/// that `keep` accepts and that build, cheapest first, without those whose programs are
+/// the same as an earlier candidate's (tags aside), at most [`MAX_CANDIDATES`]. For
+/// all-to-all-v `block` is the mean block and `keep` excludes the forwarding algorithms
+/// the count exchange did not prepare for. Both tests look at the programs
 /// of the first and the last rank only — never at the calling rank's — so every rank
 /// computes the same list (as [`crate::select::buildable`] does). Algorithms that do not
 /// build are marked unavailable in `selector`.
@@ -234,6 +285,7 @@ pub(crate) fn candidates(
     topology: &Topology,
     options: &AlgoOptions,
     block: usize,
+    keep: impl Fn(Algorithm) -> bool,
 ) -> Vec<Algorithm> {
     let sizes = UniformSizes(block);
     let probes: Vec<Rank> = {
@@ -243,6 +295,9 @@ pub(crate) fn candidates(
     let mut out = Vec::new();
     let mut programs: Vec<Vec<Schedule>> = Vec::new();
     for a in selector.candidates(topology, options, block) {
+        if !keep(a) {
+            continue;
+        }
         if out.len() == MAX_CANDIDATES {
             break;
         }
@@ -319,15 +374,15 @@ mod tests {
         let mut seen = Vec::new();
         let mut out = None;
         for i in 0..TRIALS * 3 {
-            let a = t.pick(5, || c.clone()).unwrap();
+            let a = t.pick(Key::Uniform(5), || c.clone()).unwrap();
             seen.push(a);
-            assert!(t.tuned(5).is_none());
+            assert!(t.tuned(Key::Uniform(5)).is_none());
             let took = match a {
                 Algorithm::Flat => 30,
                 Algorithm::Halo => 10 + i as u64,
                 _ => 20,
             };
-            out = t.record(5, a, ms(took));
+            out = t.record(Key::Uniform(5), a, ms(took));
             assert_eq!(out.is_some(), i + 1 == TRIALS * 3);
         }
         assert_eq!(&seen[..3], &c[..]);
@@ -335,9 +390,9 @@ mod tests {
         assert_eq!(local, vec![30_000_000, 11_000_000, 20_000_000]);
         // Another rank was slower with HALO: the maximum decides.
         let agreed = vec![30_000_000, 25_000_000, 20_000_000];
-        assert_eq!(t.agree(5, &agreed), Some(Algorithm::Bruck));
-        assert_eq!(t.pick(5, Vec::new), Some(Algorithm::Bruck));
-        let tuned = t.tuned(5).unwrap();
+        assert_eq!(t.agree(Key::Uniform(5), &agreed), Some(Algorithm::Bruck));
+        assert_eq!(t.pick(Key::Uniform(5), Vec::new), Some(Algorithm::Bruck));
+        let tuned = t.tuned(Key::Uniform(5)).unwrap();
         assert_eq!(tuned.algorithm, Algorithm::Bruck);
         assert_eq!(tuned.times[1], (Algorithm::Halo, 25_000_000));
     }
@@ -347,17 +402,23 @@ mod tests {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Halo, Algorithm::Flat];
         for _ in 0..TRIALS * 2 {
-            let a = t.pick(1, || c.clone()).unwrap();
-            t.record(1, a, ms(1));
+            let a = t.pick(Key::Uniform(1), || c.clone()).unwrap();
+            t.record(Key::Uniform(1), a, ms(1));
         }
-        assert_eq!(t.agree(1, &[7, 7]), Some(Algorithm::Halo));
+        assert_eq!(t.agree(Key::Uniform(1), &[7, 7]), Some(Algorithm::Halo));
         assert_eq!(
-            t.pick(2, || vec![Algorithm::Pairwise]),
+            t.pick(Key::Uniform(2), || vec![Algorithm::Pairwise]),
             Some(Algorithm::Pairwise)
         );
-        assert!(t.record(2, Algorithm::Pairwise, ms(1)).is_none());
-        assert_eq!(t.tuned(2).unwrap().algorithm, Algorithm::Pairwise);
-        assert_eq!(t.pick(3, Vec::new), None);
+        assert!(
+            t.record(Key::Uniform(2), Algorithm::Pairwise, ms(1))
+                .is_none()
+        );
+        assert_eq!(
+            t.tuned(Key::Uniform(2)).unwrap().algorithm,
+            Algorithm::Pairwise
+        );
+        assert_eq!(t.pick(Key::Uniform(3), Vec::new), None);
     }
 
     #[test]
@@ -365,19 +426,19 @@ mod tests {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Flat, Algorithm::Halo];
         for _ in 0..TRIALS * 2 {
-            let a = t.pick(9, || c.clone()).unwrap();
-            t.record(9, a, ms(1));
+            let a = t.pick(Key::Uniform(9), || c.clone()).unwrap();
+            t.record(Key::Uniform(9), a, ms(1));
         }
-        t.agree(9, &[1, 2]);
+        t.agree(Key::Uniform(9), &[1, 2]);
         for _ in 0..RETRY_CALLS {
-            let a = t.pick(9, Vec::new).unwrap();
+            let a = t.pick(Key::Uniform(9), Vec::new).unwrap();
             assert_eq!(a, Algorithm::Flat);
-            assert!(t.record(9, a, ms(1)).is_none());
+            assert!(t.record(Key::Uniform(9), a, ms(1)).is_none());
         }
-        assert!(t.tuned(9).is_none(), "trials start again");
-        assert_eq!(t.pick(9, Vec::new), Some(Algorithm::Flat));
-        assert!(t.record(9, Algorithm::Flat, ms(1)).is_none());
-        assert_eq!(t.pick(9, Vec::new), Some(Algorithm::Halo));
+        assert!(t.tuned(Key::Uniform(9)).is_none(), "trials start again");
+        assert_eq!(t.pick(Key::Uniform(9), Vec::new), Some(Algorithm::Flat));
+        assert!(t.record(Key::Uniform(9), Algorithm::Flat, ms(1)).is_none());
+        assert_eq!(t.pick(Key::Uniform(9), Vec::new), Some(Algorithm::Halo));
     }
 
     #[test]
@@ -385,11 +446,59 @@ mod tests {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Flat, Algorithm::Halo];
         for _ in 0..TRIALS * 2 {
-            let a = t.pick(4, || c.clone()).unwrap();
-            t.record(4, a, ms(1));
+            let a = t.pick(Key::Uniform(4), || c.clone()).unwrap();
+            t.record(Key::Uniform(4), a, ms(1));
         }
         // No agree(): the next pick starts over.
-        assert_eq!(t.pick(4, Vec::new), Some(Algorithm::Flat));
-        assert!(t.agree(4, &[1]).is_none(), "wrong length is refused");
+        assert_eq!(t.pick(Key::Uniform(4), Vec::new), Some(Algorithm::Flat));
+        assert!(
+            t.agree(Key::Uniform(4), &[1]).is_none(),
+            "wrong length is refused"
+        );
+    }
+
+    #[test]
+    fn uniform_and_v_classes_are_kept_apart() {
+        let mut t = Tuner::default();
+        let c = vec![Algorithm::Flat, Algorithm::Halo];
+        let v = Key::V {
+            class: 7,
+            meta: None,
+        };
+        let v3 = Key::V {
+            class: 7,
+            meta: Some(Algorithm::Bruck),
+        };
+        for _ in 0..TRIALS * 2 {
+            let a = t.pick(Key::Uniform(7), || c.clone()).unwrap();
+            t.record(Key::Uniform(7), a, ms(1));
+        }
+        assert_eq!(t.agree(Key::Uniform(7), &[5, 1]), Some(Algorithm::Halo));
+        // The v class of the same size starts its own trials, from its own candidates.
+        assert!(t.tuned_v(7).is_none());
+        assert_eq!(
+            t.pick(v, || vec![Algorithm::Pairwise, Algorithm::Flat]),
+            Some(Algorithm::Pairwise)
+        );
+        assert!(t.record(v, Algorithm::Pairwise, ms(3)).is_none());
+        assert_eq!(t.pick(v, Vec::new), Some(Algorithm::Flat));
+        let local = t.record(v, Algorithm::Flat, ms(2));
+        assert!(local.is_none());
+        for a in [Algorithm::Pairwise, Algorithm::Flat] {
+            assert_eq!(t.pick(v, Vec::new), Some(a));
+            if let Some(local) = t.record(v, a, ms(1)) {
+                assert_eq!(local, vec![1_000_000, 1_000_000]);
+            }
+        }
+        assert_eq!(t.agree(v, &[9, 4]), Some(Algorithm::Flat));
+        assert_eq!(t.tuned_v(7).unwrap().algorithm, Algorithm::Flat);
+        assert!(t.tuned_v(6).is_none());
+        assert_eq!(t.tuned(Key::Uniform(7)).unwrap().algorithm, Algorithm::Halo);
+        // After a metadata pass the key differs again.
+        assert!(t.tuned(v3).is_none());
+        // Forgetting a key restarts it from fresh candidates.
+        t.forget(v);
+        assert!(t.tuned_v(7).is_none());
+        assert_eq!(t.pick(v, || vec![Algorithm::Bruck]), Some(Algorithm::Bruck));
     }
 }

@@ -1,12 +1,14 @@
 //! Measured automatic selection (`halo::tune`): the first calls of a size class try the
 //! candidates, all ranks agree on the fastest through one all-reduce, forced algorithms
-//! win, and the bytes are exact on every call, trial or not.
+//! win, and the bytes are exact on every call, trial or not — for the uniform
+//! all-to-all and for all-to-all-v (keyed by the mean block's class, apart from the
+//! uniform classes; a count mismatch in the middle of the trials records nothing).
 #![allow(missing_docs)]
 
 use halo::local::{self, Emulation};
 use halo::topology::Topology;
 use halo::tune::{MAX_CANDIDATES, TRIALS};
-use halo::{Algorithm, Communicator};
+use halo::{Algorithm, Communicator, Error, Partition};
 
 /// The byte rank `src` sends rank `dst` at offset `i` in call `call`.
 fn byte(src: usize, dst: usize, i: usize, call: usize) -> u8 {
@@ -116,6 +118,212 @@ fn one_candidate_needs_no_trial() {
     let out = local::run(&topo, Emulation::off(), |comm| {
         exact_call(comm, 64, 0)?;
         Ok(comm.tuned(64))
+    });
+    let tuned = out
+        .into_iter()
+        .next()
+        .unwrap()
+        .unwrap()
+        .expect("decided at once");
+    assert!(tuned.times.is_empty());
+}
+
+/// Bytes rank `s` sends rank `d` in call `call`: a fixed multiset of counts (zeros
+/// included: every 11th entry) rotated by the call, so that every pair's count changes
+/// from call to call while the total — hence the mean block and its size class — stays.
+fn v_count(n: usize, s: usize, d: usize, call: usize, scale: usize) -> usize {
+    let k = (s * n + d + call * 7) % (n * n);
+    (k * 37 % 11) * scale
+}
+
+/// The mean block of [`v_count`]'s calls: total bytes / n^2.
+fn v_mean(n: usize, scale: usize) -> usize {
+    (0..n * n).map(|k| (k * 37 % 11) * scale).sum::<usize>() / (n * n)
+}
+
+/// One all-to-all-v of [`v_count`]'s counts, every received byte checked, receive
+/// blocks packed behind a gap of 3 bytes each. With `bad`, rank 1 sends rank 0 one
+/// byte more than rank 0 expects.
+fn exact_v_call(
+    comm: &mut Communicator,
+    scale: usize,
+    call: usize,
+    bad: bool,
+) -> halo::Result<Algorithm> {
+    let (me, n) = (comm.rank(), comm.size());
+    let mut sc: Vec<usize> = (0..n).map(|d| v_count(n, me, d, call, scale)).collect();
+    if bad && me == 1 {
+        sc[0] += 1;
+    }
+    let rc: Vec<usize> = (0..n).map(|s| v_count(n, s, me, call, scale)).collect();
+    let send: Vec<u8> = (0..n)
+        .flat_map(|d| (0..sc[d]).map(move |i| byte(me, d, i, call)))
+        .collect();
+    let mut rd = Vec::with_capacity(n);
+    let mut at = 0;
+    for &c in &rc {
+        at += 3;
+        rd.push(at);
+        at += c;
+    }
+    let mut recv = vec![0xa5u8; at];
+    comm.all_to_all_v(
+        &send,
+        &Partition::packed(&sc),
+        &mut recv,
+        &Partition::new(&rc, &rd),
+    )?;
+    for s in 0..n {
+        let gap = rd[s] - 3;
+        assert!(
+            recv[gap..rd[s]].iter().all(|&b| b == 0xa5),
+            "rank {me}, call {call}: the gap before rank {s}'s block was written"
+        );
+        for i in 0..rc[s] {
+            assert_eq!(
+                recv[rd[s] + i],
+                byte(s, me, i, call),
+                "rank {me}, call {call}: byte {i} of {} from rank {s}",
+                rc[s]
+            );
+        }
+    }
+    Ok(comm.last_algorithm().expect("an algorithm ran"))
+}
+
+/// Checks that every rank tried the same candidates in the same order and chose the
+/// same, round robin with TRIALS calls each, the choice the smallest agreed time.
+fn check_agreed(what: &str, out: &[(Vec<Algorithm>, halo::tune::Tuned)]) {
+    let (ran, tuned) = &out[0];
+    for (rank, o) in out.iter().enumerate() {
+        assert_eq!(&o.1, tuned, "{what}: rank {rank} chose differently");
+        assert_eq!(&o.0, ran, "{what}: rank {rank} tried differently");
+    }
+    if tuned.times.is_empty() {
+        assert!(ran.iter().all(|a| *a == tuned.algorithm), "{what}: {ran:?}");
+        return;
+    }
+    let cands: Vec<Algorithm> = tuned.times.iter().map(|t| t.0).collect();
+    assert!(cands.len() >= 2 && cands.len() <= MAX_CANDIDATES, "{what}");
+    assert_eq!(ran.len(), TRIALS * cands.len(), "{what}: {ran:?}");
+    for (i, a) in ran.iter().enumerate() {
+        assert_eq!(*a, cands[i % cands.len()], "{what}: trial {i} of {ran:?}");
+    }
+    let best = tuned.times.iter().map(|t| t.1).min().unwrap();
+    let first_best = tuned.times.iter().find(|t| t.1 == best).unwrap().0;
+    assert_eq!(tuned.algorithm, first_best, "{what}");
+    assert!(tuned.times.iter().all(|t| t.1 > 0), "{what}");
+}
+
+#[test]
+fn every_rank_measures_all_to_all_v_alike() {
+    for preset in ["nodes:2x4", "frontier:2", "nodes:3x2,ranks=5"] {
+        let topo = Topology::preset(preset).unwrap();
+        let n = topo.size();
+        // Mean blocks of about 5 B, 3 KB and 40 KB.
+        for scale in [1usize, 600, 8000] {
+            let mean = v_mean(n, scale);
+            let out = local::run(&topo, Emulation::off(), |comm| {
+                let mut ran = Vec::new();
+                let mut call = 0;
+                while comm.tuned_v(mean).is_none() {
+                    assert!(
+                        call < TRIALS * MAX_CANDIDATES,
+                        "no decision after {call} calls"
+                    );
+                    ran.push(exact_v_call(comm, scale, call, false)?);
+                    call += 1;
+                }
+                let tuned = comm.tuned_v(mean).unwrap();
+                // The uniform all-to-all's class of the same size is its own.
+                assert!(
+                    comm.tuned(mean).is_none(),
+                    "v trials decided a uniform class"
+                );
+                for extra in 0..3 {
+                    assert_eq!(
+                        exact_v_call(comm, scale, call + extra, false)?,
+                        tuned.algorithm
+                    );
+                }
+                Ok((ran, tuned))
+            });
+            let out: Vec<_> = out
+                .into_iter()
+                .enumerate()
+                .map(|(r, x)| x.unwrap_or_else(|e| panic!("{preset} x{scale}: rank {r}: {e}")))
+                .collect();
+            let what = format!("{preset}, mean {mean} B");
+            check_agreed(&what, &out);
+            println!("{what}: tried {:?}, chose {:?}", out[0].0, out[0].1);
+        }
+    }
+}
+
+#[test]
+fn a_count_mismatch_during_v_trials_records_no_trial() {
+    let topo = Topology::preset("nodes:2x4").unwrap();
+    let n = topo.size();
+    let (scale, mean) = (600, v_mean(n, 600));
+    let out = local::run(&topo, Emulation::off(), |comm| {
+        let mut ran = Vec::new();
+        let mut call = 0;
+        let mut failed = 0;
+        while comm.tuned_v(mean).is_none() {
+            assert!(call < 2 * TRIALS * MAX_CANDIDATES + 2, "no decision");
+            // Every other call is a mismatch, including the one before the trial
+            // that completes the class.
+            if call % 2 == 1 {
+                let e = exact_v_call(comm, scale, call, true).expect_err("a mismatch fails");
+                assert!(matches!(e, Error::InvalidUsage { .. }), "{e:?}");
+                failed += 1;
+            } else {
+                ran.push(exact_v_call(comm, scale, call, false)?);
+            }
+            call += 1;
+        }
+        assert!(failed >= TRIALS, "{failed} mismatches");
+        let tuned = comm.tuned_v(mean).unwrap();
+        assert_eq!(exact_v_call(comm, scale, call, false)?, tuned.algorithm);
+        Ok((ran, tuned))
+    });
+    let out: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
+    check_agreed("nodes:2x4 with mismatches", &out);
+}
+
+#[test]
+fn a_forced_algorithm_wins_over_v_measurement() {
+    let topo = Topology::preset("nodes:2x4").unwrap();
+    let n = topo.size();
+    let (scale, mean) = (100, v_mean(n, 100));
+    let out = local::run(&topo, Emulation::off(), |comm| {
+        comm.set_algorithm(Some(Algorithm::Pairwise));
+        for call in 0..TRIALS * MAX_CANDIDATES + 2 {
+            assert_eq!(exact_v_call(comm, scale, call, false)?, Algorithm::Pairwise);
+        }
+        assert!(
+            comm.tuned_v(mean).is_none(),
+            "nothing measured while forced"
+        );
+        comm.set_algorithm(None);
+        let first = exact_v_call(comm, scale, 100, false)?;
+        comm.set_algorithm(Some(Algorithm::Bruck));
+        assert_eq!(exact_v_call(comm, scale, 101, false)?, Algorithm::Bruck);
+        // Back to automatic: the trials go on where they were, on every rank alike.
+        comm.set_algorithm(None);
+        let second = exact_v_call(comm, scale, 102, false)?;
+        Ok((first, second))
+    });
+    let picks: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
+    assert!(picks.iter().all(|p| *p == picks[0]), "{picks:?}");
+}
+
+#[test]
+fn one_rank_all_to_all_v_needs_no_trial() {
+    let topo = Topology::preset("flat:1").unwrap();
+    let out = local::run(&topo, Emulation::off(), |comm| {
+        exact_v_call(comm, 64, 0, false)?;
+        Ok(comm.tuned_v(v_mean(1, 64)))
     });
     let tuned = out
         .into_iter()

@@ -115,3 +115,39 @@ fn measured_auto_agrees_across_processes() {
         assert!(picks.iter().all(|p| *p == picks[0]), "{block} B: {picks:?}");
     }
 }
+
+#[test]
+fn measured_auto_all_to_all_v_agrees_across_processes() {
+    let exe = example("auto_select_v");
+    let out = run_ok(
+        Command::new(HALO)
+            .args(["launch", "-n", "4", "--timeout", "120", "--"])
+            .arg(&exe),
+    );
+    // Mean blocks of the example's three scales on 4 ranks.
+    let means: Vec<usize> = [1usize, 600, 8000]
+        .iter()
+        .map(|s| (0..16).map(|k| (k * 37 % 11) * s).sum::<usize>() / 16)
+        .collect();
+    for r in 0..4 {
+        for m in &means {
+            assert!(
+                out.contains(&format!("rank {r}/4: all_to_all_v mean {m} B -> ")),
+                "rank {r}, mean {m} B missing:\n{out}"
+            );
+        }
+    }
+    assert_eq!(out.matches("all ranks agree").count(), 12, "{out}");
+    for m in &means {
+        let picks: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains(&format!(" mean {m} B -> ")))
+            .map(|l| l.split(" -> ").nth(1).unwrap().split(' ').next().unwrap())
+            .collect();
+        assert_eq!(picks.len(), 4, "{out}");
+        assert!(
+            picks.iter().all(|p| *p == picks[0]),
+            "mean {m} B: {picks:?}"
+        );
+    }
+}

@@ -55,10 +55,16 @@ impl Communicator {
             return Ok(());
         }
         // Automatic: measured per size class (crate::tune).
-        let class = super::class(block);
+        let class = crate::tune::Key::Uniform(super::class(block));
         let core = &mut self.core;
         let picked = core.tuner.pick(class, || {
-            crate::tune::candidates(&mut core.selector, &core.topology, &core.options, block)
+            crate::tune::candidates(
+                &mut core.selector,
+                &core.topology,
+                &core.options,
+                block,
+                |_| true,
+            )
         });
         let started = std::time::Instant::now();
         let ran = core.uniform(picked, tag_base, send, recv, block, &mut self.pool.scratch)?;
@@ -74,7 +80,9 @@ impl Communicator {
     /// peer (their size class), once the trials of that class are over and agreed on
     /// (see [`crate::tune`]); `None` before, or when an algorithm is forced.
     pub fn tuned(&self, block: usize) -> Option<crate::tune::Tuned> {
-        self.core.tuner.tuned(super::class(block))
+        self.core
+            .tuner
+            .tuned(crate::tune::Key::Uniform(super::class(block)))
     }
 
     /// All-to-all over raw memory, for the C ABI: `count` elements of `elem_size` bytes

@@ -46,12 +46,20 @@
 //! [`Error::InvalidUsage`] naming each other and both counts, a rank with bad arguments
 //! its own [`Error::InvalidArgument`], the others [`Error::InvalidUsage`] naming the
 //! first rank (in rank order) that reported a problem. Nobody hangs, and the
-//! communicator stays usable. In automatic mode the data pass's algorithm is chosen for
-//! the mean block size over all pairs, which every rank knows, so all choose alike.
+//! communicator stays usable.
+//!
+//! **Automatic mode** measures ([`crate::tune`], the same tuner as the uniform
+//! all-to-all's, with its own keys): the data pass's algorithm is chosen per size class
+//! of the mean block over all pairs (total bytes / `n^2`), which every rank knows alike
+//! after either count exchange (the gathered matrix, or every rank's total in the
+//! status blocks), so every rank is at the same point of the same class's trials. A
+//! call that fails in the count exchange fails on every rank before the data pass and
+//! records no trial. [`Communicator::tuned_v`] tells what was measured and chosen.
 
 use super::all_to_all::{raw_slice, raw_slice_mut};
 use super::{Communicator, Core, Kind, Partition, class, exec_options, overlaps, sized};
 use crate::error::{Error, Result};
+use crate::tune::Key;
 use halo_collectives::{
     Algorithm, AllGatherAlgorithm, Buffers, BuildCtx, KnownSizes, Layout, META_BLOCK, Schedule,
     SimOptions, UniformSizes, build, build_all_gather, simulate,
@@ -576,6 +584,15 @@ impl Communicator {
         Ok(())
     }
 
+    /// What the automatic mode measured and chose for all-to-all-v data passes whose
+    /// mean block over all pairs (total bytes sent by all ranks / `size()^2`) is in the
+    /// size class of `mean_block`, once the trials of that class are over and agreed on
+    /// (see [`crate::tune`]); `None` before, or when an algorithm is forced. Kept apart
+    /// from the uniform all-to-all's classes ([`Communicator::tuned`]).
+    pub fn tuned_v(&self, mean_block: usize) -> Option<crate::tune::Tuned> {
+        self.core.tuner.tuned_v(class(mean_block))
+    }
+
     /// Forces the way the counts are exchanged (`None`: the model's choice), for tests.
     #[cfg(test)]
     pub(crate) fn force_meta_plan(&mut self, plan: Option<MetaPlan>) {
@@ -821,21 +838,43 @@ impl Communicator {
         let (n, me) = (self.size(), self.rank());
         let mean = usize::try_from(all / (n as u64 * n as u64)).unwrap_or(usize::MAX);
         let forced = self.core.forced;
+        // Automatic: measured per size class of the mean block (crate::tune), which
+        // every rank knows alike (`all` comes from the gathered matrix or from every
+        // rank's status block), so every rank picks from the same trial state.
+        let key = Key::V {
+            class: class(mean),
+            meta: match kind {
+                Kind::V(meta_alg) => Some(meta_alg),
+                _ => None,
+            },
+        };
         let candidates: Vec<Algorithm> = match forced {
             Some(alg) => vec![alg],
-            None => match self.core.chosen.get(&(kind, class(mean))) {
-                Some(&alg) => vec![alg],
-                None => self
-                    .core
-                    .selector
-                    .candidates(&self.core.topology, &self.core.options, mean)
-                    .into_iter()
-                    .filter(|alg| match kind {
-                        Kind::V(meta_alg) => !alg.forwards() || *alg == meta_alg,
-                        _ => true,
-                    })
-                    .collect(),
-            },
+            None => {
+                let core = &mut self.core;
+                let picked = core.tuner.pick(key, || {
+                    crate::tune::candidates(
+                        &mut core.selector,
+                        &core.topology,
+                        &core.options,
+                        mean,
+                        // After a uniform metadata pass only its algorithm knows the
+                        // sizes of the blocks it forwards.
+                        |alg| match kind {
+                            Kind::V(meta_alg) => !alg.forwards() || alg == meta_alg,
+                            _ => true,
+                        },
+                    )
+                });
+                match picked {
+                    Some(alg) => vec![alg],
+                    None => {
+                        return Err(Error::internal(
+                            "no all-to-all-v algorithm builds on this topology",
+                        ));
+                    }
+                }
+            }
         };
         let core = &mut self.core;
         let pool = &mut self.pool;
@@ -856,6 +895,7 @@ impl Communicator {
         };
         let mut last_err = None;
         for alg in candidates {
+            let started = std::time::Instant::now();
             let sizes = match kind {
                 Kind::VGathered if alg.forwards() => {
                     KnownSizes::from_matrix(me, &pool.send_bytes, &pool.recv_bytes, &pool.v.matrix)
@@ -882,15 +922,15 @@ impl Communicator {
             let schedule = match build(alg, &ctx) {
                 Ok(s) => s,
                 Err(e) if forced.is_none() => {
+                    // Built with uniform blocks on the first and last rank, it does not
+                    // build with these sizes: the next call chooses without it.
                     core.selector.mark_unavailable(alg, &e);
+                    core.tuner.forget(key);
                     last_err = Some(e);
                     continue;
                 }
                 Err(e) => return Err(e.into()),
             };
-            if forced.is_none() {
-                core.chosen.insert((kind, class(mean)), alg);
-            }
             let scratch = sized(&mut pool.scratch, schedule.scratch_len());
             let opts = exec_options(core.timeout, &core.abort);
             core.backend.run(
@@ -905,6 +945,13 @@ impl Communicator {
                 &opts,
             )?;
             core.last = Some(alg);
+            if forced.is_none()
+                && let Some(local) = core.tuner.record(key, alg, started.elapsed())
+            {
+                let mut agreed = vec![0u64; local.len()];
+                self.all_reduce(&local, &mut agreed, crate::ReduceOp::Max)?;
+                self.core.tuner.agree(key, &agreed);
+            }
             return Ok(());
         }
         Err(match last_err {
@@ -1183,6 +1230,82 @@ mod tests {
             // The environment's override decides by size alone.
             assert_eq!(model_plan(&comms[0].core, Some(0)), MetaPlan::Agreed);
             assert_ne!(model_plan(&comms[0].core, Some(4096)), MetaPlan::Agreed);
+        }
+    }
+
+    /// Automatic mode measures on both count exchanges: every rank tries the same
+    /// candidates in the same order and decides alike, after three passes (where only
+    /// the metadata pass's algorithm may forward) as after the gathered counts, every
+    /// byte right on every call.
+    #[test]
+    fn both_count_exchanges_measure_alike_on_every_rank() {
+        use crate::tune::{MAX_CANDIDATES, TRIALS};
+        let topo = Topology::preset("nodes:2x3").unwrap();
+        let n = topo.size();
+        let total: usize = (0..n).flat_map(|s| (0..n).map(move |d| count(s, d))).sum();
+        let mean = total * 4 / (n * n);
+        for plan in [MetaPlan::Agreed, MetaPlan::Direct] {
+            let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
+            let out = cluster.run(|comm| {
+                comm.set_timeout(Duration::from_secs(20));
+                comm.force_meta_plan(Some(plan));
+                let me = comm.rank();
+                let sc: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
+                let rc: Vec<usize> = (0..n).map(|s| count(s, me)).collect();
+                let mut ran = Vec::new();
+                let mut call = 0u32;
+                while comm.tuned_v(mean).is_none() {
+                    assert!((call as usize) < TRIALS * MAX_CANDIDATES, "no decision");
+                    let send: Vec<u32> = (0..n)
+                        .flat_map(|d| {
+                            (0..sc[d]).map(move |i| (me * 10_000 + d * 100 + i) as u32 ^ call)
+                        })
+                        .collect();
+                    let mut recv = vec![u32::MAX; rc.iter().sum()];
+                    comm.all_to_all_v(
+                        &send,
+                        &Partition::new(&sc, &packed(&sc)),
+                        &mut recv,
+                        &Partition::new(&rc, &packed(&rc)),
+                    )?;
+                    let expect: Vec<u32> = (0..n)
+                        .flat_map(|s| {
+                            (0..rc[s]).map(move |i| (s * 10_000 + me * 100 + i) as u32 ^ call)
+                        })
+                        .collect();
+                    assert_eq!(recv, expect, "{plan:?} rank {me} call {call}");
+                    ran.push(comm.last_algorithm().unwrap());
+                    call += 1;
+                }
+                let calls = comm.v_calls();
+                Ok((ran, comm.tuned_v(mean).unwrap(), calls))
+            });
+            let out: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
+            let (ran, tuned, calls) = &out[0];
+            for (r, o) in out.iter().enumerate() {
+                assert_eq!((&o.0, &o.1), (ran, tuned), "{plan:?}: rank {r}");
+            }
+            let k = ran.len() as u64;
+            assert_eq!(
+                *calls,
+                if plan == MetaPlan::Agreed {
+                    (0, k)
+                } else {
+                    (k, 0)
+                },
+                "{plan:?}"
+            );
+            let cands: Vec<Algorithm> = tuned.times.iter().map(|t| t.0).collect();
+            println!("{plan:?}: tried {ran:?}, chose {tuned:?}");
+            assert!(cands.len() >= 2, "{plan:?}: {cands:?}");
+            assert_eq!(ran.len(), TRIALS * cands.len());
+            for (i, a) in ran.iter().enumerate() {
+                assert_eq!(*a, cands[i % cands.len()], "{plan:?}");
+            }
+            if plan == MetaPlan::Agreed {
+                let forwarding: Vec<_> = cands.iter().filter(|a| a.forwards()).collect();
+                assert!(forwarding.len() <= 1, "{forwarding:?}");
+            }
         }
     }
 }
