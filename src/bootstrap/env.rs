@@ -28,6 +28,9 @@ pub struct EnvBootstrap {
     pub secret_from_env: bool,
     /// How long to wait for the other ranks (`HALO_BOOTSTRAP_TIMEOUT_MS`, default 120 s).
     pub timeout: Duration,
+    /// Whether the launcher serves the root (`HALO_BOOTSTRAP_SERVED=1`, set by `halo
+    /// launch`): then rank 0 only connects to it, like the other ranks.
+    pub root_served: bool,
 }
 
 impl std::fmt::Debug for EnvBootstrap {
@@ -166,6 +169,15 @@ impl EnvBootstrap {
             Some(ms) => Duration::from_millis(ms as u64),
             None => Duration::from_secs(120),
         };
+        let root_served = match vars.get("HALO_BOOTSTRAP_SERVED").map(|v| v.trim()) {
+            None | Some("0") | Some("") => false,
+            Some("1") => true,
+            Some(v) => {
+                return Err(Error::invalid_argument(format!(
+                    "HALO_BOOTSTRAP_SERVED={v:?}: expected 0 or 1"
+                )));
+            }
+        };
         Ok(EnvBootstrap {
             rank,
             size,
@@ -174,18 +186,20 @@ impl EnvBootstrap {
             launcher,
             secret_from_env,
             timeout,
+            root_served,
         })
     }
 
     /// Joins the job: rank 0 serves the root (binding the root address, or every
-    /// interface on its port when that address is not local), then every rank
+    /// interface on its port when that address is not local) unless the launcher does
+    /// (`HALO_BOOTSTRAP_SERVED=1`), then every rank
     /// exchanges its payload. Returns every rank's payload in rank order.
     pub fn join(&self, payload: &[u8]) -> Result<Vec<Vec<u8>>> {
         if self.size == 1 {
             return Ok(vec![payload.to_vec()]);
         }
         let timeout = self.timeout;
-        let root = if self.rank == 0 {
+        let root = if self.rank == 0 && !self.root_served {
             let server = RendezvousRoot::start(self.root, self.secret, Some(self.size), timeout)
                 .or_else(|_| {
                     let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), self.root.port());

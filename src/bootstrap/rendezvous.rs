@@ -98,6 +98,19 @@ impl RendezvousRoot {
     ) -> Result<RendezvousRoot> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| sys_err(format!("bootstrap root cannot bind {addr}: {e}")))?;
+        Self::serve_on(listener, secret, size, timeout)
+    }
+
+    /// Starts serving one job on a thread with a listener bound already, like
+    /// [`RendezvousRoot::start`]. A launcher that binds the port itself and serves the
+    /// root (`halo launch`) leaves no window in which another process can take the port
+    /// between choosing and binding it.
+    pub fn serve_on(
+        listener: TcpListener,
+        secret: Secret,
+        size: Option<usize>,
+        timeout: Duration,
+    ) -> Result<RendezvousRoot> {
         let local = listener
             .local_addr()
             .map_err(|e| sys_err(format!("bootstrap root address: {e}")))?;

@@ -401,15 +401,17 @@ pub fn launch(spec: &LaunchSpec, interrupt: &Interrupt) -> Result<LaunchReport, 
             std::io::Error::other(e.to_string()),
         )
     })?;
+    let secret_bytes = secret;
     let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     match &spec.hosts {
-        None => launch_local(spec, interrupt, &secret, mpirun),
+        None => launch_local(spec, interrupt, &secret, secret_bytes, mpirun),
         Some(p) => launch_emulated(spec, p, interrupt, &secret, mpirun),
     }
 }
 
-/// A loopback port `p` such that `p` and `p - 1` were both free.
-fn free_port_pair() -> Result<u16, LaunchError> {
+/// A loopback port `p`, bound (the listener is returned and keeps it), such that
+/// `p - 1` was free too (torch's `MASTER_PORT`).
+fn free_port_pair_bound() -> Result<(u16, TcpListener), LaunchError> {
     for _ in 0..100 {
         let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .map_err(|e| LaunchError::io("cannot bind a loopback port", e))?;
@@ -418,7 +420,7 @@ fn free_port_pair() -> Result<u16, LaunchError> {
             .map_err(|e| LaunchError::io("cannot read a bound port", e))?
             .port();
         if p > 1025 && TcpListener::bind((Ipv4Addr::LOCALHOST, p - 1)).is_ok() {
-            return Ok(p);
+            return Ok((p, l));
         }
     }
     Err(LaunchError::invalid(
@@ -472,10 +474,27 @@ fn launch_local(
     spec: &LaunchSpec,
     interrupt: &Interrupt,
     secret: &str,
+    secret_bytes: halo::bootstrap::Secret,
     mpirun: Option<PathBuf>,
 ) -> Result<LaunchReport, LaunchError> {
-    let port = free_port_pair()?;
-    let env = job_env(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), secret);
+    // The launcher serves the rendezvous root itself, on the port it has bound: when rank
+    // 0 bound it, another job could take the port between this process choosing it and
+    // rank 0 binding it (seen with tests running in parallel).
+    let (port, listener) = free_port_pair_bound()?;
+    let root = halo::bootstrap::RendezvousRoot::serve_on(
+        listener,
+        secret_bytes,
+        Some(spec.ranks),
+        halo::bootstrap::bootstrap_timeout(),
+    )
+    .map_err(|e| {
+        LaunchError::io(
+            "cannot serve the bootstrap root",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    let mut env = job_env(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), secret);
+    env.push(("HALO_BOOTSTRAP_SERVED", "1".to_string()));
     let placement = Placement::single_host(spec.ranks)?;
     let mut job = Job::new();
     let started = Instant::now();
@@ -504,6 +523,8 @@ fn launch_local(
         }
     }
     let outcome = run_job(&mut job, spec, interrupt, started);
+    // Answered, or waiting for ranks that are gone (it ends at its timeout).
+    root.detach();
     Ok(LaunchReport {
         outcome,
         hosts: Vec::new(),
