@@ -330,3 +330,55 @@ fn torchrun_style_job_joins() {
         );
     }
 }
+
+/// `HALO_BOOTSTRAP_SERVED=1` (what `halo launch` sets when it serves the root on the
+/// port it holds): rank 0 does not bind the root address, it connects like the others,
+/// and every rank gets every payload from the launcher's root; another value is an
+/// error naming the variable.
+#[test]
+fn a_root_served_by_the_launcher_is_joined_by_rank_0_too() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let secret = [0x5a; 32];
+    let root = halo::bootstrap::RendezvousRoot::serve_on(
+        listener,
+        secret,
+        Some(3),
+        std::time::Duration::from_secs(30),
+    )
+    .unwrap();
+    let ranks: Vec<_> = (0..3)
+        .map(|r| {
+            std::thread::spawn(move || {
+                let b = EnvBootstrap::detect(&env(&[
+                    ("RANK", r.to_string()),
+                    ("WORLD_SIZE", "3".into()),
+                    ("HALO_BOOTSTRAP_ADDR", addr.to_string()),
+                    ("HALO_SECRET", "5a".repeat(32)),
+                    ("HALO_BOOTSTRAP_SERVED", "1".into()),
+                ]))
+                .unwrap();
+                assert!(b.root_served);
+                b.join(&[r as u8; 5]).unwrap()
+            })
+        })
+        .collect();
+    for t in ranks {
+        let got = t.join().unwrap();
+        assert_eq!(got, vec![vec![0u8; 5], vec![1u8; 5], vec![2u8; 5]]);
+    }
+    root.join().unwrap();
+
+    let err = EnvBootstrap::detect(&env(&[
+        ("RANK", "0".into()),
+        ("WORLD_SIZE", "2".into()),
+        ("HALO_BOOTSTRAP_ADDR", "127.0.0.1:5000".into()),
+        ("HALO_BOOTSTRAP_SERVED", "yes".into()),
+    ]))
+    .unwrap_err();
+    assert!(
+        matches!(&err, halo::Error::InvalidArgument { .. })
+            && err.to_string().contains("HALO_BOOTSTRAP_SERVED"),
+        "{err:?}"
+    );
+}
