@@ -472,6 +472,64 @@ fn contiguous(v: &[usize]) -> bool {
     v.windows(2).all(|w| w[1] == w[0] + 1)
 }
 
+/// Sends rows `idx` (in that order) of `(buf, base)` to `peer`: straight from the
+/// buffer when they are contiguous, else gathered into scratch first (after `deps`).
+#[allow(clippy::too_many_arguments)]
+fn send_rows(
+    b: &mut ScheduleBuilder,
+    peer: u32,
+    tag: u64,
+    (buf, base): (Buf, usize),
+    row: usize,
+    idx: &[usize],
+    deps: &[StepId],
+) {
+    if contiguous(idx) {
+        b.send(
+            peer as usize,
+            tag,
+            rows(buf, base, row, idx[0], idx.len()),
+            deps,
+        );
+        return;
+    }
+    let stage = b.scratch(idx.len() * row);
+    let copies: Vec<StepId> = runs(idx.iter().enumerate().map(|(i, &a)| (a, i)))
+        .into_iter()
+        .map(|(a, d, len)| {
+            b.copy(
+                rows(buf, base, row, a, len),
+                rows(Buf::Scratch, stage.offset, row, d, len),
+                deps,
+            )
+        })
+        .collect();
+    b.send(peer as usize, tag, stage, &copies);
+}
+
+/// Receives rows from `peer` into rows `idx` (in that order) of the receive buffer:
+/// straight when they are contiguous, else through scratch.
+fn recv_rows(b: &mut ScheduleBuilder, peer: u32, tag: u64, row: usize, idx: &[usize]) {
+    if contiguous(idx) {
+        b.recv(
+            peer as usize,
+            tag,
+            rows(Buf::Recv, 0, row, idx[0], idx.len()),
+            &[],
+        );
+        return;
+    }
+    let stage = b.scratch(idx.len() * row);
+    let r = b.recv(peer as usize, tag, stage, &[]);
+    for (a, d, len) in runs(idx.iter().copied().enumerate()) {
+        b.copy(
+            rows(Buf::Scratch, stage.offset, row, a, len),
+            rows(Buf::Recv, 0, row, d, len),
+            &[r],
+        );
+    }
+}
+
 impl MoePlan {
     fn check(&self) -> Result<()> {
         if self.row == 0 {
@@ -585,25 +643,7 @@ pub fn build_moe_dispatch(plan: &MoePlan) -> Result<Schedule> {
     // Target side first: every receive from another relay is posted at once.
     for l in plan.lands.iter().filter(|l| l.relay != me) {
         let pos: Vec<usize> = l.positions.iter().map(|&p| p as usize).collect();
-        let tag = tag3(l.src, l.node);
-        if contiguous(&pos) {
-            b.recv(
-                l.relay as usize,
-                tag,
-                rows(Buf::Recv, 0, row, pos[0], pos.len()),
-                &[],
-            );
-        } else {
-            let stage = b.scratch(pos.len() * row);
-            let r = b.recv(l.relay as usize, tag, stage, &[]);
-            for (a, d, len) in runs(pos.iter().copied().enumerate()) {
-                b.copy(
-                    rows(Buf::Scratch, stage.offset, row, a, len),
-                    rows(Buf::Recv, 0, row, d, len),
-                    &[r],
-                );
-            }
-        }
+        recv_rows(&mut b, l.relay, tag3(l.src, l.node), row, &pos);
     }
     // Relay side: where each entry's rows are (buffer, byte base, row index per token).
     let mut sources: Vec<(Buf, usize, Option<StepId>)> = Vec::with_capacity(plan.relays.len());
@@ -619,28 +659,15 @@ pub fn build_moe_dispatch(plan: &MoePlan) -> Result<Schedule> {
     // Phase II: one message per remote relay.
     for s in plan.sends.iter().filter(|s| s.relay != me) {
         let toks: Vec<usize> = s.tokens.iter().map(|&t| t as usize).collect();
-        let tag = tag2(s.node);
-        if contiguous(&toks) {
-            b.send(
-                s.relay as usize,
-                tag,
-                rows(Buf::Send, 0, row, toks[0], toks.len()),
-                &[],
-            );
-        } else {
-            let stage = b.scratch(toks.len() * row);
-            let copies: Vec<StepId> = runs(toks.iter().enumerate().map(|(i, &t)| (t, i)))
-                .into_iter()
-                .map(|(a, d, len)| {
-                    b.copy(
-                        rows(Buf::Send, 0, row, a, len),
-                        rows(Buf::Scratch, stage.offset, row, d, len),
-                        &[],
-                    )
-                })
-                .collect();
-            b.send(s.relay as usize, tag, stage, &copies);
-        }
+        send_rows(
+            &mut b,
+            s.relay,
+            tag2(s.node),
+            (Buf::Send, 0),
+            row,
+            &toks,
+            &[],
+        );
     }
     // Phase III: replicate every entry's rows to its targets.
     for (e, &(buf, base, dep)) in plan.relays.iter().zip(&sources) {
@@ -680,26 +707,16 @@ pub fn build_moe_dispatch(plan: &MoePlan) -> Result<Schedule> {
                         &deps,
                     );
                 }
-            } else if contiguous(&from) {
-                b.send(
-                    t as usize,
+            } else {
+                send_rows(
+                    &mut b,
+                    t,
                     tag3(e.src, e.node),
-                    rows(buf, base, row, from[0], from.len()),
+                    (buf, base),
+                    row,
+                    &from,
                     &deps,
                 );
-            } else {
-                let stage = b.scratch(from.len() * row);
-                let copies: Vec<StepId> = runs(from.iter().enumerate().map(|(i, &a)| (a, i)))
-                    .into_iter()
-                    .map(|(a, d, len)| {
-                        b.copy(
-                            rows(buf, base, row, a, len),
-                            rows(Buf::Scratch, stage.offset, row, d, len),
-                            &deps,
-                        )
-                    })
-                    .collect();
-                b.send(t as usize, tag3(e.src, e.node), stage, &copies);
             }
         }
     }
@@ -737,51 +754,23 @@ pub fn build_moe_gather(plan: &MoePlan) -> Result<Schedule> {
                         &[],
                     );
                 }
-            } else if contiguous(&to) {
-                b.recv(
-                    t as usize,
-                    tag3(e.src, e.node),
-                    rows(Buf::Recv, 0, row, to[0], to.len()),
-                    &[],
-                );
             } else {
-                let stage = b.scratch(to.len() * row);
-                let r = b.recv(t as usize, tag3(e.src, e.node), stage, &[]);
-                for (a, d, len) in runs(to.iter().enumerate().map(|(i, &d)| (i, d))) {
-                    b.copy(
-                        rows(Buf::Scratch, stage.offset, row, a, len),
-                        rows(Buf::Recv, 0, row, d, len),
-                        &[r],
-                    );
-                }
+                recv_rows(&mut b, t, tag3(e.src, e.node), row, &to);
             }
         }
     }
     // Target side: the outputs for each remote relay's entry group.
     for l in plan.lands.iter().filter(|l| l.relay != me) {
         let pos: Vec<usize> = l.positions.iter().map(|&p| p as usize).collect();
-        let tag = tag3(l.src, l.node);
-        if contiguous(&pos) {
-            b.send(
-                l.relay as usize,
-                tag,
-                rows(Buf::Send, 0, row, pos[0], pos.len()),
-                &[],
-            );
-        } else {
-            let stage = b.scratch(pos.len() * row);
-            let copies: Vec<StepId> = runs(pos.iter().enumerate().map(|(i, &p)| (p, i)))
-                .into_iter()
-                .map(|(a, d, len)| {
-                    b.copy(
-                        rows(Buf::Send, 0, row, a, len),
-                        rows(Buf::Scratch, stage.offset, row, d, len),
-                        &[],
-                    )
-                })
-                .collect();
-            b.send(l.relay as usize, tag, stage, &copies);
-        }
+        send_rows(
+            &mut b,
+            l.relay,
+            tag3(l.src, l.node),
+            (Buf::Send, 0),
+            row,
+            &pos,
+            &[],
+        );
     }
     Ok(b.finish())
 }
