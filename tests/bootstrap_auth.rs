@@ -120,9 +120,13 @@ fn a_communicator_does_not_join_a_fake_root() {
     let r = Communicator::init_rank_with(&id, 2, 1, &config);
     let got = root.join().unwrap();
     assert!(!contains(&got, &secret[..8]), "{got:?}");
+    // Only the 40-byte hello went out (a card is far longer) ...
+    assert_eq!(got.len(), 40, "{got:?}");
+    // ... and it does not name the host. A short host name ("vm") can turn up by chance
+    // in the hello's random nonce (it did once in CI), so only names of 8 bytes or more.
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-    assert!(!contains(&got, host.trim().as_bytes()), "the card went out");
-    assert_eq!(got.len(), 40);
+    let host = host.trim().as_bytes();
+    assert!(host.len() < 8 || !contains(&got, host), "the card went out");
     match r {
         Err(e @ Error::SystemError { .. }) => {
             assert!(e.to_string().contains("did not prove"), "{e}")
