@@ -138,12 +138,49 @@ pub fn execute<S: Session + ?Sized>(
     session: &mut S,
     opts: &ExecOptions<'_>,
 ) -> Result<()> {
-    let mut posted = vec![false; schedule.len()];
-    let out = run(schedule, session, opts, &mut posted);
+    // The engine's bookkeeping is reused from call to call on this thread (no
+    // allocation per call in steady state: a small message's whole call costs well
+    // under a microsecond). A nested call — a session that runs a schedule itself —
+    // gets fresh vectors.
+    WORKSPACE.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut ws) => execute_in(schedule, session, opts, &mut ws),
+        Err(_) => execute_in(schedule, session, opts, &mut Workspace::default()),
+    })
+}
+
+/// The engine's per-call bookkeeping, kept between calls.
+#[derive(Debug, Default)]
+struct Workspace {
+    /// Whether each step was posted.
+    posted: Vec<bool>,
+    /// Dependencies not yet complete, per step.
+    waiting: Vec<u32>,
+    /// Steps ready to post, in reverse program order.
+    ready: Vec<StepId>,
+    /// Whether each step completed.
+    done: Vec<bool>,
+    /// Completions not yet processed.
+    completed: Vec<u32>,
+    /// The schedule's dependants, as CSR ([`Schedule::dependants_into`]).
+    rstart: Vec<u32>,
+    rdeps: Vec<StepId>,
+}
+
+thread_local! {
+    static WORKSPACE: std::cell::RefCell<Workspace> = std::cell::RefCell::default();
+}
+
+fn execute_in<S: Session + ?Sized>(
+    schedule: &Schedule,
+    session: &mut S,
+    opts: &ExecOptions<'_>,
+    ws: &mut Workspace,
+) -> Result<()> {
+    let out = run(schedule, session, opts, ws);
     if let Err(CollectiveError::Mismatch { .. }) = &out {
         for (s, step) in schedule.steps().iter().enumerate() {
             if let Step::Send { peer, tag, .. } = *step
-                && !posted[s]
+                && !ws.posted[s]
             {
                 // Best effort: the collective has failed already.
                 let _ = session.post_poison(peer as usize, tag);
@@ -153,29 +190,44 @@ pub fn execute<S: Session + ?Sized>(
     out
 }
 
+/// Idle polls between two looks at the clock for the timeout (a look costs about as
+/// much as a poll; the timeout is seconds, so its precision does not suffer).
+const CLOCK_EVERY: u32 = 16;
+
 fn run<S: Session + ?Sized>(
     schedule: &Schedule,
     session: &mut S,
     opts: &ExecOptions<'_>,
-    posted: &mut [bool],
+    ws: &mut Workspace,
 ) -> Result<()> {
     let n = schedule.len();
+    ws.posted.clear();
+    ws.posted.resize(n, false);
     if n == 0 {
         return Ok(());
     }
-    let (rstart, rdeps) = schedule.dependants();
-    let mut waiting: Vec<u32> = (0..n)
-        .map(|s| schedule.deps(s as StepId).len() as u32)
-        .collect();
-    let mut ready: Vec<StepId> = (0..n as StepId)
-        .filter(|&s| waiting[s as usize] == 0)
-        .collect();
+    schedule.dependants_into(&mut ws.rstart, &mut ws.rdeps);
+    let Workspace {
+        posted,
+        waiting,
+        ready,
+        done,
+        completed,
+        rstart,
+        rdeps,
+    } = ws;
+    waiting.clear();
+    waiting.extend((0..n).map(|s| schedule.deps(s as StepId).len() as u32));
+    ready.clear();
     // Post in program order: pop from the back of a reversed list.
-    ready.reverse();
-    let mut done = vec![false; n];
+    ready.extend((0..n as StepId).rev().filter(|&s| waiting[s as usize] == 0));
+    done.clear();
+    done.resize(n, false);
+    completed.clear();
     let mut remaining = n;
-    let mut completed: Vec<u32> = Vec::with_capacity(64);
-    let start = Instant::now();
+    // The clock starts at the first idle poll: posting never blocks.
+    let mut start: Option<Instant> = None;
+    let mut waited = Duration::ZERO;
     let mut idle: u32 = 0;
 
     let fail = |step: StepId, e: CollectiveError| -> CollectiveError {
@@ -217,7 +269,7 @@ fn run<S: Session + ?Sized>(
             }
         }
         if completed.is_empty() {
-            session.progress(&mut completed)?;
+            session.progress(completed)?;
         }
         if completed.is_empty() {
             if let Some(flag) = opts.abort
@@ -228,7 +280,10 @@ fn run<S: Session + ?Sized>(
                     schedule.algorithm()
                 )));
             }
-            let waited = start.elapsed();
+            let since = *start.get_or_insert_with(Instant::now);
+            if idle.is_multiple_of(CLOCK_EVERY) || idle > opts.spin {
+                waited = since.elapsed();
+            }
             if waited >= opts.timeout {
                 let oldest = (0..n).find(|&s| !done[s]).expect("a step is pending") as StepId;
                 let step = schedule.steps()[oldest as usize];

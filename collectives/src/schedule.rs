@@ -190,23 +190,39 @@ impl Schedule {
 
     /// For each step, the steps that depend on it (the reverse of [`Schedule::deps`]), as CSR.
     pub fn dependants(&self) -> (Vec<u32>, Vec<StepId>) {
+        let (mut start, mut out) = (Vec::new(), Vec::new());
+        self.dependants_into(&mut start, &mut out);
+        (start, out)
+    }
+
+    /// [`Schedule::dependants`] into vectors the caller keeps (the executor reuses
+    /// them from call to call): `start` gets `len() + 1` offsets into `out`.
+    pub fn dependants_into(&self, start: &mut Vec<u32>, out: &mut Vec<StepId>) {
         let n = self.steps.len();
-        let mut start = vec![0u32; n + 1];
+        start.clear();
+        start.resize(n + 1, 0);
         for &d in &self.deps {
             start[d as usize + 1] += 1;
         }
         for i in 1..=n {
             start[i] += start[i - 1];
         }
-        let mut fill = start.clone();
-        let mut out = vec![0; self.deps.len()];
+        out.clear();
+        out.resize(self.deps.len(), 0);
+        // `start[d]` serves as the fill position of `d`'s range (no second vector);
+        // once filled, each holds the end of its range, so shifting by one restores them.
         for s in 0..n {
             for &d in self.deps(s as StepId) {
-                out[fill[d as usize] as usize] = s as StepId;
-                fill[d as usize] += 1;
+                let at = &mut start[d as usize];
+                out[*at as usize] = s as StepId;
+                *at += 1;
             }
         }
-        (start, out)
+        // Every `start[d]` now holds the end of its range, the old `start[d + 1]`.
+        for i in (1..=n).rev() {
+            start[i] = start[i - 1];
+        }
+        start[0] = 0;
     }
 
     /// Message and byte counts of this program.
@@ -394,5 +410,29 @@ impl ScheduleBuilder {
             scratch_len: self.scratch_len,
             routed: self.routed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dependants_are_the_reverse_of_deps_also_in_reused_vectors() {
+        let mut b = ScheduleBuilder::new(0, 4, "test");
+        let r = Region::new(Buf::Send, 0, 1);
+        let a = b.send(1, 0, r, &[]);
+        let c = b.send(2, 1, r, &[]);
+        let d = b.send(3, 2, r, &[a, c]);
+        b.send(1, 3, r, &[a]);
+        b.send(2, 4, r, &[d, a, c]);
+        let s = b.finish();
+        let (start, out) = s.dependants();
+        assert_eq!(start, vec![0, 3, 5, 6, 6, 6]);
+        assert_eq!(out, vec![2, 3, 4, 2, 4, 4]);
+        // Vectors left over from a larger schedule give the same answer.
+        let (mut start2, mut out2) = (vec![7u32; 40], vec![9; 40]);
+        s.dependants_into(&mut start2, &mut out2);
+        assert_eq!((start2, out2), (start, out));
     }
 }

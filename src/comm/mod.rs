@@ -467,6 +467,8 @@ pub(crate) struct Ext {
     pub(super) received: Vec<u64>,
     /// Point-to-point messages this rank sent itself, in order.
     pub(super) to_self: VecDeque<Vec<u8>>,
+    /// One-step schedules of lone sends and receives: (is send, peer, bytes).
+    pub(super) p2p: Vec<((bool, usize, usize), Schedule)>,
     /// All-reduce receive buffer (`u64` words: aligned for every element type).
     pub(super) tmp: Vec<u64>,
     pub(super) gather_scratch: Vec<u8>,

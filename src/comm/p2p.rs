@@ -54,6 +54,41 @@ impl Core {
     }
 }
 
+/// Lone sends and receives whose one-step schedules are kept (most recent first).
+const P2P_CACHED: usize = 4;
+
+impl super::Ext {
+    /// The one-step schedule of a lone send (`key.0`) or receive of `key.2` bytes with
+    /// rank `key.1`, tag 0; built once, then kept among the last [`P2P_CACHED`].
+    fn p2p_schedule(
+        &mut self,
+        me: usize,
+        n: usize,
+        name: &'static str,
+        key: (bool, usize, usize),
+    ) -> &halo_collectives::Schedule {
+        match self.p2p.iter().position(|(k, _)| *k == key) {
+            Some(0) => {}
+            Some(i) => {
+                let entry = self.p2p.remove(i);
+                self.p2p.insert(0, entry);
+            }
+            None => {
+                let (is_send, peer, len) = key;
+                let mut b = ScheduleBuilder::new(me, n, name);
+                if is_send {
+                    b.send(peer, 0, Region::new(Buf::Send, 0, len), &[]);
+                } else {
+                    b.recv(peer, 0, Region::new(Buf::Recv, 0, len), &[]);
+                }
+                self.p2p.truncate(P2P_CACHED - 1);
+                self.p2p.insert(0, (key, b.finish()));
+            }
+        }
+        &self.p2p[0].1
+    }
+}
+
 impl Communicator {
     /// Sends `buf` to rank `peer` (NCCL's `ncclSend`, MPI's `MPI_Send`), blocking until
     /// the transport is done with `buf`.
@@ -172,16 +207,35 @@ impl Communicator {
             (None, Some(_)) => "recv",
             (Some(_), Some(_)) => "send_recv",
         };
-        let mut b = ScheduleBuilder::new(me, n, name);
-        if let Some((buf, peer)) = &recv {
-            let tag = ext.received[*peer] & P2P_COUNT_MASK;
-            b.recv(*peer, tag, Region::new(Buf::Recv, 0, buf.len()), &[]);
-        }
-        if let Some((bytes, peer)) = &send {
-            let tag = ext.sent[*peer] & P2P_COUNT_MASK;
-            b.send(*peer, tag, Region::new(Buf::Send, 0, bytes.len()), &[]);
-        }
-        let schedule = b.finish();
+        let recv_tag = recv
+            .as_ref()
+            .map(|(_, peer)| ext.received[*peer] & P2P_COUNT_MASK);
+        let send_tag = send
+            .as_ref()
+            .map(|(_, peer)| ext.sent[*peer] & P2P_COUNT_MASK);
+        // A lone send or receive (the common case, and every ping-pong) runs a cached
+        // one-step schedule whose tag is 0, the message number going into the tag base
+        // instead (the same tag on the wire): no schedule is built per message.
+        let (tag_base, key) = match (&send, &recv, send_tag, recv_tag) {
+            (Some((bytes, peer)), None, Some(t), _) => (t, Some((true, *peer, bytes.len()))),
+            (None, Some((buf, peer)), _, Some(t)) => (t, Some((false, *peer, buf.len()))),
+            _ => (0, None),
+        };
+        let built;
+        let schedule = match key {
+            Some(key) => ext.p2p_schedule(me, n, name, key),
+            None => {
+                let mut b = ScheduleBuilder::new(me, n, name);
+                if let (Some((buf, peer)), Some(tag)) = (&recv, recv_tag) {
+                    b.recv(*peer, tag, Region::new(Buf::Recv, 0, buf.len()), &[]);
+                }
+                if let (Some((bytes, peer)), Some(tag)) = (&send, send_tag) {
+                    b.send(*peer, tag, Region::new(Buf::Send, 0, bytes.len()), &[]);
+                }
+                built = b.finish();
+                &built
+            }
+        };
         let (dst, src) = (send.as_ref().map(|s| s.1), recv.as_ref().map(|r| r.1));
         let bufs = Buffers {
             send: send.map_or(&[][..], |s| s.0),
@@ -194,7 +248,7 @@ impl Communicator {
         };
         let opts = exec_options(core.timeout, &core.abort);
         core.backend
-            .run(&schedule, core.comm_tag | P2P_FLAG, bufs, &opts)?;
+            .run(schedule, core.comm_tag | P2P_FLAG | tag_base, bufs, &opts)?;
         if let Some(d) = dst {
             core.ext.sent[d] = core.ext.sent[d].wrapping_add(1);
         }

@@ -130,7 +130,9 @@ pub(crate) struct ShmSession<'a> {
     mismatch: bool,
     /// Since when nothing has moved (`None`: something just did).
     idle_since: Option<Instant>,
-    last_watch: Instant,
+    /// When the peers' processes were last looked at (`None`: not yet in this call;
+    /// the clock is read only once the call has to wait).
+    last_watch: Option<Instant>,
 }
 
 impl std::fmt::Debug for ShmSession<'_> {
@@ -158,7 +160,7 @@ impl<'a> ShmSession<'a> {
             error: None,
             mismatch: false,
             idle_since: None,
-            last_watch: Instant::now(),
+            last_watch: None,
             t,
         }
     }
@@ -831,11 +833,14 @@ impl ShmSession<'_> {
 
     /// Every `WATCH_EVERY` while waiting: fails with `Remote` when the process of a
     /// peer an outstanding operation needs has ended (after reading what it published).
-    fn watch_peers(&mut self) -> CResult<()> {
-        if self.last_watch.elapsed() < WATCH_EVERY || self.t.procs.iter().all(Option::is_none) {
+    fn watch_peers(&mut self, now: Instant) -> CResult<()> {
+        let last = *self.last_watch.get_or_insert(now);
+        if now.saturating_duration_since(last) < WATCH_EVERY
+            || self.t.procs.iter().all(Option::is_none)
+        {
             return Ok(());
         }
-        self.last_watch = Instant::now();
+        self.last_watch = Some(now);
         let ended = self
             .waited_for()
             .into_iter()
@@ -980,9 +985,11 @@ impl Session for ShmSession<'_> {
         if !self.done.is_empty() {
             return Ok(());
         }
-        let r = self.watch_peers();
+        // One look at the clock per wait.
+        let now = Instant::now();
+        let r = self.watch_peers(now);
         self.note(r)?;
-        let idle = self.idle_since.get_or_insert_with(Instant::now).elapsed();
+        let idle = now.saturating_duration_since(*self.idle_since.get_or_insert(now));
         if idle < self.t.pure && !self.t.yield_spin {
             // A few pauses only: the next poll comes sooner (a 1-byte ping-pong
             // notices the message up to ~16 pauses earlier than with 16).
