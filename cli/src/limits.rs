@@ -6,12 +6,16 @@
 //!   `halo check`, `halo simulate`) computes a lower bound of what they need and
 //!   refuses when it exceeds `MemAvailable` of `/proc/meminfo` (or cannot be
 //!   represented at all).
-//! - Counts: iterations ([`MAX_ITERATIONS`]), in-process ranks ([`MAX_THREAD_RANKS`]),
+//! - Counts: iterations ([`MAX_ITERATIONS`]), rounds ([`MAX_ROUNDS`]), in-process ranks ([`MAX_THREAD_RANKS`]),
 //!   ranks of one `halo launch` ([`MAX_LAUNCH_RANKS`] and `RLIMIT_NPROC`), world size
 //!   ([`halo::MAX_RANKS`]).
 
 /// Most timed or warm-up iterations per size of `halo bench` (`-i`, `-x`): 10^9.
 pub const MAX_ITERATIONS: usize = 1_000_000_000;
+
+/// Most rounds per size of `halo bench --rounds`: 10,000 (each rank keeps every
+/// round's figure of every implementation and size until it takes their median).
+pub const MAX_ROUNDS: usize = 10_000;
 
 /// Most ranks of an in-process `halo bench` (one thread each): 1,024.
 pub const MAX_THREAD_RANKS: usize = 1024;

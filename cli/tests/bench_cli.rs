@@ -118,6 +118,47 @@ fn threads_every_benchmark() {
 }
 
 #[test]
+fn threads_rounds_interleave_every_implementation_and_size() {
+    // 4 ranks as threads; 3 rounds of 7 sizes x 3 implementations, every byte checked.
+    let out = ok(&halo(
+        "bench alltoall --topology nodes:2x2 -m 1:64 -i 3 -x 1 -c --rounds 3 --algo flat,halo,auto",
+        &[],
+    ));
+    assert_eq!(
+        out.lines().next(),
+        Some("# rounds: 3, median of per-round means"),
+        "{out}"
+    );
+    let t = titles(&out);
+    assert_eq!(t.len(), 3, "{out}");
+    for (title, alg) in t.iter().zip(["flat", "halo", "auto"]) {
+        assert!(
+            title.contains(&format!("(algorithm: {alg}, 4 ranks, topology nodes:2x2")),
+            "{title}"
+        );
+    }
+    validated_rows(&out, 3 * 7);
+    let sizes: Vec<usize> = osu_rows(&out).iter().map(|r| r.0).collect();
+    let sweep = [1, 2, 4, 8, 16, 32, 64];
+    assert_eq!(sizes, [sweep, sweep, sweep].concat(), "{out}");
+    assert!(out.contains("time in us, median of 3 rounds"), "{out}");
+    // JSON names the rounds; the point-to-point tests take rounds too.
+    let json = ok(&halo(
+        "bench latency --topology nodes:2x2 -m 0:8 -i 3 -x 1 -c --rounds 2 --format json",
+        &[],
+    ));
+    let j: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(j["rounds"], 2, "{json}");
+    let rows = j["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5, "{json}");
+    assert!(
+        rows.iter()
+            .all(|r| r["wrong"] == 0 && r["avg_us"].as_f64().unwrap() > 0.0),
+        "{json}"
+    );
+}
+
+#[test]
 fn threads_formats_and_compare_with_plots() {
     let dir = scratch("compare");
     let json = dir.join("rows.json");
@@ -155,6 +196,8 @@ fn bad_arguments_fail_with_status_2() {
         ("bench --algo mpi -m 1", "halo launch --mpi"),
         ("bench alltoallv --topk 0", "--topk 0"),
         ("bench bw --window 0", "--window"),
+        ("bench --rounds 0 -m 1", "--rounds 0"),
+        ("bench --rounds 10001 -m 1", "--rounds 10001"),
         (
             "bench alltoallv --algo memcpy -m 8",
             "reference of alltoall only",

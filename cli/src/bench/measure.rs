@@ -250,7 +250,114 @@ pub(super) fn sweep(opts: &BenchOptions, n: usize) -> Result<Vec<Point>> {
         .collect()
 }
 
-/// What one rank measures: one [`Sample`] per (implementation, point), in order.
+/// The order of a rank's measurements: `(round, implementation, point)` indices.
+///
+/// One round (the default) measures implementation after implementation, every size of
+/// one before the next. With `rounds > 1` the rounds are the outer loop, then the sizes,
+/// then the implementations, in an order rotated by the round (round `r` starts with
+/// implementation `r mod k`), so that every implementation of a size is measured close
+/// in time to the others and first as often as the others: a drift of the machine's load
+/// over the run then falls on all of them alike.
+pub(super) fn schedule(rounds: usize, k: usize, points: usize) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::with_capacity(rounds * k * points);
+    if rounds <= 1 {
+        for a in 0..k {
+            for p in 0..points {
+                out.push((0, a, p));
+            }
+        }
+        return out;
+    }
+    for r in 0..rounds {
+        for p in 0..points {
+            for j in 0..k {
+                out.push((r, (r + j) % k, p));
+            }
+        }
+    }
+    out
+}
+
+/// The median of `values` (the mean of the two middle ones for an even count; 0 when
+/// empty). NaN never occurs here (times are finite), and sorts last if it did.
+pub(super) fn median(values: &mut [f64]) -> f64 {
+    values.sort_unstable_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// One (implementation, point)'s figure from its rounds: the median of the per-round
+/// means, and the wrong bytes of every round.
+pub(super) fn aggregate(rounds: &[Sample]) -> Sample {
+    let mut seconds: Vec<f64> = rounds.iter().map(|s| s.seconds).collect();
+    Sample {
+        seconds: median(&mut seconds),
+        wrong: rounds.iter().map(|s| s.wrong).sum(),
+    }
+}
+
+/// Measures one implementation at one point: switches `comm` to the algorithm (or wraps
+/// it, or takes the MPI engine) for this call only.
+fn measure_point(
+    comm: &mut Communicator,
+    mpi: &mut Option<&mut dyn Implementation>,
+    opts: &BenchOptions,
+    alg: BenchAlgo,
+    point: &Point,
+) -> Result<Sample> {
+    let mut memcpy;
+    let mut blocking;
+    let engine: &mut dyn Implementation = match alg {
+        BenchAlgo::HaloBlocking => {
+            comm.set_algorithm(None);
+            blocking = Blocking(comm);
+            &mut blocking
+        }
+        BenchAlgo::Memcpy => {
+            memcpy = MemcpyReference(comm);
+            &mut memcpy
+        }
+        BenchAlgo::Halo(a) => {
+            comm.set_algorithm(a);
+            comm
+        }
+        BenchAlgo::Mpi => match mpi.as_deref_mut() {
+            Some(m) => m,
+            None => return Err(Error::invalid_argument("--algo mpi without MPI")),
+        },
+    };
+    let size = point.size;
+    let (iterations, warmup) = opts.iterations_for(size);
+    match opts.op {
+        Op::AllToAll | Op::AllToAllV => measure_collective(
+            engine,
+            &point.counts,
+            iterations,
+            warmup,
+            // The copy is not an all-to-all: nothing to validate.
+            opts.validate && alg != BenchAlgo::Memcpy,
+            opts.op == Op::AllToAll,
+            opts.sync,
+        ),
+        Op::Latency | Op::Bandwidth => measure_p2p(
+            engine,
+            opts.op,
+            size,
+            iterations,
+            warmup,
+            opts.validate,
+            opts.window,
+        ),
+    }
+}
+
+/// What one rank measures: one [`Sample`] per (implementation, point), in order, each
+/// the [`aggregate`] of its `opts.rounds` rounds (measured in the order of
+/// [`schedule`]).
 pub(super) fn measure_rank(
     comm: &mut Communicator,
     mut mpi: Option<&mut dyn Implementation>,
@@ -258,65 +365,31 @@ pub(super) fn measure_rank(
     algorithms: &[BenchAlgo],
     points: &[Point],
 ) -> Result<Vec<Sample>> {
-    let mut out = Vec::with_capacity(algorithms.len() * points.len());
+    let rounds = opts.rounds.max(1);
+    let (k, m) = (algorithms.len(), points.len());
+    let order = schedule(rounds, k, m);
+    // per_round[(a * m + p) * rounds + r]
+    let mut per_round = vec![
+        Sample {
+            seconds: 0.0,
+            wrong: 0
+        };
+        k * m * rounds
+    ];
     let bar = crate::progress::bar(
-        algorithms.len() * points.len(),
+        order.len(),
         &format!("{} on {} ranks", opts.op, comm.size()),
         opts.progress && comm.rank() == 0,
     );
-    for &alg in algorithms {
-        let mut memcpy;
-        let mut blocking;
-        let engine: &mut dyn Implementation = match alg {
-            BenchAlgo::HaloBlocking => {
-                comm.set_algorithm(None);
-                blocking = Blocking(&mut *comm);
-                &mut blocking
-            }
-            BenchAlgo::Memcpy => {
-                memcpy = MemcpyReference(&mut *comm);
-                &mut memcpy
-            }
-            BenchAlgo::Halo(a) => {
-                comm.set_algorithm(a);
-                comm
-            }
-            BenchAlgo::Mpi => match mpi.as_deref_mut() {
-                Some(m) => m,
-                None => return Err(Error::invalid_argument("--algo mpi without MPI")),
-            },
-        };
-        for point in points {
-            let size = point.size;
-            let (iterations, warmup) = opts.iterations_for(size);
-            let sample = match opts.op {
-                Op::AllToAll | Op::AllToAllV => measure_collective(
-                    engine,
-                    &point.counts,
-                    iterations,
-                    warmup,
-                    // The copy is not an all-to-all: nothing to validate.
-                    opts.validate && alg != BenchAlgo::Memcpy,
-                    opts.op == Op::AllToAll,
-                    opts.sync,
-                )?,
-                Op::Latency | Op::Bandwidth => measure_p2p(
-                    engine,
-                    opts.op,
-                    size,
-                    iterations,
-                    warmup,
-                    opts.validate,
-                    opts.window,
-                )?,
-            };
-            tracing::debug!(algorithm = %alg, size, seconds = sample.seconds, "measured");
-            out.push(sample);
-            bar.inc(1);
-        }
+    for (r, a, p) in order {
+        let alg = algorithms[a];
+        let sample = measure_point(comm, &mut mpi, opts, alg, &points[p])?;
+        tracing::debug!(algorithm = %alg, size = points[p].size, round = r, seconds = sample.seconds, "measured");
+        per_round[(a * m + p) * rounds + r] = sample;
+        bar.inc(1);
     }
     bar.finish_and_clear();
-    Ok(out)
+    Ok(per_round.chunks(rounds).map(aggregate).collect())
 }
 
 #[cfg(test)]
@@ -338,5 +411,77 @@ mod tests {
         assert_eq!(check_blocks(&buf, 1, &counts, &displs, 5), 5);
         buf[4] ^= 1;
         assert_eq!(check_blocks(&buf, 1, &counts, &displs, 4), 1);
+    }
+
+    #[test]
+    fn median_of_per_round_means_and_wrong_bytes_summed() {
+        let s = |seconds, wrong| Sample { seconds, wrong };
+        // Odd count: the middle one, whatever the order (an outlier round is dropped).
+        assert_eq!(aggregate(&[s(5.0, 0), s(1.0, 2), s(3.0, 1)]), s(3.0, 3));
+        assert_eq!(aggregate(&[s(2.0, 0), s(100.0, 0), s(2.5, 0)]).seconds, 2.5);
+        // Even count: the mean of the two middle ones.
+        assert_eq!(
+            aggregate(&[s(4.0, 0), s(1.0, 0), s(2.0, 0), s(9.0, 7)]),
+            s(3.0, 7)
+        );
+        // One round: that round's figure, unchanged.
+        assert_eq!(aggregate(&[s(0.125, 4)]), s(0.125, 4));
+        assert_eq!(median(&mut []), 0.0);
+    }
+
+    #[test]
+    fn one_round_is_implementation_after_implementation() {
+        assert_eq!(
+            schedule(1, 2, 3),
+            [
+                (0, 0, 0),
+                (0, 0, 1),
+                (0, 0, 2),
+                (0, 1, 0),
+                (0, 1, 1),
+                (0, 1, 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn rounds_interleave_implementations_rotated_per_round() {
+        let s = schedule(3, 3, 2);
+        assert_eq!(s.len(), 3 * 3 * 2);
+        // Round 0: size 0 with implementations 0 1 2, then size 1; round 1 starts with 1.
+        assert_eq!(
+            &s[..9],
+            [
+                (0, 0, 0),
+                (0, 1, 0),
+                (0, 2, 0),
+                (0, 0, 1),
+                (0, 1, 1),
+                (0, 2, 1),
+                (1, 1, 0),
+                (1, 2, 0),
+                (1, 0, 0),
+            ]
+        );
+        assert_eq!(&s[12..15], [(2, 2, 0), (2, 0, 0), (2, 1, 0)]);
+        // Every (round, implementation, size) exactly once.
+        let mut sorted = s.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), s.len());
+        // With more rounds than implementations the rotation wraps.
+        assert_eq!(
+            schedule(4, 2, 1),
+            [
+                (0, 0, 0),
+                (0, 1, 0),
+                (1, 1, 0),
+                (1, 0, 0),
+                (2, 0, 0),
+                (2, 1, 0),
+                (3, 1, 0),
+                (3, 0, 0)
+            ]
+        );
     }
 }

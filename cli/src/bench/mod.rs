@@ -221,6 +221,14 @@ pub struct BenchOptions {
     /// Draw a progress bar on rank 0 (the tool sets it on a terminal with text output;
     /// see [`crate::progress`]).
     pub progress: bool,
+    /// Rounds per size (`--rounds`, at least 1). With 1 every implementation is
+    /// measured at every size before the next implementation starts. With more, each
+    /// round measures every size with every implementation (warm-up and timed
+    /// iterations each), the implementations in an order rotated by the round, and a
+    /// rank's figure is the median over rounds of its per-round means: a drift of the
+    /// machine's load over the run then shifts all implementations alike instead of
+    /// the ones measured last.
+    pub rounds: usize,
 }
 
 impl Default for BenchOptions {
@@ -239,6 +247,7 @@ impl Default for BenchOptions {
             moe: MoeShape::default(),
             window: 64,
             progress: false,
+            rounds: 1,
         }
     }
 }
@@ -366,7 +375,9 @@ pub struct BenchRow {
     /// message size).
     pub size: usize,
     /// Mean over ranks of each rank's mean latency, microseconds (`latency`: rank 0's
-    /// one-way latency; `bw`: rank 0's time per message).
+    /// one-way latency; `bw`: rank 0's time per message). With several
+    /// [`rounds`](BenchOptions::rounds) a rank's figure is the median of its per-round
+    /// means, and the mean, minimum and maximum are taken over those medians.
     pub avg_us: f64,
     /// Smallest rank mean, microseconds.
     pub min_us: f64,
@@ -419,6 +430,9 @@ pub fn run_ranks(
     }
     if opts.window == 0 {
         return Err(Error::invalid_argument("--window must be at least 1"));
+    }
+    if opts.rounds == 0 {
+        return Err(Error::invalid_argument("--rounds must be at least 1"));
     }
     let algorithms = opts.resolve(comm.topology(), mpi.is_some())?;
     let points = sweep(opts, n)?;

@@ -21,6 +21,14 @@ pub struct RunInfo {
     /// The router behind `alltoallv`'s counts (`None` for the other benchmarks), so
     /// that `halo simulate --measured` can rebuild them.
     pub moe: Option<super::moe::MoeShape>,
+    /// Rounds per size ([`BenchOptions::rounds`](super::BenchOptions::rounds)); 1 is
+    /// not mentioned in the reports, which then read as before rounds existed.
+    pub rounds: usize,
+}
+
+/// The line that says how the figures were taken when there were several rounds.
+fn rounds_line(info: &RunInfo) -> Option<String> {
+    (info.rounds > 1).then(|| format!("# rounds: {}, median of per-round means", info.rounds))
 }
 
 fn algorithms(rows: &[BenchRow]) -> Vec<BenchAlgo> {
@@ -53,8 +61,13 @@ fn osu_title(op: Op) -> &'static str {
 /// size. The collectives print `# Size` and `Avg Latency(us)`, with `full` (OSU's
 /// `-f`) also the minimum, maximum and iterations; `latency` prints `Latency (us)`,
 /// `bw` `Bandwidth (MB/s)`. With `-c` a last column counts wrong bytes (`Errors`).
+///
+/// With several rounds a first line says so: `# rounds: R, median of per-round means`.
 pub fn format_osu(info: &RunInfo, rows: &[BenchRow], full: bool, validated: bool) -> String {
     let mut out = String::new();
+    if let Some(line) = rounds_line(info) {
+        let _ = writeln!(out, "{line}");
+    }
     for (i, alg) in algorithms(rows).into_iter().enumerate() {
         if i > 0 {
             out.push('\n');
@@ -120,9 +133,13 @@ pub fn format_osu(info: &RunInfo, rows: &[BenchRow], full: bool, validated: bool
 
 /// nccl-tests' columns (`alltoall_perf`): per implementation a header, then per size
 /// `size` (bytes per rank in all), `count` (elements, `uint8`), `type`, `time` (us),
-/// `algbw` and `busbw` (GB/s) and `#wrong`.
+/// `algbw` and `busbw` (GB/s) and `#wrong`. With several rounds a first line says so,
+/// as in [`format_osu`].
 pub fn format_nccl_tests(info: &RunInfo, rows: &[BenchRow]) -> String {
     let mut out = String::new();
+    if let Some(line) = rounds_line(info) {
+        let _ = writeln!(out, "{line}");
+    }
     let n = if info.op.is_collective() {
         info.ranks
     } else {
@@ -179,9 +196,11 @@ fn row_json(r: &BenchRow) -> serde_json::Value {
     })
 }
 
-/// One JSON document: the run's description and every row.
+/// One JSON document: the run's description and every row. With several rounds the
+/// document has a `rounds` field (absent: one round) and `rounds_statistic`, the
+/// figure each rank gives per (implementation, size): `"median of per-round means"`.
 pub fn format_json(info: &RunInfo, rows: &[BenchRow]) -> String {
-    let doc = serde_json::json!({
+    let mut doc = serde_json::json!({
         "benchmark": info.op.name(),
         "ranks": info.ranks,
         "topology": info.topology,
@@ -189,18 +208,25 @@ pub fn format_json(info: &RunInfo, rows: &[BenchRow]) -> String {
         "moe": info.moe,
         "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
     });
+    if info.rounds > 1 {
+        doc["rounds"] = info.rounds.into();
+        doc["rounds_statistic"] = "median of per-round means".into();
+    }
     let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
     s.push('\n');
     s
 }
 
-/// CSV with a header line; one line per row.
+/// CSV with a header line; one line per row. With several rounds a last column
+/// `rounds` gives their number (each figure the median of per-round means).
 pub fn format_csv(info: &RunInfo, rows: &[BenchRow]) -> String {
+    let rounds = info.rounds > 1;
     let mut out = String::from(
-        "benchmark,ranks,algorithm,size,avg_us,min_us,max_us,iterations,algbw_gbs,busbw_gbs,mb_per_s,wrong\n",
+        "benchmark,ranks,algorithm,size,avg_us,min_us,max_us,iterations,algbw_gbs,busbw_gbs,mb_per_s,wrong",
     );
+    out.push_str(if rounds { ",rounds\n" } else { "\n" });
     for r in rows {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{},{},{},{},{:.3},{:.3},{:.3},{},{:.6},{:.6},{:.3},{}",
             info.op,
@@ -216,6 +242,10 @@ pub fn format_csv(info: &RunInfo, rows: &[BenchRow]) -> String {
             r.mb_per_s(),
             r.wrong
         );
+        if rounds {
+            let _ = write!(out, ",{}", info.rounds);
+        }
+        out.push('\n');
     }
     out
 }
@@ -238,9 +268,14 @@ pub fn compare_table(info: &RunInfo, rows: &[BenchRow]) -> String {
     } else {
         "us"
     };
+    let rounds = if info.rounds > 1 {
+        format!(", median of {} rounds", info.rounds)
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "\n# Comparison: {} ({} ranks, {}), time in {unit}",
+        "\n# Comparison: {} ({} ranks, {}), time in {unit}{rounds}",
         info.op, info.ranks, info.mode
     );
     let _ = write!(out, "{:<10}", "# Size");
@@ -414,6 +449,7 @@ mod tests {
             topology: "nodes:2x2".into(),
             mode: "processes".into(),
             moe: None,
+            rounds: 1,
         }
     }
 
@@ -509,5 +545,50 @@ mod tests {
                 .unwrap()
                 .starts_with("alltoall,4,mpi,8,3.000,")
         );
+        assert!(j.get("rounds").is_none());
+    }
+
+    #[test]
+    fn several_rounds_are_named_in_every_format() {
+        let rows = [
+            row(BenchAlgo::Halo(Some(Algorithm::Flat)), 8, 3.0),
+            row(BenchAlgo::Halo(None), 8, 2.0),
+        ];
+        let one = info(Op::AllToAll);
+        let three = RunInfo {
+            rounds: 3,
+            ..one.clone()
+        };
+        let line = "# rounds: 3, median of per-round means";
+        // One round: the reports as they were, no word of rounds.
+        for text in [
+            format_osu(&one, &rows, true, true),
+            format_nccl_tests(&one, &rows),
+            format_csv(&one, &rows),
+            compare_table(&one, &rows),
+        ] {
+            assert!(!text.contains("round"), "{text}");
+        }
+        let osu = format_osu(&three, &rows, false, false);
+        assert_eq!(osu.lines().next(), Some(line));
+        // The rest is the one-round layout, line for line.
+        assert_eq!(
+            osu.lines().skip(1).collect::<Vec<_>>(),
+            format_osu(&one, &rows, false, false)
+                .lines()
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(format_nccl_tests(&three, &rows).lines().next(), Some(line));
+        let j: serde_json::Value = serde_json::from_str(&format_json(&three, &rows)).unwrap();
+        assert_eq!(j["rounds"], 3);
+        assert_eq!(j["rounds_statistic"], "median of per-round means");
+        assert_eq!(j["rows"][0]["avg_us"], 3.0);
+        let csv = format_csv(&three, &rows);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert!(lines[0].ends_with(",wrong,rounds"), "{csv}");
+        assert!(lines[1].starts_with("alltoall,4,flat,8,3.000,") && lines[1].ends_with(",0,3"));
+        assert_eq!(lines.len(), 3);
+        let cmp = compare_table(&three, &rows);
+        assert!(cmp.contains("time in us, median of 3 rounds"), "{cmp}");
     }
 }

@@ -59,6 +59,13 @@ pub(crate) struct BenchArgs {
     /// ends when every rank is done (OSU times the call alone; see docs/BENCHMARKS.md).
     #[arg(long)]
     sync: bool,
+    /// Measure every size in R rounds: each round runs every implementation's warm-up
+    /// and timed iterations once, in an order rotated by the round, and a rank's figure
+    /// is the median of its per-round means, so that load drifting over the run does
+    /// not favour the implementations measured first (see docs/BENCHMARKS.md). 1: each
+    /// implementation's sweep after the other's, as OSU does.
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    rounds: usize,
     /// Full output (OSU's -f): minimum, maximum and iterations.
     #[arg(short = 'f', long)]
     full: bool,
@@ -158,9 +165,11 @@ fn timeout(option: Option<u64>, variable: Option<&str>) -> Result<Duration, Fail
 }
 
 /// Refuses iteration counts that cannot be run or reported: `-i 0` (no latency to
-/// report) and more than [`MAX_ITERATIONS`](halo_cli::limits::MAX_ITERATIONS).
+/// report), `--rounds 0`, and more than
+/// [`MAX_ITERATIONS`](halo_cli::limits::MAX_ITERATIONS) iterations or
+/// [`MAX_ROUNDS`](halo_cli::limits::MAX_ROUNDS) rounds.
 fn check_iterations(args: &BenchArgs) -> Result<(), Failure> {
-    use halo_cli::limits::MAX_ITERATIONS;
+    use halo_cli::limits::{MAX_ITERATIONS, MAX_ROUNDS};
     if args.iterations == Some(0) {
         return Err(Failure::input(
             "-i 0: at least 1 timed iteration is needed to report a latency",
@@ -172,6 +181,17 @@ fn check_iterations(args: &BenchArgs) -> Result<(), Failure> {
                 "{flag} {v}: at most {MAX_ITERATIONS} iterations per size"
             )));
         }
+    }
+    if args.rounds == 0 {
+        return Err(Failure::input(
+            "--rounds 0: at least 1 round per size is needed",
+        ));
+    }
+    if args.rounds > MAX_ROUNDS {
+        return Err(Failure::input(format!(
+            "--rounds {}: at most {MAX_ROUNDS} rounds per size",
+            args.rounds
+        )));
     }
     Ok(())
 }
@@ -217,6 +237,7 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
             ..MoeShape::default()
         },
         window: args.window,
+        rounds: args.rounds,
         progress: args.format == Format::Osu && halo_cli::progress::on_terminal(),
     })
 }
@@ -291,6 +312,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
             topology: topology.name().to_string(),
             mode,
             moe: None,
+            rounds: opts.rounds,
         };
         (info, rows)
     } else {
@@ -300,6 +322,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
         }
     };
     let mut info = info;
+    info.rounds = opts.rounds;
     if op == Op::AllToAllV {
         info.moe = Some(opts.moe.clone());
     }
@@ -364,6 +387,7 @@ fn process_info(op: Op, comm: &Communicator, mpi: bool) -> RunInfo {
             "processes".to_string()
         },
         moe: None,
+        rounds: 1,
     }
 }
 
