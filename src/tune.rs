@@ -16,9 +16,10 @@
 //!    both judged on the first and the last rank's programs, at most
 //!    [`MAX_CANDIDATES`]. Neither the ranking nor these tests depend on the calling
 //!    rank, so every rank has the same list.
-//! 2. **Trials**: the next `TRIALS x candidates` calls of the class run the candidates
-//!    in turn (round robin, [`TRIALS`] calls each); each rank keeps, per candidate, the
-//!    fastest of its calls.
+//! 2. **Trials**: the next `trials x candidates` calls of the class run the candidates
+//!    in turn (round robin, [`trials`] calls each: 8 for blocks under 4 KiB, whose calls
+//!    take microseconds and vary by more than the candidates differ, 4 up to 64 KiB,
+//!    [`TRIALS`] above); each rank keeps, per candidate, the fastest of its calls.
 //! 3. **Agreement**: right after the last trial call every rank takes part in one
 //!    all-reduce (maximum) of those times, in nanoseconds, so a candidate's time is
 //!    that of its slowest rank; every rank then picks the candidate with the smallest
@@ -26,7 +27,7 @@
 //!    reduces the same numbers.
 //! 4. **Cached** per communicator and size class; after [`RETRY_CALLS`] more calls of the
 //!    class the trials run again, so a choice made on a cold or disturbed machine is not
-//!    kept for ever.
+//!    kept for ever. A decided call is not timed: it costs one lookup.
 //!
 //! A forced algorithm ([`crate::Communicator::set_algorithm`], `HALO_ALGO`) bypasses all
 //! of this. With one candidate there is nothing to measure and no all-reduce.
@@ -43,14 +44,36 @@
 use crate::select::Selector;
 use halo_collectives::{AlgoOptions, Algorithm, BuildCtx, Layout, Schedule, Step, UniformSizes};
 use halo_topology::{Rank, Topology};
-use std::collections::HashMap;
 use std::time::Duration;
 
 /// Most candidates measured per size class.
 pub const MAX_CANDIDATES: usize = 4;
 
-/// Calls per candidate during a trial; the fastest counts.
+/// Calls per candidate during the trials of large blocks (the fewest); the fastest
+/// counts. See [`trials`].
 pub const TRIALS: usize = 2;
+
+/// Calls per candidate during the trials of size class `class` (of the block, or of
+/// the mean block for all-to-all-v; [`crate::select::size_class`]): 8 below 4 KiB, 4
+/// below 64 KiB, [`TRIALS`] above. Small calls take a few microseconds, and two of them
+/// on a shared or oversubscribed machine differ by more than the candidates do; their
+/// trials cost little however many they are.
+pub fn trials(class: u32) -> usize {
+    match class {
+        0..=12 => 4 * TRIALS,
+        13..=16 => 2 * TRIALS,
+        _ => TRIALS,
+    }
+}
+
+impl Key {
+    /// The size class the key is for.
+    fn class(self) -> u32 {
+        match self {
+            Key::Uniform(c) | Key::V { class: c, .. } => c,
+        }
+    }
+}
 
 /// Calls of a size class after which its trials run again.
 pub const RETRY_CALLS: u64 = 4096;
@@ -103,45 +126,65 @@ pub struct Tuned {
 /// A communicator's measured-selection state, per size class.
 #[derive(Debug, Default)]
 pub(crate) struct Tuner {
-    classes: HashMap<Key, State>,
+    /// Per key, in the order first seen: a communicator uses a few dozen classes at
+    /// most, and a scan of them costs less than hashing a key (this lookup is the whole
+    /// per-call cost of a decided class).
+    classes: Vec<(Key, State)>,
 }
 
 impl Tuner {
-    /// The algorithm the next call of `class` runs. `candidates` is asked only when the
-    /// class has no state yet (it must give every rank the same list, not empty).
+    /// The algorithm the next call of `class` runs, and whether that call is a trial
+    /// (to be timed and passed to [`Tuner::record`]). `candidates` is asked only when
+    /// the class has no state yet (it must give every rank the same list, not empty).
+    /// A decided class counts the call here; after [`RETRY_CALLS`] of them its trials
+    /// start again.
     pub(crate) fn pick(
         &mut self,
         class: Key,
         candidates: impl FnOnce() -> Vec<Algorithm>,
-    ) -> Option<Algorithm> {
-        let state = match self.classes.entry(class) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
+    ) -> Option<(Algorithm, bool)> {
+        let at = match self.find(class) {
+            Some(i) => i,
+            None => {
                 let c = candidates();
                 if c.is_empty() {
                     return None;
                 }
-                e.insert(start(c))
+                self.classes.push((class, start(c)));
+                self.classes.len() - 1
             }
         };
+        let state = &mut self.classes[at].1;
         match state {
             State::Trying {
                 candidates, done, ..
             } => {
-                if *done >= TRIALS * candidates.len() {
+                if *done >= trials(class.class()) * candidates.len() {
                     // The agreement after the last trial did not happen (an error): try again.
                     *state = start(candidates.clone());
                     return self.pick(class, Vec::new);
                 }
-                Some(candidates[*done % candidates.len()])
+                Some((candidates[*done % candidates.len()], true))
             }
-            State::Decided { algorithm, .. } => Some(*algorithm),
+            State::Decided {
+                candidates,
+                algorithm,
+                calls,
+                ..
+            } => {
+                let a = *algorithm;
+                *calls += 1;
+                if *calls >= RETRY_CALLS {
+                    *state = start(candidates.clone());
+                }
+                Some((a, false))
+            }
         }
     }
 
-    /// Records that a call of `class` with `algorithm` took `elapsed` on this rank.
-    /// Returns this rank's times per candidate when the trials are complete: the caller
-    /// must then all-reduce them (maximum) on every rank and pass the result to
+    /// Records that a trial call of `class` with `algorithm` took `elapsed` on this
+    /// rank. Returns this rank's times per candidate when the trials are complete: the
+    /// caller must then all-reduce them (maximum) on every rank and pass the result to
     /// [`Tuner::agree`].
     pub(crate) fn record(
         &mut self,
@@ -149,37 +192,27 @@ impl Tuner {
         algorithm: Algorithm,
         elapsed: Duration,
     ) -> Option<Vec<u64>> {
-        let state = self.classes.get_mut(&class)?;
-        match state {
-            State::Trying {
-                candidates,
-                done,
-                best,
-            } => {
-                let i = *done % candidates.len();
-                if candidates[i] != algorithm {
-                    return None;
-                }
-                let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-                best[i] = best[i].min(ns);
-                *done += 1;
-                (*done == TRIALS * candidates.len()).then(|| best.clone())
-            }
-            State::Decided {
-                candidates, calls, ..
-            } => {
-                *calls += 1;
-                if *calls >= RETRY_CALLS {
-                    *state = start(candidates.clone());
-                }
-                None
-            }
+        let State::Trying {
+            candidates,
+            done,
+            best,
+        } = self.get_mut(class)?
+        else {
+            return None;
+        };
+        let i = *done % candidates.len();
+        if candidates[i] != algorithm {
+            return None;
         }
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        best[i] = best[i].min(ns);
+        *done += 1;
+        (*done == trials(class.class()) * candidates.len()).then(|| best.clone())
     }
 
     /// Decides `class` from the times all-reduced (maximum over ranks) after its trials.
     pub(crate) fn agree(&mut self, class: Key, times: &[u64]) -> Option<Algorithm> {
-        let State::Trying { candidates, .. } = self.classes.get(&class)? else {
+        let State::Trying { candidates, .. } = self.get(class)? else {
             return None;
         };
         if times.len() != candidates.len() {
@@ -199,21 +232,36 @@ impl Tuner {
             times_ns = ?candidates.iter().zip(times).collect::<Vec<_>>(),
             "measured all-to-all candidates"
         );
-        self.classes.insert(
-            class,
-            State::Decided {
-                candidates,
-                algorithm,
-                times: times.to_vec(),
-                calls: 0,
-            },
-        );
+        *self.get_mut(class)? = State::Decided {
+            candidates,
+            algorithm,
+            times: times.to_vec(),
+            calls: 0,
+        };
         Some(algorithm)
+    }
+
+    fn find(&self, class: Key) -> Option<usize> {
+        self.classes.iter().position(|(k, _)| *k == class)
+    }
+
+    fn get(&self, class: Key) -> Option<&State> {
+        self.classes
+            .iter()
+            .find(|(k, _)| *k == class)
+            .map(|(_, s)| s)
+    }
+
+    fn get_mut(&mut self, class: Key) -> Option<&mut State> {
+        self.classes
+            .iter_mut()
+            .find(|(k, _)| *k == class)
+            .map(|(_, s)| s)
     }
 
     /// What was decided for `class`, if anything.
     pub(crate) fn tuned(&self, class: Key) -> Option<Tuned> {
-        tuned(self.classes.get(&class)?)
+        tuned(self.get(class)?)
     }
 
     /// What was decided for all-to-all-v calls whose mean block is in size class
@@ -227,7 +275,7 @@ impl Tuner {
 
     /// Forgets `class` (its candidates changed: one of them did not build).
     pub(crate) fn forget(&mut self, class: Key) {
-        self.classes.remove(&class);
+        self.classes.retain(|(k, _)| *k != class);
     }
 
     /// Forgets everything (the builder options changed).
@@ -373,8 +421,9 @@ mod tests {
         let c = vec![Algorithm::Flat, Algorithm::Halo, Algorithm::Bruck];
         let mut seen = Vec::new();
         let mut out = None;
-        for i in 0..TRIALS * 3 {
-            let a = t.pick(Key::Uniform(5), || c.clone()).unwrap();
+        for i in 0..trials(5) * 3 {
+            let (a, trial) = t.pick(Key::Uniform(5), || c.clone()).unwrap();
+            assert!(trial);
             seen.push(a);
             assert!(t.tuned(Key::Uniform(5)).is_none());
             let took = match a {
@@ -383,7 +432,7 @@ mod tests {
                 _ => 20,
             };
             out = t.record(Key::Uniform(5), a, ms(took));
-            assert_eq!(out.is_some(), i + 1 == TRIALS * 3);
+            assert_eq!(out.is_some(), i + 1 == trials(5) * 3);
         }
         assert_eq!(&seen[..3], &c[..]);
         let local = out.unwrap();
@@ -391,7 +440,10 @@ mod tests {
         // Another rank was slower with HALO: the maximum decides.
         let agreed = vec![30_000_000, 25_000_000, 20_000_000];
         assert_eq!(t.agree(Key::Uniform(5), &agreed), Some(Algorithm::Bruck));
-        assert_eq!(t.pick(Key::Uniform(5), Vec::new), Some(Algorithm::Bruck));
+        assert_eq!(
+            t.pick(Key::Uniform(5), Vec::new).map(|p| p.0),
+            Some(Algorithm::Bruck)
+        );
         let tuned = t.tuned(Key::Uniform(5)).unwrap();
         assert_eq!(tuned.algorithm, Algorithm::Bruck);
         assert_eq!(tuned.times[1], (Algorithm::Halo, 25_000_000));
@@ -401,13 +453,14 @@ mod tests {
     fn ties_go_to_the_earlier_candidate_and_one_candidate_needs_no_trial() {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Halo, Algorithm::Flat];
-        for _ in 0..TRIALS * 2 {
-            let a = t.pick(Key::Uniform(1), || c.clone()).unwrap();
+        for _ in 0..trials(1) * 2 {
+            let a = t.pick(Key::Uniform(1), || c.clone()).unwrap().0;
             t.record(Key::Uniform(1), a, ms(1));
         }
         assert_eq!(t.agree(Key::Uniform(1), &[7, 7]), Some(Algorithm::Halo));
         assert_eq!(
-            t.pick(Key::Uniform(2), || vec![Algorithm::Pairwise]),
+            t.pick(Key::Uniform(2), || vec![Algorithm::Pairwise])
+                .map(|p| p.0),
             Some(Algorithm::Pairwise)
         );
         assert!(
@@ -425,32 +478,62 @@ mod tests {
     fn a_decision_is_retried_after_retry_calls() {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Flat, Algorithm::Halo];
-        for _ in 0..TRIALS * 2 {
-            let a = t.pick(Key::Uniform(9), || c.clone()).unwrap();
+        for _ in 0..trials(9) * 2 {
+            let a = t.pick(Key::Uniform(9), || c.clone()).unwrap().0;
             t.record(Key::Uniform(9), a, ms(1));
         }
         t.agree(Key::Uniform(9), &[1, 2]);
         for _ in 0..RETRY_CALLS {
+            // Decided calls are no trials: the caller neither times nor records them.
             let a = t.pick(Key::Uniform(9), Vec::new).unwrap();
-            assert_eq!(a, Algorithm::Flat);
-            assert!(t.record(Key::Uniform(9), a, ms(1)).is_none());
+            assert_eq!(a, (Algorithm::Flat, false));
         }
         assert!(t.tuned(Key::Uniform(9)).is_none(), "trials start again");
-        assert_eq!(t.pick(Key::Uniform(9), Vec::new), Some(Algorithm::Flat));
+        assert_eq!(
+            t.pick(Key::Uniform(9), Vec::new).map(|p| p.0),
+            Some(Algorithm::Flat)
+        );
         assert!(t.record(Key::Uniform(9), Algorithm::Flat, ms(1)).is_none());
-        assert_eq!(t.pick(Key::Uniform(9), Vec::new), Some(Algorithm::Halo));
+        assert_eq!(
+            t.pick(Key::Uniform(9), Vec::new).map(|p| p.0),
+            Some(Algorithm::Halo)
+        );
+    }
+
+    #[test]
+    fn small_classes_take_more_trials_and_a_decided_call_is_no_trial() {
+        assert_eq!((trials(0), trials(12)), (8, 8));
+        assert_eq!((trials(13), trials(16)), (4, 4));
+        assert_eq!((trials(17), trials(30)), (TRIALS, TRIALS));
+        let mut t = Tuner::default();
+        let c = vec![Algorithm::Flat, Algorithm::Halo];
+        let key = Key::V {
+            class: 14,
+            meta: None,
+        };
+        for k in 0..4 * 2 {
+            assert_eq!(t.pick(key, || c.clone()), Some((c[k % 2], true)));
+            let out = t.record(key, c[k % 2], ms(1));
+            assert_eq!(out.is_some(), k == 7);
+        }
+        t.agree(key, &[3, 2]);
+        assert_eq!(t.pick(key, Vec::new), Some((Algorithm::Halo, false)));
+        assert!(t.record(key, Algorithm::Halo, ms(1)).is_none());
     }
 
     #[test]
     fn a_missed_agreement_restarts_the_trials() {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Flat, Algorithm::Halo];
-        for _ in 0..TRIALS * 2 {
-            let a = t.pick(Key::Uniform(4), || c.clone()).unwrap();
+        for _ in 0..trials(4) * 2 {
+            let a = t.pick(Key::Uniform(4), || c.clone()).unwrap().0;
             t.record(Key::Uniform(4), a, ms(1));
         }
         // No agree(): the next pick starts over.
-        assert_eq!(t.pick(Key::Uniform(4), Vec::new), Some(Algorithm::Flat));
+        assert_eq!(
+            t.pick(Key::Uniform(4), Vec::new).map(|p| p.0),
+            Some(Algorithm::Flat)
+        );
         assert!(
             t.agree(Key::Uniform(4), &[1]).is_none(),
             "wrong length is refused"
@@ -469,27 +552,30 @@ mod tests {
             class: 7,
             meta: Some(Algorithm::Bruck),
         };
-        for _ in 0..TRIALS * 2 {
-            let a = t.pick(Key::Uniform(7), || c.clone()).unwrap();
+        for _ in 0..trials(7) * 2 {
+            let a = t.pick(Key::Uniform(7), || c.clone()).unwrap().0;
             t.record(Key::Uniform(7), a, ms(1));
         }
         assert_eq!(t.agree(Key::Uniform(7), &[5, 1]), Some(Algorithm::Halo));
         // The v class of the same size starts its own trials, from its own candidates.
         assert!(t.tuned_v(7).is_none());
         assert_eq!(
-            t.pick(v, || vec![Algorithm::Pairwise, Algorithm::Flat]),
+            t.pick(v, || vec![Algorithm::Pairwise, Algorithm::Flat])
+                .map(|p| p.0),
             Some(Algorithm::Pairwise)
         );
         assert!(t.record(v, Algorithm::Pairwise, ms(3)).is_none());
-        assert_eq!(t.pick(v, Vec::new), Some(Algorithm::Flat));
+        assert_eq!(t.pick(v, Vec::new).map(|p| p.0), Some(Algorithm::Flat));
         let local = t.record(v, Algorithm::Flat, ms(2));
         assert!(local.is_none());
-        for a in [Algorithm::Pairwise, Algorithm::Flat] {
-            assert_eq!(t.pick(v, Vec::new), Some(a));
-            if let Some(local) = t.record(v, a, ms(1)) {
-                assert_eq!(local, vec![1_000_000, 1_000_000]);
+        let mut local = None;
+        for k in 1..trials(7) {
+            for a in [Algorithm::Pairwise, Algorithm::Flat] {
+                assert_eq!(t.pick(v, Vec::new), Some((a, true)));
+                local = t.record(v, a, ms(k as u64));
             }
         }
+        assert_eq!(local, Some(vec![1_000_000, 1_000_000]));
         assert_eq!(t.agree(v, &[9, 4]), Some(Algorithm::Flat));
         assert_eq!(t.tuned_v(7).unwrap().algorithm, Algorithm::Flat);
         assert!(t.tuned_v(6).is_none());
@@ -499,6 +585,9 @@ mod tests {
         // Forgetting a key restarts it from fresh candidates.
         t.forget(v);
         assert!(t.tuned_v(7).is_none());
-        assert_eq!(t.pick(v, || vec![Algorithm::Bruck]), Some(Algorithm::Bruck));
+        assert_eq!(
+            t.pick(v, || vec![Algorithm::Bruck]).map(|p| p.0),
+            Some(Algorithm::Bruck)
+        );
     }
 }

@@ -6,8 +6,14 @@
 #![allow(missing_docs)]
 
 use halo::local::{self, Emulation};
+use halo::select::size_class;
 use halo::topology::Topology;
-use halo::tune::{MAX_CANDIDATES, TRIALS};
+use halo::tune::{MAX_CANDIDATES, TRIALS, trials};
+
+/// Trial calls per candidate for blocks (or mean blocks) of `block` bytes.
+fn trials_of(block: usize) -> usize {
+    trials(size_class(block))
+}
 use halo::{Algorithm, Communicator, Error, Partition};
 
 /// The byte rank `src` sends rank `dst` at offset `i` in call `call`.
@@ -43,7 +49,7 @@ fn every_rank_measures_and_picks_the_same_algorithm() {
                 let mut call = 0;
                 while comm.tuned(block).is_none() {
                     assert!(
-                        call < TRIALS * MAX_CANDIDATES,
+                        call < trials_of(block) * MAX_CANDIDATES,
                         "no decision after {call} calls"
                     );
                     ran.push(exact_call(comm, block, call)?);
@@ -72,11 +78,11 @@ fn every_rank_measures_and_picks_the_same_algorithm() {
             if tuned.times.is_empty() {
                 assert!(ran.is_empty() || ran.iter().all(|a| *a == tuned.algorithm));
             } else {
-                // Round robin over the candidates, TRIALS calls each, and the choice is
-                // the one with the smallest agreed time.
+                // Round robin over the candidates, `trials` calls each, and the choice
+                // is the one with the smallest agreed time.
                 let cands: Vec<Algorithm> = tuned.times.iter().map(|t| t.0).collect();
                 assert!(cands.len() >= 2 && cands.len() <= MAX_CANDIDATES);
-                assert_eq!(ran.len(), TRIALS * cands.len());
+                assert_eq!(ran.len(), trials_of(block) * cands.len());
                 for (i, a) in ran.iter().enumerate() {
                     assert_eq!(*a, cands[i % cands.len()]);
                 }
@@ -96,7 +102,7 @@ fn a_forced_algorithm_wins_over_measurement() {
     let out = local::run(&topo, Emulation::off(), |comm| {
         let block = 512;
         comm.set_algorithm(Some(Algorithm::Pairwise));
-        for call in 0..TRIALS * MAX_CANDIDATES + 2 {
+        for call in 0..trials_of(block) * MAX_CANDIDATES + 2 {
             assert_eq!(exact_call(comm, block, call)?, Algorithm::Pairwise);
         }
         assert!(comm.tuned(block).is_none(), "nothing measured while forced");
@@ -192,8 +198,9 @@ fn exact_v_call(
 }
 
 /// Checks that every rank tried the same candidates in the same order and chose the
-/// same, round robin with TRIALS calls each, the choice the smallest agreed time.
-fn check_agreed(what: &str, out: &[(Vec<Algorithm>, halo::tune::Tuned)]) {
+/// same, round robin with the class's trial calls each (`mean`: the mean block), the
+/// choice the smallest agreed time.
+fn check_agreed(what: &str, mean: usize, out: &[(Vec<Algorithm>, halo::tune::Tuned)]) {
     let (ran, tuned) = &out[0];
     for (rank, o) in out.iter().enumerate() {
         assert_eq!(&o.1, tuned, "{what}: rank {rank} chose differently");
@@ -205,7 +212,7 @@ fn check_agreed(what: &str, out: &[(Vec<Algorithm>, halo::tune::Tuned)]) {
     }
     let cands: Vec<Algorithm> = tuned.times.iter().map(|t| t.0).collect();
     assert!(cands.len() >= 2 && cands.len() <= MAX_CANDIDATES, "{what}");
-    assert_eq!(ran.len(), TRIALS * cands.len(), "{what}: {ran:?}");
+    assert_eq!(ran.len(), trials_of(mean) * cands.len(), "{what}: {ran:?}");
     for (i, a) in ran.iter().enumerate() {
         assert_eq!(*a, cands[i % cands.len()], "{what}: trial {i} of {ran:?}");
     }
@@ -228,7 +235,7 @@ fn every_rank_measures_all_to_all_v_alike() {
                 let mut call = 0;
                 while comm.tuned_v(mean).is_none() {
                     assert!(
-                        call < TRIALS * MAX_CANDIDATES,
+                        call < trials_of(mean) * MAX_CANDIDATES,
                         "no decision after {call} calls"
                     );
                     ran.push(exact_v_call(comm, scale, call, false)?);
@@ -254,7 +261,7 @@ fn every_rank_measures_all_to_all_v_alike() {
                 .map(|(r, x)| x.unwrap_or_else(|e| panic!("{preset} x{scale}: rank {r}: {e}")))
                 .collect();
             let what = format!("{preset}, mean {mean} B");
-            check_agreed(&what, &out);
+            check_agreed(&what, mean, &out);
             println!("{what}: tried {:?}, chose {:?}", out[0].0, out[0].1);
         }
     }
@@ -270,7 +277,10 @@ fn a_count_mismatch_during_v_trials_records_no_trial() {
         let mut call = 0;
         let mut failed = 0;
         while comm.tuned_v(mean).is_none() {
-            assert!(call < 2 * TRIALS * MAX_CANDIDATES + 2, "no decision");
+            assert!(
+                call < 2 * trials_of(mean) * MAX_CANDIDATES + 2,
+                "no decision"
+            );
             // Every other call is a mismatch, including the one before the trial
             // that completes the class.
             if call % 2 == 1 {
@@ -288,7 +298,7 @@ fn a_count_mismatch_during_v_trials_records_no_trial() {
         Ok((ran, tuned))
     });
     let out: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
-    check_agreed("nodes:2x4 with mismatches", &out);
+    check_agreed("nodes:2x4 with mismatches", mean, &out);
 }
 
 #[test]
@@ -298,7 +308,7 @@ fn a_forced_algorithm_wins_over_v_measurement() {
     let (scale, mean) = (100, v_mean(n, 100));
     let out = local::run(&topo, Emulation::off(), |comm| {
         comm.set_algorithm(Some(Algorithm::Pairwise));
-        for call in 0..TRIALS * MAX_CANDIDATES + 2 {
+        for call in 0..trials_of(mean) * MAX_CANDIDATES + 2 {
             assert_eq!(exact_v_call(comm, scale, call, false)?, Algorithm::Pairwise);
         }
         assert!(

@@ -306,18 +306,30 @@ fn mpi_baseline_in_the_same_run() {
         t[2].contains("algorithm: mpi") && t[2].contains("MPI-launched"),
         "{out}"
     );
+    // Every column runs between MPI_Barriers (the harness), HALO's too.
+    assert!(
+        t.iter().all(|t| t.contains("MPI_Barrier between calls")),
+        "{out}"
+    );
     // Size 0 has no time to speak of: check its error column only.
     let rows = osu_rows(&out);
     assert_eq!(rows.len(), 3 * 10, "{out}");
     assert!(rows.iter().all(|r| r.2 == "0"), "{out}");
     assert!(out.contains("# Speed-up over MPI"), "{out}");
-    for op in ["alltoallv", "bw"] {
+    for (op, barrier) in [("alltoallv", ""), ("bw", "--own-barrier")] {
         let line = format!(
             "launch --mpi -n 2 --timeout 120 -- HALO bench {op} -m 0:128 -i 3 -x 1 -c \
-             --algo auto,mpi --window 4 --experts 4 --tokens 16"
+             --algo auto,mpi --window 4 --experts 4 --tokens 16 {barrier}"
         );
         let out = ok(&halo(&line, &[]));
-        assert_eq!(titles(&out).len(), 2, "{op}: {out}");
+        let t = titles(&out);
+        assert_eq!(t.len(), 2, "{op}: {out}");
+        let mode = if barrier.is_empty() {
+            "MPI_Barrier between calls"
+        } else {
+            "own barriers"
+        };
+        assert!(t.iter().all(|t| t.contains(mode)), "{op}: {out}");
         // Sizes 0..128: 9 per implementation; at 0 B bw has no bandwidth to check.
         let rows = osu_rows(&out);
         assert_eq!(rows.len(), 2 * 9, "{op}: {out}");
@@ -358,6 +370,8 @@ fn plain_mpirun_bootstraps_through_mpi() {
         t[0].contains("2 ranks") && t[0].contains("MPI-launched"),
         "{text}"
     );
+    // MPI is not measured, but its barrier is the harness's.
+    assert!(t[0].contains("MPI_Barrier between calls"), "{text}");
     validated_rows(&text, 2 * 4);
 }
 

@@ -57,7 +57,7 @@ impl Communicator {
         // Automatic: measured per size class (crate::tune).
         let class = crate::tune::Key::Uniform(super::class(block));
         let core = &mut self.core;
-        let picked = core.tuner.pick(class, || {
+        let (picked, trial) = match core.tuner.pick(class, || {
             crate::tune::candidates(
                 &mut core.selector,
                 &core.topology,
@@ -65,7 +65,15 @@ impl Communicator {
                 block,
                 |_| true,
             )
-        });
+        }) {
+            Some((a, trial)) => (Some(a), trial),
+            None => (None, false),
+        };
+        if !trial {
+            // Decided (or nothing to choose from: the cost model's pick): no timing.
+            core.uniform(picked, tag_base, send, recv, block, &mut self.pool.scratch)?;
+            return Ok(());
+        }
         let started = std::time::Instant::now();
         let ran = core.uniform(picked, tag_base, send, recv, block, &mut self.pool.scratch)?;
         if let Some(local) = core.tuner.record(class, ran, started.elapsed()) {

@@ -848,6 +848,8 @@ impl Communicator {
                 _ => None,
             },
         };
+        // Whether this call is one of the class's trials (timed and recorded).
+        let mut trial = false;
         let candidates: Vec<Algorithm> = match forced {
             Some(alg) => vec![alg],
             None => {
@@ -867,7 +869,10 @@ impl Communicator {
                     )
                 });
                 match picked {
-                    Some(alg) => vec![alg],
+                    Some((alg, t)) => {
+                        trial = t;
+                        vec![alg]
+                    }
                     None => {
                         return Err(Error::internal(
                             "no all-to-all-v algorithm builds on this topology",
@@ -945,9 +950,7 @@ impl Communicator {
                 &opts,
             )?;
             core.last = Some(alg);
-            if forced.is_none()
-                && let Some(local) = core.tuner.record(key, alg, started.elapsed())
-            {
+            if trial && let Some(local) = core.tuner.record(key, alg, started.elapsed()) {
                 let mut agreed = vec![0u64; local.len()];
                 self.all_reduce(&local, &mut agreed, crate::ReduceOp::Max)?;
                 self.core.tuner.agree(key, &agreed);
@@ -1239,7 +1242,8 @@ mod tests {
     /// byte right on every call.
     #[test]
     fn both_count_exchanges_measure_alike_on_every_rank() {
-        use crate::tune::{MAX_CANDIDATES, TRIALS};
+        use crate::comm::class;
+        use crate::tune::{MAX_CANDIDATES, trials};
         let topo = Topology::preset("nodes:2x3").unwrap();
         let n = topo.size();
         let total: usize = (0..n).flat_map(|s| (0..n).map(move |d| count(s, d))).sum();
@@ -1255,7 +1259,10 @@ mod tests {
                 let mut ran = Vec::new();
                 let mut call = 0u32;
                 while comm.tuned_v(mean).is_none() {
-                    assert!((call as usize) < TRIALS * MAX_CANDIDATES, "no decision");
+                    assert!(
+                        (call as usize) < trials(class(mean)) * MAX_CANDIDATES,
+                        "no decision"
+                    );
                     let send: Vec<u32> = (0..n)
                         .flat_map(|d| {
                             (0..sc[d]).map(move |i| (me * 10_000 + d * 100 + i) as u32 ^ call)
@@ -1298,7 +1305,7 @@ mod tests {
             let cands: Vec<Algorithm> = tuned.times.iter().map(|t| t.0).collect();
             println!("{plan:?}: tried {ran:?}, chose {tuned:?}");
             assert!(cands.len() >= 2, "{plan:?}: {cands:?}");
-            assert_eq!(ran.len(), TRIALS * cands.len());
+            assert_eq!(ran.len(), trials(class(mean)) * cands.len());
             for (i, a) in ran.iter().enumerate() {
                 assert_eq!(*a, cands[i % cands.len()], "{plan:?}");
             }

@@ -54,9 +54,24 @@ pub(super) struct Sample {
     pub(super) wrong: u64,
 }
 
+/// The benchmark's own barrier (outside the timer, or closing it with `--sync`):
+/// `harness` when there is one (MPI_Barrier for every implementation of a run), else the
+/// measured implementation's own.
+fn barrier(
+    e: &mut dyn Implementation,
+    harness: &mut Option<&mut dyn Implementation>,
+) -> Result<()> {
+    match harness {
+        Some(h) => h.barrier(),
+        None => e.barrier(),
+    }
+}
+
 /// Times one all-to-all(-v) size on this rank: `counts[src][dst]` bytes.
+#[allow(clippy::too_many_arguments)]
 fn measure_collective(
     e: &mut dyn Implementation,
+    mut harness: Option<&mut dyn Implementation>,
     counts: &[Vec<usize>],
     iterations: usize,
     warmup: usize,
@@ -80,7 +95,7 @@ fn measure_collective(
             fill_blocks(&mut send, me, &send_counts, &send_displs, i);
             recv.fill(0xa5);
         }
-        e.barrier()?;
+        barrier(e, &mut harness)?;
         let t = Instant::now();
         if uniform {
             e.all_to_all(&send, &mut recv)?;
@@ -93,7 +108,7 @@ fn measure_collective(
             )?;
         }
         if sync {
-            e.barrier()?;
+            barrier(e, &mut harness)?;
         }
         if i >= warmup {
             timed += t.elapsed();
@@ -118,8 +133,10 @@ fn mean(total: Duration, iterations: usize) -> f64 {
 
 /// Times ping-pong (`latency`) or a window of sends (`bw`) between rank 0 and the last
 /// rank. Returns rank 0's mean seconds per message (one way).
+#[allow(clippy::too_many_arguments)]
 fn measure_p2p(
     e: &mut dyn Implementation,
+    mut harness: Option<&mut dyn Implementation>,
     op: Op,
     size: usize,
     iterations: usize,
@@ -149,7 +166,7 @@ fn measure_p2p(
             .filter(|&(i, &b)| b != pattern(src, 0, i, iter))
             .count() as u64
     };
-    e.barrier()?;
+    barrier(e, &mut harness)?;
     for i in 0..warmup + iterations {
         if i == warmup {
             start = Instant::now();
@@ -196,7 +213,7 @@ fn measure_p2p(
         }
     }
     let total = start.elapsed();
-    e.barrier()?;
+    barrier(e, &mut harness)?;
     let per_message = match op {
         Op::Latency => 2 * iterations,
         _ => window * iterations,
@@ -300,6 +317,17 @@ pub(super) fn aggregate(rounds: &[Sample]) -> Sample {
     }
 }
 
+/// The MPI engine as the harness's barrier, when `shared`.
+fn harness_of<'a>(
+    mpi: &'a mut Option<&mut dyn Implementation>,
+    shared: bool,
+) -> Option<&'a mut dyn Implementation> {
+    match mpi {
+        Some(m) if shared => Some(&mut **m),
+        _ => None,
+    }
+}
+
 /// Measures one implementation at one point: switches `comm` to the algorithm (or wraps
 /// it, or takes the MPI engine) for this call only.
 fn measure_point(
@@ -311,22 +339,25 @@ fn measure_point(
 ) -> Result<Sample> {
     let mut memcpy;
     let mut blocking;
-    let engine: &mut dyn Implementation = match alg {
+    // The harness barrier: MPI's for every implementation when the ranks are MPI
+    // processes (unless `own_barrier`), so that only the timed calls differ.
+    let shared = !opts.own_barrier;
+    let (engine, harness): (&mut dyn Implementation, Option<&mut dyn Implementation>) = match alg {
         BenchAlgo::HaloBlocking => {
             comm.set_algorithm(None);
             blocking = Blocking(comm);
-            &mut blocking
+            (&mut blocking, harness_of(mpi, shared))
         }
         BenchAlgo::Memcpy => {
             memcpy = MemcpyReference(comm);
-            &mut memcpy
+            (&mut memcpy, harness_of(mpi, shared))
         }
         BenchAlgo::Halo(a) => {
             comm.set_algorithm(a);
-            comm
+            (comm, harness_of(mpi, shared))
         }
         BenchAlgo::Mpi => match mpi.as_deref_mut() {
-            Some(m) => m,
+            Some(m) => (m, None),
             None => return Err(Error::invalid_argument("--algo mpi without MPI")),
         },
     };
@@ -335,6 +366,7 @@ fn measure_point(
     match opts.op {
         Op::AllToAll | Op::AllToAllV => measure_collective(
             engine,
+            harness,
             &point.counts,
             iterations,
             warmup,
@@ -345,6 +377,7 @@ fn measure_point(
         ),
         Op::Latency | Op::Bandwidth => measure_p2p(
             engine,
+            harness,
             opts.op,
             size,
             iterations,

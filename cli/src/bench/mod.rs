@@ -214,6 +214,12 @@ pub struct BenchOptions {
     /// transfer then hides in the next, untimed barrier. The barrier's own cost is
     /// included (measure it with the `memcpy` reference's smallest size).
     pub sync: bool,
+    /// Each implementation's own barrier around its timed calls (HALO's for HALO,
+    /// MPI_Barrier for MPI). By default, when the ranks are MPI processes, every
+    /// implementation runs between MPI_Barriers (OSU's harness), so that the barrier's
+    /// exit — which ranks leave it first and when — is the same for every column and
+    /// only the timed calls differ; without MPI every column uses HALO's.
+    pub own_barrier: bool,
     /// The router behind `alltoallv`'s counts.
     pub moe: MoeShape,
     /// Messages in flight per iteration of `bw` (OSU's window, 64).
@@ -244,6 +250,7 @@ impl Default for BenchOptions {
             timeout: Duration::from_secs(60),
             validate: false,
             sync: false,
+            own_barrier: false,
             moe: MoeShape::default(),
             window: 64,
             progress: false,

@@ -59,6 +59,11 @@ pub(crate) struct BenchArgs {
     /// ends when every rank is done (OSU times the call alone; see docs/BENCHMARKS.md).
     #[arg(long)]
     sync: bool,
+    /// With MPI in the run: time each implementation between its own barriers (HALO's
+    /// for HALO) instead of MPI_Barrier for every implementation (the default, OSU's
+    /// harness: only the timed calls differ between columns).
+    #[arg(long)]
+    own_barrier: bool,
     /// Measure every size in R rounds: each round runs every implementation's warm-up
     /// and timed iterations once, in an order rotated by the round, and a rank's figure
     /// is the median of its per-round means, so that load drifting over the run does
@@ -228,6 +233,7 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
         timeout,
         validate: args.validate,
         sync: args.sync,
+        own_barrier: args.own_barrier,
         moe: MoeShape {
             experts: args.experts,
             topk: args.topk,
@@ -396,15 +402,13 @@ fn process_info(op: Op, comm: &Communicator, mpi: bool) -> RunInfo {
 /// halo bench` works — and MPI is measured too when asked for; else they bootstrap from
 /// the launcher's environment. `None` on ranks other than 0.
 fn run_processes(opts: &BenchOptions) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
-    let wants_mpi = opts.algorithms.is_empty() || opts.algorithms.contains(&BenchAlgo::Mpi);
     let mpi_env = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
     if mpi_env {
         #[cfg(feature = "mpi")]
-        return run_with_mpi(opts, wants_mpi);
+        return run_with_mpi(opts);
     }
-    let _ = wants_mpi;
     let mut comm = Communicator::init_from_env()?;
     check_process_memory(opts, comm.size())?;
     let info = process_info(opts.op, &comm, false);
@@ -431,10 +435,7 @@ fn check_process_memory(opts: &BenchOptions, n: usize) -> halo::Result<()> {
 }
 
 #[cfg(feature = "mpi")]
-fn run_with_mpi(
-    opts: &BenchOptions,
-    measure_mpi: bool,
-) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
+fn run_with_mpi(opts: &BenchOptions) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
     use halo_cli::bench::{Implementation, mpi::MpiImplementation};
     let universe = mpi::initialize().ok_or_else(|| halo::Error::SystemError {
         message: "MPI could not be initialised (MPI_Init failed or ran before)".into(),
@@ -442,13 +443,15 @@ fn run_with_mpi(
     let world = universe.world();
     let mut comm = Communicator::init_mpi(&world)?;
     check_process_memory(opts, comm.size())?;
-    let info = process_info(opts.op, &comm, true);
-    let mut engine = MpiImplementation::new(&world);
-    let engine = if measure_mpi {
-        Some(&mut engine as &mut dyn Implementation)
+    let mut info = process_info(opts.op, &comm, true);
+    info.mode.push_str(if opts.own_barrier {
+        ", own barriers"
     } else {
-        None
-    };
+        ", MPI_Barrier between calls"
+    });
+    // Passed also when MPI is not measured: its barrier is the harness's.
+    let mut engine = MpiImplementation::new(&world);
+    let engine = Some(&mut engine as &mut dyn Implementation);
     let rows = run_ranks(&mut comm, engine, opts)?;
     drop(comm);
     Ok(rows.map(|rows| (info, rows)))
