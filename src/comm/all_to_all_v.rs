@@ -2,9 +2,11 @@
 //! size — zeros included — before a byte of data moves, and bad arguments or a count
 //! mismatch on any rank is an error on every rank: never a hang, never wrong bytes.
 //!
-//! A call is one or two metadata passes, then the data pass. Three collective sequence
-//! numbers are taken either way (the data pass always runs with the third), so the
-//! sequence stays aligned whichever way a call went.
+//! A call is one or two metadata passes, then the data pass — or, where the counts are
+//! exchanged directly and every block is small, one pass that carries the data too
+//! (*eager*, below). Three collective sequence numbers are taken either way (the data
+//! pass, when there is one, runs with the third), so the sequence stays aligned
+//! whichever way a call went.
 //!
 //! **One metadata pass (the common case).** Each rank all-gathers its whole row of
 //! counts: for every rank `q`, [`META_BLOCK`] (16) bytes `[bytes I send to q, bytes I
@@ -17,6 +19,22 @@
 //! (the flat fan-out: `n - 1` messages of `16 n` bytes per rank, against `2 (n - 1)`
 //! messages of 16 bytes for the two passes below) or, where the model finds it
 //! cheaper, recursive doubling or Bruck's all-gather.
+//!
+//! **Eager blocks: one pass of messages.** With the direct exchange the message from
+//! rank `p` to rank `q` also carries the first `min(count, C)` bytes of `p`'s block for
+//! `q`, padded: a *fixed* `F = 16 n + C` bytes, `[p's row][data][zeros]`, whatever the
+//! counts, so that no transport ever sees a length it did not expect (a length mismatch
+//! would break the shared-memory and fabric transports and change the errors). `C` is
+//! [`EAGER_V`] (1 KiB; `HALO_A2AV_EAGER=<bytes>`, the same on every rank, overrides it,
+//! 0 turns it off, at most [`EAGER_V_MAX`]); the logarithmic all-gathers and the three
+//! passes carry none. Every rank checks the gathered rows exactly as without (the same
+//! errors on every rank, and nothing is written to a receive buffer before the check),
+//! then copies the eager parts into place. Every rank knows the whole matrix, so all
+//! decide alike: if no block exceeds `C` the call is over (one round of messages, as
+//! Open MPI's `MPI_Alltoallv`; [`Communicator::last_algorithm`] says `Flat`), otherwise
+//! the data pass runs for the remainders only (counts `c - min(c, C)`, displacements
+//! `d + min(c, C)` on both sides, and so in the matrix the forwarding algorithms read).
+//! [`Communicator::eager_v`] tells a communicator's `C`.
 //!
 //! **Three passes (large communicators).** The gathered matrix is `16 n^2` bytes on
 //! every rank: on a network it costs more than two latency-bound passes once `n` is a
@@ -50,11 +68,13 @@
 //!
 //! **Automatic mode** measures ([`crate::tune`], the same tuner as the uniform
 //! all-to-all's, with its own keys): the data pass's algorithm is chosen per size class
-//! of the mean block over all pairs (total bytes / `n^2`), which every rank knows alike
-//! after either count exchange (the gathered matrix, or every rank's total in the
-//! status blocks), so every rank is at the same point of the same class's trials. A
-//! call that fails in the count exchange fails on every rank before the data pass and
-//! records no trial. [`Communicator::tuned_v`] tells what was measured and chosen.
+//! of the mean block over all pairs (total bytes / `n^2`) that the data pass moves —
+//! after eager bytes, the remainders' — which every rank knows alike after either count
+//! exchange (the gathered matrix, or every rank's total in the status blocks), so every
+//! rank is at the same point of the same class's trials. A call that fails in the count
+//! exchange fails on every rank before the data pass and records no trial; a call with
+//! no data pass (every block eager) records none either. [`Communicator::tuned_v`]
+//! tells what was measured and chosen.
 
 use super::all_to_all::{raw_slice, raw_slice_mut};
 use super::{Communicator, Core, Kind, Partition, class, exec_options, overlaps, sized};
@@ -643,7 +663,9 @@ impl Communicator {
     }
 
     /// What the automatic mode measured and chose for all-to-all-v data passes whose
-    /// mean block over all pairs (total bytes sent by all ranks / `size()^2`) is in the
+    /// mean block over all pairs (total bytes the data pass moves for all ranks /
+    /// `size()^2`: beyond the first [`Communicator::eager_v`] bytes of every block, which
+    /// go with the counts) is in the
     /// size class of `mean_block`, once the trials of that class are over and agreed on
     /// (see [`crate::tune`]); `None` before, or when an algorithm is forced. Kept apart
     /// from the uniform all-to-all's classes ([`Communicator::tuned`]).
