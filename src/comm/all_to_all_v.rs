@@ -664,10 +664,11 @@ impl Communicator {
 
     /// What the automatic mode measured and chose for all-to-all-v data passes whose
     /// mean block over all pairs (total bytes the data pass moves for all ranks /
-    /// `size()^2`: beyond the first [`Communicator::eager_v`] bytes of every block, which
-    /// go with the counts) is in the
-    /// size class of `mean_block`, once the trials of that class are over and agreed on
-    /// (see [`crate::tune`]); `None` before, or when an algorithm is forced. Kept apart
+    /// `size()^2`: what is left of the blocks beyond the first
+    /// [`Communicator::eager_v`] bytes of each, which go with the counts) is in the size
+    /// class of `mean_block`, once the trials of that class are over and agreed on (see
+    /// [`crate::tune`]); `None` before, when an algorithm is forced, or while every
+    /// call's blocks all fit in the eager bytes (no data pass to measure). Kept apart
     /// from the uniform all-to-all's classes ([`Communicator::tuned`]).
     pub fn tuned_v(&self, mean_block: usize) -> Option<crate::tune::Tuned> {
         self.core.tuner.tuned_v(class(mean_block))
