@@ -147,6 +147,16 @@ fn v_mean(n: usize, scale: usize) -> usize {
     (0..n * n).map(|k| (k * 37 % 11) * scale).sum::<usize>() / (n * n)
 }
 
+/// The mean block the data pass moves after `eager` bytes of every block went with the
+/// counts (`Communicator::eager_v`): the tuner's class of all-to-all-v is that of the
+/// remainders (the same on every call, [`v_count`] permuting the same counts).
+fn v_mean_beyond(n: usize, scale: usize, eager: usize) -> usize {
+    (0..n * n)
+        .map(|k| ((k * 37 % 11) * scale).saturating_sub(eager))
+        .sum::<usize>()
+        / (n * n)
+}
+
 /// One all-to-all-v of [`v_count`]'s counts, every received byte checked, receive
 /// blocks packed behind a gap of 3 bytes each. With `bad`, rank 1 sends rank 0 one
 /// byte more than rank 0 expects.
@@ -222,15 +232,32 @@ fn check_agreed(what: &str, mean: usize, out: &[(Vec<Algorithm>, halo::tune::Tun
     assert!(tuned.times.iter().all(|t| t.1 > 0), "{what}");
 }
 
+/// The data pass is measured by the mean of what it moves: with the eager bytes of the
+/// one-pass count exchange (`Communicator::eager_v`, 1 KiB where the counts are
+/// exchanged directly) the remainders beyond them. Where every block fits (mean blocks
+/// of about 5 B here: counts of 0-10 B), no call has a data pass, nothing is measured
+/// and every call is the eager exchange (`Flat`); the 120x scale leaves remainders of a
+/// few bytes on average and is measured.
 #[test]
 fn every_rank_measures_all_to_all_v_alike() {
     for preset in ["nodes:2x4", "frontier:2", "nodes:3x2,ranks=5"] {
         let topo = Topology::preset(preset).unwrap();
         let n = topo.size();
-        // Mean blocks of about 5 B, 3 KB and 40 KB.
-        for scale in [1usize, 600, 8000] {
-            let mean = v_mean(n, scale);
+        // Mean blocks of about 5 B, 600 B, 3 KB and 40 KB (before the eager bytes).
+        for scale in [1usize, 120, 600, 8000] {
             let out = local::run(&topo, Emulation::off(), |comm| {
+                let eager = comm.eager_v();
+                let mean = v_mean_beyond(n, scale, eager);
+                if 10 * scale <= eager {
+                    // Every block goes with the counts: one pass, nothing measured.
+                    let full = v_mean(n, scale);
+                    for call in 0..trials_of(full) * MAX_CANDIDATES + 2 {
+                        assert_eq!(exact_v_call(comm, scale, call, false)?, Algorithm::Flat);
+                    }
+                    assert!(comm.tuned_v(full).is_none(), "eager calls measured");
+                    assert!(comm.tuned_v(0).is_none(), "eager calls measured");
+                    return Ok(None);
+                }
                 let mut ran = Vec::new();
                 let mut call = 0;
                 while comm.tuned_v(mean).is_none() {
@@ -253,14 +280,25 @@ fn every_rank_measures_all_to_all_v_alike() {
                         tuned.algorithm
                     );
                 }
-                Ok((ran, tuned))
+                Ok(Some((ran, tuned, mean, eager)))
             });
             let out: Vec<_> = out
                 .into_iter()
                 .enumerate()
                 .map(|(r, x)| x.unwrap_or_else(|e| panic!("{preset} x{scale}: rank {r}: {e}")))
                 .collect();
-            let what = format!("{preset}, mean {mean} B");
+            if out.iter().all(Option::is_none) {
+                println!("{preset} x{scale}: every block eager, nothing measured");
+                continue;
+            }
+            let out: Vec<_> = out
+                .into_iter()
+                .map(|o| o.expect("every rank alike: eager or measured"))
+                .collect();
+            let (mean, eager) = (out[0].2, out[0].3);
+            assert!(out.iter().all(|o| (o.2, o.3) == (mean, eager)), "{preset}");
+            let out: Vec<_> = out.into_iter().map(|o| (o.0, o.1)).collect();
+            let what = format!("{preset}, mean {mean} B beyond {eager} eager bytes");
             check_agreed(&what, mean, &out);
             println!("{what}: tried {:?}, chose {:?}", out[0].0, out[0].1);
         }
@@ -271,8 +309,10 @@ fn every_rank_measures_all_to_all_v_alike() {
 fn a_count_mismatch_during_v_trials_records_no_trial() {
     let topo = Topology::preset("nodes:2x4").unwrap();
     let n = topo.size();
-    let (scale, mean) = (600, v_mean(n, 600));
+    let scale = 600;
     let out = local::run(&topo, Emulation::off(), |comm| {
+        // The remainders beyond the eager bytes are measured.
+        let mean = v_mean_beyond(n, scale, comm.eager_v());
         let mut ran = Vec::new();
         let mut call = 0;
         let mut failed = 0;
@@ -295,9 +335,11 @@ fn a_count_mismatch_during_v_trials_records_no_trial() {
         assert!(failed >= TRIALS, "{failed} mismatches");
         let tuned = comm.tuned_v(mean).unwrap();
         assert_eq!(exact_v_call(comm, scale, call, false)?, tuned.algorithm);
-        Ok((ran, tuned))
+        Ok((ran, tuned, mean))
     });
     let out: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
+    let mean = out[0].2;
+    let out: Vec<_> = out.into_iter().map(|o| (o.0, o.1)).collect();
     check_agreed("nodes:2x4 with mismatches", mean, &out);
 }
 
@@ -305,8 +347,11 @@ fn a_count_mismatch_during_v_trials_records_no_trial() {
 fn a_forced_algorithm_wins_over_v_measurement() {
     let topo = Topology::preset("nodes:2x4").unwrap();
     let n = topo.size();
-    let (scale, mean) = (100, v_mean(n, 100));
+    // Blocks of up to 3000 B, beyond the eager bytes of the count exchange: every call
+    // has a data pass, which the forced algorithm runs.
+    let scale = 300;
     let out = local::run(&topo, Emulation::off(), |comm| {
+        let mean = v_mean_beyond(n, scale, comm.eager_v());
         comm.set_algorithm(Some(Algorithm::Pairwise));
         for call in 0..trials_of(mean) * MAX_CANDIDATES + 2 {
             assert_eq!(exact_v_call(comm, scale, call, false)?, Algorithm::Pairwise);
@@ -328,12 +373,25 @@ fn a_forced_algorithm_wins_over_v_measurement() {
     assert!(picks.iter().all(|p| *p == picks[0]), "{picks:?}");
 }
 
+/// One rank decides at once. Its all-to-all-v of a block beyond the eager bytes to
+/// itself has a data pass (a block that fits has none, and measures nothing).
 #[test]
 fn one_rank_all_to_all_v_needs_no_trial() {
     let topo = Topology::preset("flat:1").unwrap();
     let out = local::run(&topo, Emulation::off(), |comm| {
-        exact_v_call(comm, 64, 0, false)?;
-        Ok(comm.tuned_v(v_mean(1, 64)))
+        let eager = comm.eager_v();
+        let block = eager + 1000;
+        let send: Vec<u8> = (0..block).map(|i| byte(0, 0, i, 0)).collect();
+        let mut recv = vec![0xa5u8; block];
+        let p = [block];
+        comm.all_to_all_v(
+            &send,
+            &Partition::packed(&p),
+            &mut recv,
+            &Partition::packed(&p),
+        )?;
+        assert_eq!(recv, send);
+        Ok(comm.tuned_v(block - eager))
     });
     let tuned = out
         .into_iter()

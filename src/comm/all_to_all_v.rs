@@ -2,9 +2,11 @@
 //! size — zeros included — before a byte of data moves, and bad arguments or a count
 //! mismatch on any rank is an error on every rank: never a hang, never wrong bytes.
 //!
-//! A call is one or two metadata passes, then the data pass. Three collective sequence
-//! numbers are taken either way (the data pass always runs with the third), so the
-//! sequence stays aligned whichever way a call went.
+//! A call is one or two metadata passes, then the data pass — or, where the counts are
+//! exchanged directly and every block is small, one pass that carries the data too
+//! (*eager*, below). Three collective sequence numbers are taken either way (the data
+//! pass, when there is one, runs with the third), so the sequence stays aligned
+//! whichever way a call went.
 //!
 //! **One metadata pass (the common case).** Each rank all-gathers its whole row of
 //! counts: for every rank `q`, [`META_BLOCK`] (16) bytes `[bytes I send to q, bytes I
@@ -17,6 +19,22 @@
 //! (the flat fan-out: `n - 1` messages of `16 n` bytes per rank, against `2 (n - 1)`
 //! messages of 16 bytes for the two passes below) or, where the model finds it
 //! cheaper, recursive doubling or Bruck's all-gather.
+//!
+//! **Eager blocks: one pass of messages.** With the direct exchange the message from
+//! rank `p` to rank `q` also carries the first `min(count, C)` bytes of `p`'s block for
+//! `q`, padded: a *fixed* `F = 16 n + C` bytes, `[p's row][data][zeros]`, whatever the
+//! counts, so that no transport ever sees a length it did not expect (a length mismatch
+//! would break the shared-memory and fabric transports and change the errors). `C` is
+//! [`EAGER_V`] (1 KiB; `HALO_A2AV_EAGER=<bytes>`, the same on every rank, overrides it,
+//! 0 turns it off, at most [`EAGER_V_MAX`]); the logarithmic all-gathers and the three
+//! passes carry none. Every rank checks the gathered rows exactly as without (the same
+//! errors on every rank, and nothing is written to a receive buffer before the check),
+//! then copies the eager parts into place. Every rank knows the whole matrix, so all
+//! decide alike: if no block exceeds `C` the call is over (one round of messages, as
+//! Open MPI's `MPI_Alltoallv`; [`Communicator::last_algorithm`] says `Flat`), otherwise
+//! the data pass runs for the remainders only (counts `c - min(c, C)`, displacements
+//! `d + min(c, C)` on both sides, and so in the matrix the forwarding algorithms read).
+//! [`Communicator::eager_v`] tells a communicator's `C`.
 //!
 //! **Three passes (large communicators).** The gathered matrix is `16 n^2` bytes on
 //! every rank: on a network it costs more than two latency-bound passes once `n` is a
@@ -50,11 +68,13 @@
 //!
 //! **Automatic mode** measures ([`crate::tune`], the same tuner as the uniform
 //! all-to-all's, with its own keys): the data pass's algorithm is chosen per size class
-//! of the mean block over all pairs (total bytes / `n^2`), which every rank knows alike
-//! after either count exchange (the gathered matrix, or every rank's total in the
-//! status blocks), so every rank is at the same point of the same class's trials. A
-//! call that fails in the count exchange fails on every rank before the data pass and
-//! records no trial. [`Communicator::tuned_v`] tells what was measured and chosen.
+//! of the mean block over all pairs (total bytes / `n^2`) that the data pass moves —
+//! after eager bytes, the remainders' — which every rank knows alike after either count
+//! exchange (the gathered matrix, or every rank's total in the status blocks), so every
+//! rank is at the same point of the same class's trials. A call that fails in the count
+//! exchange fails on every rank before the data pass and records no trial; a call with
+//! no data pass (every block eager) records none either. [`Communicator::tuned_v`]
+//! tells what was measured and chosen.
 
 use super::all_to_all::{raw_slice, raw_slice_mut};
 use super::{Communicator, Core, Kind, Partition, class, exec_options, overlaps, sized};
@@ -80,6 +100,21 @@ const STATUS_BLOCK: usize = 16;
 /// matrix already cost more than the two passes they save (module documentation).
 pub(crate) const GATHER_MAX_RANKS: usize = 64;
 
+/// Bytes of each block that travel with the counts in the direct exchange
+/// ([`MetaPlan::Direct`]) unless `HALO_A2AV_EAGER` says otherwise (module
+/// documentation). The message from one rank to another is then `16 n + EAGER_V` bytes
+/// whatever the counts, so every pair pays it: 1 KiB keeps that message small (2 KiB at
+/// the 64 ranks that gather at most; one cell of the shared-memory rings, whose
+/// payload is about 8 KiB, and latency-bound on a network), while the blocks that make
+/// a pass latency-bound (MoE dispatch of a few tokens per expert, means of a few
+/// hundred bytes to 2 KiB) go whole, or mostly, in the one pass. A block above it
+/// still costs the data pass, for its remainder only.
+pub(crate) const EAGER_V: usize = 1024;
+
+/// The largest `HALO_A2AV_EAGER` taken (larger values are cut to it): every message of
+/// the count exchange carries that many bytes.
+pub(crate) const EAGER_V_MAX: usize = 1 << 20;
+
 /// How a communicator exchanges all-to-all-v counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MetaPlan {
@@ -104,6 +139,15 @@ pub(crate) struct VState {
     matrix: Vec<usize>,
     /// Calls that took each way: (one metadata pass, three passes).
     pub(crate) calls: (u64, u64),
+    /// Calls whose data all went with the counts (no data pass).
+    pub(crate) eager_only: u64,
+    /// Eager bytes per block forced by a test (kept across [`VState::reset`]).
+    eager_forced: Option<usize>,
+    /// The direct exchange of the eager messages, for messages of this many bytes.
+    eager_gather: Option<(usize, Schedule)>,
+    /// Staging of the eager messages: `n` messages out, `n` in.
+    stage_send: Vec<u8>,
+    stage_recv: Vec<u8>,
 }
 
 impl VState {
@@ -111,7 +155,29 @@ impl VState {
     pub(crate) fn reset(&mut self) {
         self.plan = None;
         self.gather = None;
+        self.eager_gather = None;
     }
+}
+
+/// `HALO_A2AV_EAGER`, if set: the bytes of each block carried with the counts (0: none,
+/// the count exchange then the data pass as before), at most [`EAGER_V_MAX`]. An
+/// unparsable value is logged and ignored.
+fn eager_env() -> Option<usize> {
+    static EAGER: OnceLock<Option<usize>> = OnceLock::new();
+    *EAGER.get_or_init(|| {
+        let v = std::env::var("HALO_A2AV_EAGER").ok()?;
+        match v.trim().parse::<usize>() {
+            Ok(c) if c > EAGER_V_MAX => {
+                tracing::warn!("HALO_A2AV_EAGER={v:?} is above {EAGER_V_MAX}: {EAGER_V_MAX} taken");
+                Some(EAGER_V_MAX)
+            }
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!("HALO_A2AV_EAGER={v:?} ignored: {e}");
+                None
+            }
+        }
+    })
 }
 
 /// `HALO_A2AV_GATHER_MAX`, if set: the most ranks that all-gather the counts. An
@@ -134,10 +200,22 @@ fn gather_max_env() -> Option<usize> {
 /// with rank `q`'s block at `q * row` of the receive buffer and the same `row` bytes of
 /// the send buffer to everyone.
 fn direct_gather(core: &Core, rank: usize, row: usize) -> halo_collectives::Result<Schedule> {
+    direct_exchange(core, rank, row, 0)
+}
+
+/// The flat fan-out of `block` bytes to and from every rank: rank `q`'s block at
+/// `q * block` of the receive buffer, the block for rank `q` at `q * send_stride` of
+/// the send buffer (0: the same block to everyone).
+fn direct_exchange(
+    core: &Core,
+    rank: usize,
+    block: usize,
+    send_stride: usize,
+) -> halo_collectives::Result<Schedule> {
     let n = core.size;
-    let counts = vec![row; n];
-    let send_displs = vec![0; n];
-    let recv_displs: Vec<usize> = (0..n).map(|q| q * row).collect();
+    let counts = vec![block; n];
+    let send_displs: Vec<usize> = (0..n).map(|q| q * send_stride).collect();
+    let recv_displs: Vec<usize> = (0..n).map(|q| q * block).collect();
     build(
         Algorithm::Flat,
         &BuildCtx {
@@ -149,7 +227,7 @@ fn direct_gather(core: &Core, rank: usize, row: usize) -> halo_collectives::Resu
                 recv_counts: &counts,
                 recv_displs: &recv_displs,
             },
-            sizes: &UniformSizes(row),
+            sizes: &UniformSizes(block),
             options: &core.options,
         },
     )
@@ -585,9 +663,12 @@ impl Communicator {
     }
 
     /// What the automatic mode measured and chose for all-to-all-v data passes whose
-    /// mean block over all pairs (total bytes sent by all ranks / `size()^2`) is in the
-    /// size class of `mean_block`, once the trials of that class are over and agreed on
-    /// (see [`crate::tune`]); `None` before, or when an algorithm is forced. Kept apart
+    /// mean block over all pairs (total bytes the data pass moves for all ranks /
+    /// `size()^2`: what is left of the blocks beyond the first
+    /// [`Communicator::eager_v`] bytes of each, which go with the counts) is in the size
+    /// class of `mean_block`, once the trials of that class are over and agreed on (see
+    /// [`crate::tune`]); `None` before, when an algorithm is forced, or while every
+    /// call's blocks all fit in the eager bytes (no data pass to measure). Kept apart
     /// from the uniform all-to-all's classes ([`Communicator::tuned`]).
     pub fn tuned_v(&self, mean_block: usize) -> Option<crate::tune::Tuned> {
         self.core.tuner.tuned_v(class(mean_block))
@@ -604,6 +685,47 @@ impl Communicator {
     #[cfg(test)]
     pub(crate) fn v_calls(&self) -> (u64, u64) {
         self.pool.v.calls
+    }
+
+    /// Forces the bytes of each block carried with the counts (`None`: `HALO_A2AV_EAGER`
+    /// or [`EAGER_V`]), for tests. Only the direct exchange carries any.
+    #[cfg(test)]
+    pub(crate) fn force_eager(&mut self, bytes: Option<usize>) {
+        self.pool.v.eager_forced = bytes;
+        self.pool.v.reset();
+    }
+
+    /// Calls of all-to-all-v so far whose data all went with the counts (one pass).
+    #[cfg(test)]
+    pub(crate) fn v_eager_only(&self) -> u64 {
+        self.pool.v.eager_only
+    }
+
+    /// How many bytes of each block all-to-all-v carries with the counts on this
+    /// communicator: the first `min(count, eager_v())` bytes of every block travel in
+    /// the count exchange, and a call whose blocks all fit is one pass of messages; the
+    /// rest of larger blocks follows in the data pass (whose automatic choice is
+    /// measured by the mean of those remainders, see [`Communicator::tuned_v`]). 0 where
+    /// the counts are gathered with a logarithmic algorithm or exchanged in three passes
+    /// (large communicators), or with `HALO_A2AV_EAGER=0`; otherwise `HALO_A2AV_EAGER`
+    /// (at most 1 MiB) or 1024 bytes. Chooses the communicator's way of exchanging the
+    /// counts if no call has yet (deterministic: the same on every rank).
+    pub fn eager_v(&mut self) -> usize {
+        let plan = self.meta_plan();
+        self.eager_for(plan)
+    }
+
+    /// The eager bytes per block with the count-exchange plan `plan`.
+    fn eager_for(&self, plan: MetaPlan) -> usize {
+        if plan != MetaPlan::Direct {
+            return 0;
+        }
+        self.pool
+            .v
+            .eager_forced
+            .or_else(eager_env)
+            .unwrap_or(EAGER_V)
+            .min(EAGER_V_MAX)
     }
 
     /// This communicator's count-exchange plan (chosen on first use).
@@ -641,10 +763,21 @@ impl Communicator {
         self.core.check_aborted()?;
         let local = pre.and_then(|()| self.validate_v(send, recv, a));
         let plan = self.meta_plan();
+        let eager = self.eager_for(plan);
         let (kind, all) = if plan == MetaPlan::Agreed {
             self.pool.v.calls.1 += 1;
             let (meta_alg, all) = self.meta_agreed(bases[0], bases[1], local)?;
             (Kind::V(meta_alg), all)
+        } else if eager > 0 {
+            self.pool.v.calls.0 += 1;
+            let rest = self.meta_eager(bases[0], local, eager, send, recv)?;
+            if rest == 0 {
+                // Every block went whole with the counts: one pass of messages.
+                self.pool.v.eager_only += 1;
+                self.core.last = Some(Algorithm::Flat);
+                return Ok(());
+            }
+            (Kind::VGathered, rest)
         } else {
             self.pool.v.calls.0 += 1;
             let all = self.meta_gathered(plan, bases[0], local)?;
@@ -702,6 +835,100 @@ impl Communicator {
         )?;
         local?;
         check_matrix(mr, n, me)
+    }
+
+    /// The one-pass count exchange with the first `c` bytes of every block: the
+    /// direct exchange of one message of `F = 16 n + c` bytes per ordered pair (this
+    /// rank's whole row of counts, then the first `min(count, c)` bytes of its block for
+    /// the receiver, then zeros: a fixed size, so that no transport ever sees a length
+    /// it did not expect, whatever the counts). Every rank checks the gathered matrix as
+    /// [`Communicator::meta_gathered`] does (the same errors), then copies the eager
+    /// parts into `recv` and leaves the remainders for the data pass: the pooled byte
+    /// counts and displacements and the matrix in `meta_recv` then describe
+    /// `count - min(count, c)` bytes per pair. Returns the remainders' total over all
+    /// pairs (0: nothing left, on every rank alike).
+    fn meta_eager(
+        &mut self,
+        base: u64,
+        local: Result<()>,
+        c: usize,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Result<u64> {
+        let (n, me) = (self.size(), self.rank());
+        let row = n * META_BLOCK;
+        let f = row + c;
+        let valid = local.is_ok();
+        self.fill_meta_row(valid);
+        let core = &mut self.core;
+        let pool = &mut self.pool;
+        if !matches!(&pool.v.eager_gather, Some((k, _)) if *k == f) {
+            pool.v.eager_gather = Some((f, direct_exchange(core, me, f, f)?));
+        }
+        let Some((_, schedule)) = &pool.v.eager_gather else {
+            return Err(Error::internal("the eager count exchange left its cache"));
+        };
+        let ss = sized(&mut pool.v.stage_send, n * f);
+        for (q, b) in ss.chunks_exact_mut(f).enumerate() {
+            b[..row].copy_from_slice(&pool.meta_send[..row]);
+            // A rank with invalid arguments sends no data (its counts say so).
+            let k = if valid { pool.send_bytes[q].min(c) } else { 0 };
+            if k > 0 {
+                let d = pool.send_displs[q];
+                b[row..row + k].copy_from_slice(&send[d..d + k]);
+            }
+            b[row + k..].fill(0);
+        }
+        let sr = sized(&mut pool.v.stage_recv, n * f);
+        let scratch = sized(&mut pool.meta_scratch, schedule.scratch_len());
+        let opts = exec_options(core.timeout, &core.abort);
+        core.backend.run(
+            schedule,
+            base,
+            Buffers {
+                send: &pool.v.stage_send[..n * f],
+                recv: sr,
+                scratch,
+                block: None,
+            },
+            &opts,
+        )?;
+        let mr = sized(&mut pool.meta_recv, n * row);
+        for (p, m) in mr.chunks_exact_mut(row).enumerate() {
+            m.copy_from_slice(&sr[p * f..p * f + row]);
+        }
+        local?;
+        check_matrix(mr, n, me)?;
+        // Every pair agrees: rank p sent min(recv_bytes[p], c) bytes of its block.
+        for p in 0..n {
+            let k = pool.recv_bytes[p].min(c);
+            if k > 0 {
+                let d = pool.recv_displs[p];
+                recv[d..d + k].copy_from_slice(&sr[p * f + row..p * f + row + k]);
+            }
+        }
+        // The remainders, alike on every rank from the same matrix.
+        let c64 = c as u64;
+        let mut rest: u64 = 0;
+        for i in 0..n * n {
+            let at = (i / n) * row + (i % n) * META_BLOCK;
+            for at in [at, at + 8] {
+                let v = read_u64(mr, at);
+                mr[at..at + 8].copy_from_slice(&(v - v.min(c64)).to_le_bytes());
+            }
+            rest = rest.saturating_add(read_u64(mr, at));
+        }
+        for (bytes, displs) in [
+            (&mut pool.send_bytes, &mut pool.send_displs),
+            (&mut pool.recv_bytes, &mut pool.recv_displs),
+        ] {
+            for (b, d) in bytes.iter_mut().zip(displs.iter_mut()) {
+                let k = (*b).min(c);
+                *b -= k;
+                *d = if *b == 0 { 0 } else { *d + k };
+            }
+        }
+        Ok(rest)
     }
 
     /// The metadata and agreement passes. Returns the metadata pass's algorithm and the
@@ -1004,14 +1231,33 @@ mod tests {
         p
     }
 
+    /// The plans with the eager bytes each is tried with: the direct exchange with the
+    /// default (every block of `count` fits), none (the old two passes), and 5 bytes
+    /// (blocks of 0-4 `u32`s: some whole, some split inside an element, the rest in the
+    /// data pass); the others carry none whatever is forced.
+    fn plans_eager(n: usize) -> Vec<(MetaPlan, Option<usize>)> {
+        plans(n)
+            .into_iter()
+            .flat_map(|p| {
+                if p == MetaPlan::Direct {
+                    vec![(p, None), (p, Some(0)), (p, Some(5))]
+                } else {
+                    vec![(p, Some(5))]
+                }
+            })
+            .collect()
+    }
+
     /// Every plan x every algorithm (and automatic): every byte lands where it should,
-    /// on a topology where the forwarding algorithms really forward.
+    /// on a topology where the forwarding algorithms really forward — with the eager
+    /// bytes of the direct exchange, also when the forwarding algorithms route the
+    /// remainders only.
     #[test]
     fn every_plan_moves_the_right_bytes_with_every_algorithm() {
         for spec in ["nodes:2x2", "nodes:2x3"] {
             let topo = Topology::preset(spec).unwrap();
             let n = topo.size();
-            for plan in plans(n) {
+            for (plan, eager) in plans_eager(n) {
                 let mut algs: Vec<Option<Algorithm>> =
                     Algorithm::ALL.iter().copied().map(Some).collect();
                 algs.push(None);
@@ -1020,6 +1266,7 @@ mod tests {
                     let out = cluster.run(|comm| {
                         comm.set_timeout(Duration::from_secs(20));
                         comm.force_meta_plan(Some(plan));
+                        comm.force_eager(eager);
                         comm.set_algorithm(alg);
                         let me = comm.rank();
                         let sc: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
@@ -1041,18 +1288,36 @@ mod tests {
                                 (0..rc[s]).map(move |i| (s * 10_000 + me * 100 + i) as u32)
                             })
                             .collect();
-                        assert_eq!(recv, expect, "{spec} {plan:?} {alg:?} rank {me}");
-                        Ok(comm.v_calls())
+                        assert_eq!(recv, expect, "{spec} {plan:?} {eager:?} {alg:?} rank {me}");
+                        Ok((
+                            comm.v_calls(),
+                            comm.v_eager_only(),
+                            comm.eager_v(),
+                            comm.last_algorithm(),
+                        ))
                     });
+                    let what = format!("{spec} {plan:?} eager {eager:?} {alg:?}");
                     for (r, x) in out.into_iter().enumerate() {
-                        let calls =
-                            x.unwrap_or_else(|e| panic!("{spec} {plan:?} {alg:?} rank {r}: {e}"));
+                        let (calls, eager_only, c, last) =
+                            x.unwrap_or_else(|e| panic!("{what} rank {r}: {e}"));
                         let want = if plan == MetaPlan::Agreed {
                             (0, 1)
                         } else {
                             (1, 0)
                         };
-                        assert_eq!(calls, want, "{spec} {plan:?} {alg:?} rank {r}");
+                        assert_eq!(calls, want, "{what} rank {r}");
+                        // Blocks of at most 16 bytes: all eager with the default.
+                        let (want_c, want_eager) = match (plan, eager) {
+                            (MetaPlan::Direct, None) => (super::EAGER_V, 1),
+                            (MetaPlan::Direct, Some(5)) => (5, 0),
+                            _ => (0, 0),
+                        };
+                        assert_eq!((c, eager_only), (want_c, want_eager), "{what} rank {r}");
+                        if want_eager == 1 {
+                            assert_eq!(last, Some(Algorithm::Flat), "{what} rank {r}");
+                        } else if alg.is_some() {
+                            assert_eq!(last, alg, "{what} rank {r}");
+                        }
                     }
                 }
             }
@@ -1060,7 +1325,7 @@ mod tests {
     }
 
     /// One rank's call of a bad case: `Ok` per rank, or the error.
-    fn bad_call(plan: MetaPlan, case: u8) -> Vec<Result<(), Error>> {
+    fn bad_call(plan: MetaPlan, eager: Option<usize>, case: u8) -> Vec<Result<(), Error>> {
         let topo = Topology::preset("nodes:2x3").unwrap();
         let n = topo.size();
         let cluster = LocalCluster::new(topo, Emulation::off()).unwrap();
@@ -1068,6 +1333,7 @@ mod tests {
             .run(|comm| {
                 comm.set_timeout(Duration::from_secs(10));
                 comm.force_meta_plan(Some(plan));
+                comm.force_eager(eager);
                 let me = comm.rank();
                 let mut sc = vec![1usize; n];
                 let rc = vec![1usize; n];
@@ -1118,7 +1384,7 @@ mod tests {
     #[test]
     fn every_plan_fails_every_rank_exactly_as_the_three_passes_do() {
         for case in 0..3 {
-            let agreed = bad_call(MetaPlan::Agreed, case);
+            let agreed = bad_call(MetaPlan::Agreed, None, case);
             for (r, e) in agreed.iter().enumerate() {
                 let e = e.as_ref().expect_err("every rank fails");
                 println!("case {case} rank {r}: {e}");
@@ -1167,49 +1433,209 @@ mod tests {
                     }
                 }
             }
-            for plan in plans(6).into_iter().skip(1) {
-                assert_eq!(bad_call(plan, case), agreed, "case {case}, {plan:?}");
+            // The direct exchange with its default eager bytes (the blocks of 2 bytes
+            // all go with the counts), none, and 1 (half of each block, the rest in the
+            // data pass of the call after the bad one).
+            for (plan, eager) in plans_eager(6)
+                .into_iter()
+                .skip(1)
+                .chain([(MetaPlan::Direct, Some(1))])
+            {
+                assert_eq!(
+                    bad_call(plan, eager, case),
+                    agreed,
+                    "case {case}, {plan:?}, eager {eager:?}"
+                );
             }
         }
     }
 
-    /// Messages per call: the one-pass plan sends `n - 1` messages of counts per rank
-    /// and then the data pass's; the three passes send more.
+    /// Messages per call: the one-pass plan sends `n - 1` messages of counts per rank,
+    /// carrying blocks of up to `eager_v()` bytes, and then the data pass's only when a
+    /// block is larger; without eager bytes always the data pass; the three passes send
+    /// more. Every byte checked.
     #[test]
     fn one_metadata_pass_is_one_round_of_messages() {
         let topo = Topology::preset("nodes:2x2").unwrap();
         let n = topo.size() as u64;
-        let mut messages = Vec::new();
-        for plan in [None, Some(MetaPlan::Direct), Some(MetaPlan::Agreed)] {
+        let round = n * (n - 1);
+        // (plan, eager bytes, block bytes, messages, calls without a data pass).
+        let cases = [
+            // The model picks the direct exchange for 4 ranks: one round.
+            (None, None, 3, round, 1),
+            (Some(MetaPlan::Direct), None, 3, round, 1),
+            (Some(MetaPlan::Direct), None, super::EAGER_V, round, 1),
+            // One byte more than the eager part: counts, then the data pass.
+            (
+                Some(MetaPlan::Direct),
+                None,
+                super::EAGER_V + 1,
+                2 * round,
+                0,
+            ),
+            (Some(MetaPlan::Direct), Some(2), 3, 2 * round, 0),
+            // HALO_A2AV_EAGER=0: the count exchange, then the data pass, as before.
+            (Some(MetaPlan::Direct), Some(0), 3, 2 * round, 0),
+            // Two uniform passes of counts (n - 1 messages each with the flat fan-out,
+            // fewer with Bruck's) on top of the data.
+            (Some(MetaPlan::Agreed), None, 3, 0, 0),
+        ];
+        let mut direct_no_eager = 0;
+        for (plan, eager, block, want, eager_calls) in cases {
             let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
             let traffic = cluster.traffic();
             let out = cluster.run(|comm| {
                 comm.force_meta_plan(plan);
+                comm.force_eager(eager);
                 comm.set_algorithm(Some(Algorithm::Flat));
-                let c = vec![3usize; comm.size()];
-                let send = vec![comm.rank() as u8; 3 * comm.size()];
-                let mut recv = vec![0u8; 3 * comm.size()];
+                let (me, n) = (comm.rank(), comm.size());
+                let c = vec![block; n];
+                let send: Vec<u8> = (0..n * block)
+                    .map(|k| (me * 31 + k * 7 + k / block) as u8)
+                    .collect();
+                let mut recv = vec![0u8; n * block];
                 comm.all_to_all_v(
                     &send,
                     &Partition::new(&c, &packed(&c)),
                     &mut recv,
                     &Partition::new(&c, &packed(&c)),
                 )?;
-                Ok(comm.v_calls())
+                for (k, &b) in recv.iter().enumerate() {
+                    let (s, i) = (k / block, k % block);
+                    let sent = me * block + i; // index of the byte in rank s's send
+                    assert_eq!(
+                        b,
+                        (s * 31 + sent * 7 + sent / block) as u8,
+                        "rank {me} byte {k}"
+                    );
+                }
+                Ok((comm.v_calls(), comm.v_eager_only()))
             });
             let calls: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
-            messages.push(traffic.messages_crossing(Level::Device));
-            println!("{plan:?}: {calls:?}, {} messages", messages.last().unwrap());
-            if plan != Some(MetaPlan::Agreed) {
-                assert!(calls.iter().all(|&c| c == (1, 0)), "{plan:?}: {calls:?}");
+            let messages = traffic.messages_crossing(Level::Device);
+            println!("{plan:?} eager {eager:?} block {block}: {calls:?}, {messages} messages");
+            let what = format!("{plan:?} eager {eager:?} block {block}");
+            if plan == Some(MetaPlan::Agreed) {
+                assert!(calls.iter().all(|&c| c == ((0, 1), 0)), "{what}: {calls:?}");
+                assert!(messages > direct_no_eager, "{what}: {messages}");
+            } else {
+                assert!(
+                    calls.iter().all(|&c| c == ((1, 0), eager_calls)),
+                    "{what}: {calls:?}"
+                );
+                assert_eq!(messages, want, "{what}");
+                if eager == Some(0) {
+                    direct_no_eager = messages;
+                }
             }
         }
-        // The model picks the direct exchange for 4 ranks: counts, then data.
-        assert_eq!(messages[0], 2 * n * (n - 1));
-        assert_eq!(messages[1], 2 * n * (n - 1));
-        // Two uniform passes of counts (n - 1 messages each with the flat fan-out,
-        // fewer with Bruck's) on top.
-        assert!(messages[2] > messages[1], "{messages:?}");
+    }
+
+    /// Blocks around the eager size (0, 1, `C - 1`, `C`, `C + 1`, `3 C` bytes) between
+    /// gaps in both buffers, every algorithm (and automatic) running the remainders'
+    /// pass, twice per communicator (the staging reused): every byte right, the gaps
+    /// untouched.
+    #[test]
+    fn eager_parts_and_remainders_land_byte_exact() {
+        let topo = Topology::preset("nodes:2x3").unwrap();
+        let n = topo.size();
+        for c in [super::EAGER_V, 100] {
+            let sizes = [0, 1, c - 1, c, c + 1, 3 * c];
+            let count = |s: usize, d: usize| sizes[(s * 5 + d * 2 + s * d) % sizes.len()];
+            let byte = |s: usize, d: usize, i: usize, call: usize| {
+                (s * 31 + d * 7 + i * 13 + i / 251 + call * 5) as u8
+            };
+            let mut algs: Vec<Option<Algorithm>> =
+                Algorithm::ALL.iter().copied().map(Some).collect();
+            algs.push(None);
+            for alg in algs {
+                let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
+                let out = cluster.run(|comm| {
+                    comm.set_timeout(Duration::from_secs(20));
+                    comm.force_meta_plan(Some(MetaPlan::Direct));
+                    comm.force_eager((c != super::EAGER_V).then_some(c));
+                    comm.set_algorithm(alg);
+                    assert_eq!(comm.eager_v(), c);
+                    let me = comm.rank();
+                    let sc: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
+                    let rc: Vec<usize> = (0..n).map(|s| count(s, me)).collect();
+                    let gapped = |counts: &[usize], gap: usize| {
+                        let mut at = 0;
+                        counts
+                            .iter()
+                            .map(|&k| {
+                                at += gap;
+                                let d = at;
+                                at += k;
+                                d
+                            })
+                            .collect::<Vec<_>>()
+                    };
+                    let (sd, rd) = (gapped(&sc, 2), gapped(&rc, 3));
+                    for call in 0..2 {
+                        let mut send = vec![0x5au8; sd[n - 1] + sc[n - 1]];
+                        for d in 0..n {
+                            for i in 0..sc[d] {
+                                send[sd[d] + i] = byte(me, d, i, call);
+                            }
+                        }
+                        let mut recv = vec![0xa5u8; rd[n - 1] + rc[n - 1] + 3];
+                        comm.all_to_all_v(
+                            &send,
+                            &Partition::new(&sc, &sd),
+                            &mut recv,
+                            &Partition::new(&rc, &rd),
+                        )?;
+                        let mut want = vec![0xa5u8; recv.len()];
+                        for s in 0..n {
+                            for i in 0..rc[s] {
+                                want[rd[s] + i] = byte(s, me, i, call);
+                            }
+                        }
+                        assert_eq!(recv, want, "C {c} {alg:?} rank {me} call {call}");
+                    }
+                    Ok((comm.v_eager_only(), comm.last_algorithm()))
+                });
+                for (r, x) in out.into_iter().enumerate() {
+                    let (eager_only, last) =
+                        x.unwrap_or_else(|e| panic!("C {c} {alg:?} rank {r}: {e}"));
+                    // Blocks of 3 C on every call: always a data pass.
+                    assert_eq!(eager_only, 0, "C {c} {alg:?} rank {r}");
+                    if alg.is_some() {
+                        assert_eq!(last, alg, "C {c} rank {r}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Only the direct exchange carries eager bytes: the logarithmic all-gathers and
+    /// the three passes carry none, whatever is forced.
+    #[test]
+    fn only_the_direct_exchange_is_eager() {
+        let topo = Topology::preset("nodes:2x2").unwrap();
+        let mut comms = LocalCluster::new(topo, Emulation::off())
+            .unwrap()
+            .into_communicators();
+        let comm = &mut comms[0];
+        for (plan, want) in [
+            (MetaPlan::Direct, super::EAGER_V),
+            (MetaPlan::Gather(AllGatherAlgorithm::Bruck), 0),
+            (MetaPlan::Gather(AllGatherAlgorithm::RecursiveDoubling), 0),
+            (MetaPlan::Agreed, 0),
+        ] {
+            comm.force_meta_plan(Some(plan));
+            comm.force_eager(None);
+            assert_eq!(comm.eager_v(), want, "{plan:?}");
+            comm.force_eager(Some(77));
+            assert_eq!(comm.eager_v(), if want > 0 { 77 } else { 0 }, "{plan:?}");
+            comm.force_eager(Some(usize::MAX));
+            assert_eq!(
+                comm.eager_v(),
+                if want > 0 { super::EAGER_V_MAX } else { 0 },
+                "{plan:?}"
+            );
+        }
     }
 
     /// The model gathers where the simulated all-gather is no slower than two passes:
@@ -1236,7 +1662,8 @@ mod tests {
         }
     }
 
-    /// Automatic mode measures on both count exchanges: every rank tries the same
+    /// Automatic mode measures on both count exchanges (and on the remainders beyond
+    /// the eager bytes): every rank tries the same
     /// candidates in the same order and decides alike, after three passes (where only
     /// the metadata pass's algorithm may forward) as after the gathered counts, every
     /// byte right on every call.
@@ -1246,13 +1673,26 @@ mod tests {
         use crate::tune::{MAX_CANDIDATES, trials};
         let topo = Topology::preset("nodes:2x3").unwrap();
         let n = topo.size();
-        let total: usize = (0..n).flat_map(|s| (0..n).map(move |d| count(s, d))).sum();
-        let mean = total * 4 / (n * n);
-        for plan in [MetaPlan::Agreed, MetaPlan::Direct] {
+        // The tuner's class is the mean of what the data pass moves: with `c` eager
+        // bytes per block, the remainders' (the blocks, of at most 16 bytes, would all
+        // go with the counts with the default, and no data pass would ever be measured).
+        let mean_beyond = |c: usize| {
+            let total: usize = (0..n)
+                .flat_map(|s| (0..n).map(move |d| (count(s, d) * 4).saturating_sub(c)))
+                .sum();
+            total / (n * n)
+        };
+        for (plan, eager) in [
+            (MetaPlan::Agreed, None),
+            (MetaPlan::Direct, Some(0)),
+            (MetaPlan::Direct, Some(5)),
+        ] {
+            let mean = mean_beyond(eager.unwrap_or(0));
             let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
             let out = cluster.run(|comm| {
                 comm.set_timeout(Duration::from_secs(20));
                 comm.force_meta_plan(Some(plan));
+                comm.force_eager(eager);
                 let me = comm.rank();
                 let sc: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
                 let rc: Vec<usize> = (0..n).map(|s| count(s, me)).collect();

@@ -403,7 +403,9 @@ impl Communicator {
         self.core.forced
     }
 
-    /// The algorithm the last collective's data pass ran with.
+    /// The algorithm the last collective's data pass ran with ([`Algorithm::Flat`] for
+    /// an all-to-all-v whose blocks all went with the counts, see
+    /// [`Communicator::eager_v`]).
     pub fn last_algorithm(&self) -> Option<Algorithm> {
         self.core.last
     }
