@@ -29,8 +29,7 @@
 //! container, a seccomp filter, another PID namespace) turn it off per pair, with one
 //! `tracing` info line, and messages take the ring. `HALO_SHM_CMA=0` turns it off,
 //! `HALO_SHM_CMA=1` requires it (initialisation fails when a peer cannot be read);
-//! `HALO_SHM_CMA_MIN` (bytes) is the threshold: by default [`MIN_DEFAULT`], or
-//! [`MIN_OVERSUBSCRIBED`] when the job has more ranks than this host has cores.
+//! `HALO_SHM_CMA_MIN` (bytes, default [`MIN_DEFAULT`]) is the threshold.
 //!
 //! A pid only names the sender while it lives: the receiver's read of a sender that
 //! ended fails (`ESRCH`, its memory is gone), and so that a pid reused by another
@@ -65,15 +64,6 @@ pub(super) const CMA_NO: u32 = 2;
 /// Default threshold of a rendezvous, bytes (`HALO_SHM_CMA_MIN`).
 pub(super) const MIN_DEFAULT: usize = 32 * 1024;
 
-/// Default threshold when ranks outnumber cores. A rendezvous send completes only once
-/// its receiver has been scheduled, has read and has acked, where an eager send leaves
-/// its bytes in the ring (256 KiB per pair) and moves on: with 4 processes on 2 cores
-/// the ring path ran 32-256 KiB all-to-alls 1.5-2.2x faster than the rendezvous
-/// (20-148 us against 40-244 us), while from 512 KiB, more than a ring holds, the
-/// single copy was as fast or faster (8 processes: 3.5 ms against 3.7 ms at 512 KiB);
-/// docs/BENCHMARKS.md.
-pub(super) const MIN_OVERSUBSCRIBED: usize = 512 * 1024;
-
 /// `HALO_SHM_CMA`: whether cross-memory attach is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CmaMode {
@@ -94,9 +84,8 @@ pub(crate) struct CmaConfig {
 }
 
 impl CmaConfig {
-    /// From `HALO_SHM_CMA` and `HALO_SHM_CMA_MIN`; `oversubscribed`: ranks outnumber
-    /// cores (the threshold's default is then [`MIN_OVERSUBSCRIBED`]).
-    pub(super) fn from_env(oversubscribed: bool) -> Result<CmaConfig> {
+    /// From `HALO_SHM_CMA` and `HALO_SHM_CMA_MIN`.
+    pub(super) fn from_env() -> Result<CmaConfig> {
         let mode = match std::env::var("HALO_SHM_CMA") {
             Err(_) => CmaMode::Auto,
             Ok(v) => match v.trim() {
@@ -111,7 +100,6 @@ impl CmaConfig {
             },
         };
         let min = match std::env::var("HALO_SHM_CMA_MIN") {
-            Err(_) if oversubscribed => MIN_OVERSUBSCRIBED,
             Err(_) => MIN_DEFAULT,
             Ok(v) => v.trim().parse::<usize>().map_err(|_| {
                 Error::invalid_argument(format!("HALO_SHM_CMA_MIN={v:?} is not a number of bytes"))

@@ -33,9 +33,7 @@
 //! until its receive is posted — so a ring never blocks on a message nobody asked for
 //! yet, and the schedules' deadlock freedom (proved under rendezvous) carries over.
 //! Messages through the ring are copied twice (into the ring, out of it). Messages of
-//! at least `HALO_SHM_CMA_MIN` bytes (32 KiB; 512 KiB when the job has more ranks than
-//! the host has cores, where waiting for the receiver's turn costs more than the second
-//! copy) are copied once where the receiver can
+//! at least `HALO_SHM_CMA_MIN` bytes (32 KiB) are copied once where the receiver can
 //! read the sender's memory: one cell offers the buffer's address, the receiver reads
 //! it with `process_vm_readv` and acks, and only the ack completes the send
 //! (*rendezvous*; probed per pair at set-up, `HALO_SHM_CMA=0|1`; `cma.rs`).
@@ -245,13 +243,13 @@ impl ShmTransport {
             ));
         }
         seg.set_ranks(group, size)?;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let cma = CmaConfig::from_env(size > cores)?;
+        let cma = CmaConfig::from_env()?;
         publish_probe(&seg, rank, cma.mode);
         seg.attach();
         wait_attached(&seg, rank, group, &procs)?;
         let peers: Vec<usize> = group.iter().copied().filter(|&p| p != rank).collect();
         let (cma_pid, cma_pidfd) = probe_peers(&seg, rank, size, &peers, cma)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let yield_spin = size > cores;
         let spin = match std::env::var("HALO_SHM_SPIN_US") {
             Ok(v) => Duration::from_micros(v.trim().parse::<u64>().map_err(|_| {

@@ -326,15 +326,6 @@ fn rendezvous_byte_exact_at_below_and_above_the_threshold_in_one_process() {
 }
 
 #[test]
-fn the_rendezvous_threshold_is_higher_when_ranks_outnumber_cores() {
-    use super::cma::{CmaConfig, MIN_DEFAULT, MIN_OVERSUBSCRIBED};
-    // The environment of the test run does not set HALO_SHM_CMA_MIN.
-    assert_eq!(CmaConfig::from_env(false).unwrap().min, MIN_DEFAULT);
-    assert_eq!(CmaConfig::from_env(true).unwrap().min, MIN_OVERSUBSCRIBED);
-    const { assert!(MIN_OVERSUBSCRIBED > MIN_DEFAULT) };
-}
-
-#[test]
 fn rendezvous_off_takes_the_ring() {
     let (mut a, mut b) = pair(3, 256);
     a.cma.min = RDV_MIN;
