@@ -19,12 +19,14 @@
 //! 2. **Trials**: the next `trials x candidates` calls of the class run the candidates
 //!    in turn (round robin, [`trials`] calls each: 8 for blocks under 4 KiB, whose calls
 //!    take microseconds and vary by more than the candidates differ, 4 up to 64 KiB,
-//!    [`TRIALS`] above); each rank keeps, per candidate, the fastest of its calls.
+//!    [`TRIALS`] above); each rank keeps, per candidate, the median of its calls (the
+//!    fastest would reward one lucky turn of the scheduler).
 //! 3. **Agreement**: right after the last trial call every rank takes part in one
 //!    all-reduce (maximum) of those times, in nanoseconds, so a candidate's time is
 //!    that of its slowest rank; every rank then picks the candidate with the smallest
-//!    time (ties: the earlier candidate) — the same on every rank, because every rank
-//!    reduces the same numbers.
+//!    time, where a later candidate (the model ranked it lower) must be at least
+//!    [`MARGIN`] faster than the one it displaces (ties and near-ties: the earlier
+//!    candidate) — the same on every rank, because every rank reduces the same numbers.
 //! 4. **Cached** per communicator and size class; after [`RETRY_CALLS`] more calls of the
 //!    class the trials run again, so a choice made on a cold or disturbed machine is not
 //!    kept for ever. A decided call is not timed: it costs one lookup.
@@ -49,7 +51,12 @@ use std::time::Duration;
 /// Most candidates measured per size class.
 pub const MAX_CANDIDATES: usize = 4;
 
-/// Calls per candidate during the trials of large blocks (the fewest); the fastest
+/// How much faster (a fraction of its time) a later candidate must measure than an
+/// earlier one to be chosen over it: 5%. The trials of small calls are noisy, and the
+/// candidates come in the model's order, so a near-tie goes to the model's choice.
+pub const MARGIN: f64 = 0.05;
+
+/// Calls per candidate during the trials of large blocks (the fewest); their median
 /// counts. See [`trials`].
 pub const TRIALS: usize = 2;
 
@@ -98,11 +105,11 @@ pub(crate) enum Key {
 #[derive(Debug, Clone)]
 enum State {
     /// Trial calls in progress: `done` calls made so far (round robin over the
-    /// candidates), `best[i]` the fastest local time of candidate `i` in nanoseconds.
+    /// candidates), `seen[i]` the local times of candidate `i`'s calls in nanoseconds.
     Trying {
         candidates: Vec<Algorithm>,
         done: usize,
-        best: Vec<u64>,
+        seen: Vec<Vec<u64>>,
     },
     /// Decided; `calls` made since.
     Decided {
@@ -118,7 +125,7 @@ enum State {
 pub struct Tuned {
     /// The algorithm in use.
     pub algorithm: Algorithm,
-    /// Every candidate with its agreed time (the slowest rank's fastest trial call),
+    /// Every candidate with its agreed time (the slowest rank's median trial call),
     /// in nanoseconds, in candidate order; empty when there was one candidate.
     pub times: Vec<(Algorithm, u64)>,
 }
@@ -195,7 +202,7 @@ impl Tuner {
         let State::Trying {
             candidates,
             done,
-            best,
+            seen,
         } = self.get_mut(class)?
         else {
             return None;
@@ -205,9 +212,10 @@ impl Tuner {
             return None;
         }
         let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        best[i] = best[i].min(ns);
+        seen[i].push(ns);
         *done += 1;
-        (*done == trials(class.class()) * candidates.len()).then(|| best.clone())
+        (*done == trials(class.class()) * candidates.len())
+            .then(|| seen.iter_mut().map(|t| median(t)).collect())
     }
 
     /// Decides `class` from the times all-reduced (maximum over ranks) after its trials.
@@ -221,7 +229,7 @@ impl Tuner {
         let candidates = candidates.clone();
         let mut at = 0;
         for (i, &t) in times.iter().enumerate() {
-            if t < times[at] {
+            if (t as f64) < times[at] as f64 * (1.0 - MARGIN) {
                 at = i;
             }
         }
@@ -314,10 +322,21 @@ fn start(candidates: Vec<Algorithm>) -> State {
         };
     }
     State::Trying {
-        best: vec![u64::MAX; candidates.len()],
+        seen: vec![Vec::new(); candidates.len()],
         candidates,
         done: 0,
     }
+}
+
+/// The median of `t` (the lower of the two middle values for an even count; 0 for
+/// none): a candidate's typical call, where the fastest would reward one lucky turn of
+/// the scheduler (ranks outnumbering cores make a microsecond call's time vary 2-10x).
+fn median(t: &mut [u64]) -> u64 {
+    if t.is_empty() {
+        return 0;
+    }
+    t.sort_unstable();
+    t[(t.len() - 1) / 2]
 }
 
 /// The candidates for a uniform all-to-all of `block` bytes: the ranking's algorithms
@@ -436,7 +455,8 @@ mod tests {
         }
         assert_eq!(&seen[..3], &c[..]);
         let local = out.unwrap();
-        assert_eq!(local, vec![30_000_000, 11_000_000, 20_000_000]);
+        // Medians: HALO's calls took 11, 14, .., 32 ms (the lower middle is 20 ms).
+        assert_eq!(local, vec![30_000_000, 20_000_000, 20_000_000]);
         // Another rank was slower with HALO: the maximum decides.
         let agreed = vec![30_000_000, 25_000_000, 20_000_000];
         assert_eq!(t.agree(Key::Uniform(5), &agreed), Some(Algorithm::Bruck));
@@ -522,6 +542,26 @@ mod tests {
     }
 
     #[test]
+    fn a_later_candidate_must_be_clearly_faster() {
+        for (times, want) in [
+            ([100u64, 96], Algorithm::Flat),
+            ([100, 94], Algorithm::Halo),
+            ([100, 100], Algorithm::Flat),
+        ] {
+            let mut t = Tuner::default();
+            let c = vec![Algorithm::Flat, Algorithm::Halo];
+            for _ in 0..trials(20) * 2 {
+                let a = t.pick(Key::Uniform(20), || c.clone()).unwrap().0;
+                t.record(Key::Uniform(20), a, ms(1));
+            }
+            assert_eq!(t.agree(Key::Uniform(20), &times), Some(want), "{times:?}");
+        }
+        assert_eq!(median(&mut [5, 1, 3]), 3);
+        assert_eq!(median(&mut [4, 1, 3, 2]), 2);
+        assert_eq!(median(&mut []), 0);
+    }
+
+    #[test]
     fn a_missed_agreement_restarts_the_trials() {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Flat, Algorithm::Halo];
@@ -575,7 +615,8 @@ mod tests {
                 local = t.record(v, a, ms(k as u64));
             }
         }
-        assert_eq!(local, Some(vec![1_000_000, 1_000_000]));
+        // Medians of 3, 1, 2, .., 7 ms and of 2, 1, 2, .., 7 ms: 3 ms both.
+        assert_eq!(local, Some(vec![3_000_000, 3_000_000]));
         assert_eq!(t.agree(v, &[9, 4]), Some(Algorithm::Flat));
         assert_eq!(t.tuned_v(7).unwrap().algorithm, Algorithm::Flat);
         assert!(t.tuned_v(6).is_none());
