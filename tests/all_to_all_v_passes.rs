@@ -15,35 +15,41 @@ fn count(s: usize, d: usize, extra: usize) -> usize {
     1 + (s * 5 + d * 3) % 4 + extra
 }
 
-/// One checked call with `extra` elements more per block; the messages it sent and
-/// whether every rank's eager bytes (the same on all) cover every block.
+/// One call of rank `comm.rank()` with `extra` elements more per block, every received
+/// element checked; whether the eager bytes of the call cover every block.
+fn call(comm: &mut halo::Communicator, extra: usize, nonblocking: bool) -> halo::Result<bool> {
+    let (me, n) = (comm.rank(), comm.size());
+    let sc: Vec<usize> = (0..n).map(|d| count(me, d, extra)).collect();
+    let rc: Vec<usize> = (0..n).map(|s| count(s, me, extra)).collect();
+    let fits = (0..n).all(|d| (0..n).all(|s| count(s, d, extra) * 8 <= comm.eager_v()));
+    let send: Vec<u64> = (0..n)
+        .flat_map(|d| (0..sc[d]).map(move |i| (me * 1000 + d * 10 + i + extra) as u64))
+        .collect();
+    let mut recv = vec![u64::MAX; rc.iter().sum()];
+    let (sp, rp) = (Partition::packed(&sc), Partition::packed(&rc));
+    if nonblocking {
+        comm.scope(|s| s.all_to_all_v(&send, &sp, &mut recv, &rp).wait())?;
+    } else {
+        comm.all_to_all_v(&send, &sp, &mut recv, &rp)?;
+    }
+    let want: Vec<u64> = (0..n)
+        .flat_map(|s| (0..rc[s]).map(move |i| (s * 1000 + me * 10 + i + extra) as u64))
+        .collect();
+    assert_eq!(recv, want, "rank {me}, extra {extra}");
+    assert_eq!(comm.last_algorithm(), Some(Algorithm::Flat));
+    Ok(fits)
+}
+
+/// One checked call with `extra` elements more per block on a fresh communicator; the
+/// messages it sent and whether every rank's eager bytes (the same on all) cover every
+/// block.
 fn run(spec: &str, nonblocking: bool, extra: usize) -> (u64, bool) {
     let topo = Topology::preset(spec).unwrap();
-    let n = topo.size();
     let cluster = LocalCluster::new(topo, Emulation::off()).unwrap();
     let traffic = cluster.traffic();
     let out = cluster.run(|comm| {
         comm.set_algorithm(Some(Algorithm::Flat));
-        let me = comm.rank();
-        let sc: Vec<usize> = (0..n).map(|d| count(me, d, extra)).collect();
-        let rc: Vec<usize> = (0..n).map(|s| count(s, me, extra)).collect();
-        let fits = (0..n).all(|d| (0..n).all(|s| count(s, d, extra) * 8 <= comm.eager_v()));
-        let send: Vec<u64> = (0..n)
-            .flat_map(|d| (0..sc[d]).map(move |i| (me * 1000 + d * 10 + i) as u64))
-            .collect();
-        let mut recv = vec![u64::MAX; rc.iter().sum()];
-        let (sp, rp) = (Partition::packed(&sc), Partition::packed(&rc));
-        if nonblocking {
-            comm.scope(|s| s.all_to_all_v(&send, &sp, &mut recv, &rp).wait())?;
-        } else {
-            comm.all_to_all_v(&send, &sp, &mut recv, &rp)?;
-        }
-        let want: Vec<u64> = (0..n)
-            .flat_map(|s| (0..rc[s]).map(move |i| (s * 1000 + me * 10 + i) as u64))
-            .collect();
-        assert_eq!(recv, want, "{spec} rank {me}");
-        assert_eq!(comm.last_algorithm(), Some(Algorithm::Flat));
-        Ok(fits)
+        call(comm, extra, nonblocking)
     });
     let fits: Vec<bool> = out
         .into_iter()
@@ -71,6 +77,68 @@ fn a_small_communicator_sends_one_round_then_the_data_beyond_the_eager_bytes() {
             println!("{spec} (non-blocking: {nonblocking}): {messages} messages, 2 KiB+");
             assert!(!fits, "{spec}");
             assert_eq!(messages, 2 * n * (n - 1), "{spec}");
+        }
+    }
+}
+
+/// The eager bytes are learned from call to call, alike on every rank: blocks of about
+/// 2 KiB cost the data pass on a communicator's first call (the default 1 KiB), and
+/// then go whole with the counts (one round); smaller blocks keep what was learned
+/// while it is less than twice what they need, tiny ones shrink it to 64 bytes, and
+/// blocks above 4 KiB return it to 1 KiB (a data pass either way). Fixed eager bytes
+/// (`set_eager_v`) do not learn. Every element of every call checked.
+#[test]
+fn the_eager_bytes_are_learned_from_call_to_call() {
+    let topo = Topology::preset("nodes:2x2").unwrap();
+    let n = topo.size();
+    let round = (n * (n - 1)) as u64;
+    // (extra elements of 8 bytes per block, messages of the call, eager bytes after).
+    // Blocks are 8 * (1..=4 + extra) bytes; learned: the largest block plus an eighth,
+    // rounded up to 64 bytes.
+    let learn = [
+        (256, 2 * round, 2368), // up to 2080 B > 1024: the data pass; 2080 + 260
+        (256, round, 2368),     // now every block fits: one round
+        (200, round, 2368),     // up to 1632 B: fits, and 1856 > 2368 / 2: kept
+        (0, round, 64),         // up to 32 B: fits; 64 <= 2368 / 2: shrunk
+        (0, round, 64),
+        (600, 2 * round, 1024), // up to 4832 B > 4 KiB: the data pass, the default
+        (600, 2 * round, 1024),
+        (100, round, 1024), // up to 832 B: fits in 1024, and 960 > 512: kept
+    ];
+    let fixed = [
+        (256, 2 * round, 1024),
+        (256, 2 * round, 1024),
+        (0, round, 1024),
+    ];
+    for (fix, steps) in [(None, &learn[..]), (Some(1024), &fixed[..])] {
+        let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
+        let traffic = cluster.traffic();
+        let mut comms = cluster.into_communicators();
+        for comm in &mut comms {
+            comm.set_algorithm(Some(Algorithm::Flat));
+            comm.set_eager_v(fix);
+        }
+        for (i, &(extra, messages, eager)) in steps.iter().enumerate() {
+            let before = traffic.messages_crossing(Level::Device);
+            let out: Vec<halo::Result<usize>> = std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .iter_mut()
+                    .map(|comm| {
+                        s.spawn(move || {
+                            call(comm, extra, i % 2 == 1)?;
+                            Ok(comm.eager_v())
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let what = format!("eager {fix:?}, step {i}: extra {extra}");
+            for (r, x) in out.into_iter().enumerate() {
+                let got = x.unwrap_or_else(|e| panic!("{what}: rank {r}: {e}"));
+                assert_eq!(got, eager, "{what}: rank {r}'s eager bytes after the call");
+            }
+            let sent = traffic.messages_crossing(Level::Device) - before;
+            assert_eq!(sent, messages, "{what}: messages");
         }
     }
 }

@@ -241,8 +241,8 @@ fn check_agreed(what: &str, mean: usize, out: &[(Vec<Algorithm>, halo::tune::Tun
 }
 
 /// The data pass is measured by the mean of what it moves: with the eager bytes of the
-/// one-pass count exchange (`Communicator::eager_v`, 1 KiB where the counts are
-/// exchanged directly) the remainders beyond them. Where every block fits (mean blocks
+/// one-pass count exchange (`Communicator::eager_v`, fixed here at the default 1 KiB)
+/// the remainders beyond them. Where every block fits (mean blocks
 /// of about 5 B here: counts of 0-10 B), no call has a data pass, nothing is measured
 /// and every call is the eager exchange (`Flat`); the 120x scale leaves remainders of a
 /// few bytes on average and is measured.
@@ -254,6 +254,9 @@ fn every_rank_measures_all_to_all_v_alike() {
         // Mean blocks of about 5 B, 600 B, 3 KB and 40 KB (before the eager bytes).
         for scale in [1usize, 120, 600, 8000] {
             let out = local::run(&topo, Emulation::off(), |comm| {
+                // Fixed at the default: learned eager bytes would make the later calls
+                // of the smaller scales one pass (nothing left to measure).
+                comm.set_eager_v(Some(1024));
                 let eager = comm.eager_v();
                 let mean = v_mean_beyond(n, scale, eager);
                 if 10 * scale <= eager {
@@ -319,7 +322,8 @@ fn a_count_mismatch_during_v_trials_records_no_trial() {
     let n = topo.size();
     let scale = 600;
     let out = local::run(&topo, Emulation::off(), |comm| {
-        // The remainders beyond the eager bytes are measured.
+        // The remainders beyond the (fixed) eager bytes are measured.
+        comm.set_eager_v(Some(1024));
         let mean = v_mean_beyond(n, scale, comm.eager_v());
         let mut ran = Vec::new();
         let mut call = 0;
@@ -355,10 +359,11 @@ fn a_count_mismatch_during_v_trials_records_no_trial() {
 fn a_forced_algorithm_wins_over_v_measurement() {
     let topo = Topology::preset("nodes:2x4").unwrap();
     let n = topo.size();
-    // Blocks of up to 3000 B, beyond the eager bytes of the count exchange: every call
-    // has a data pass, which the forced algorithm runs.
+    // Blocks of up to 3000 B, beyond the (fixed) eager bytes of the count exchange:
+    // every call has a data pass, which the forced algorithm runs.
     let scale = 300;
     let out = local::run(&topo, Emulation::off(), |comm| {
+        comm.set_eager_v(Some(1024));
         let mean = v_mean_beyond(n, scale, comm.eager_v());
         comm.set_algorithm(Some(Algorithm::Pairwise));
         for call in 0..trials_of(mean) * MAX_CANDIDATES + 2 {

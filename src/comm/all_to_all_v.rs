@@ -25,9 +25,16 @@
 //! `q`, padded: a *fixed* `F = 16 n + C` bytes, `[p's row][data][zeros]`, whatever the
 //! counts, so that no transport ever sees a length it did not expect (a length mismatch
 //! would break the shared-memory and fabric transports and change the errors). `C` is
-//! [`EAGER_V`] (1 KiB; `HALO_A2AV_EAGER=<bytes>`, the same on every rank, overrides it,
-//! 0 turns it off, at most [`EAGER_V_MAX`]); the logarithmic all-gathers and the three
-//! passes carry none. Every rank checks the gathered rows exactly as without (the same
+//! [`EAGER_V`] (1 KiB) on a communicator's first call and then *learned*: every rank
+//! holds the same checked matrix after each call, so every rank computes the same `C`
+//! for the next one ([`learn_eager`]): the largest block plus an eighth where that is at
+//! most 4 KiB (so that the next step of an MoE layer, whose counts change a little, is
+//! again one pass; down to 64 bytes, so that tiny blocks do not pad to 1 KiB), kept
+//! while the blocks fit, back to 1 KiB when a block is larger than 4 KiB or when padding
+//! every block to `C` would send over four times the data. `HALO_A2AV_EAGER=<bytes>`
+//! (the same on every rank) or [`Communicator::set_eager_v`] fix `C` instead (0 turns
+//! it off, at most [`EAGER_V_MAX`]); the logarithmic all-gathers and the three passes
+//! carry none. Every rank checks the gathered rows exactly as without (the same
 //! errors on every rank, and nothing is written to a receive buffer before the check),
 //! then copies the eager parts into place. Every rank knows the whole matrix, so all
 //! decide alike: if no block exceeds `C` the call is over (one round of messages, as
@@ -111,6 +118,50 @@ pub(crate) const GATHER_MAX_RANKS: usize = 64;
 /// still costs the data pass, for its remainder only.
 pub(crate) const EAGER_V: usize = 1024;
 
+/// The fewest eager bytes a communicator learns (see [`learn_eager`]).
+pub(crate) const EAGER_V_LEARN_MIN: usize = 64;
+
+/// The most eager bytes a communicator learns (see [`learn_eager`]): `16 n + 4096`
+/// bytes stay within one cell of the shared-memory rings up to the 64 ranks that
+/// gather the counts, and a few microseconds of a network link.
+pub(crate) const EAGER_V_LEARN_MAX: usize = 4096;
+
+/// The eager bytes for the next call, learned from this call's matrix (identical on
+/// every rank, so every rank's next message has the same length): `c` now, `max_block`
+/// the largest block of any pair, `total` the bytes of all blocks of the `n x n`
+/// matrix.
+///
+/// - A block above [`EAGER_V_LEARN_MAX`]: the next call needs a data pass anyway, so
+///   the default [`EAGER_V`] (the eager bytes only shorten the remainders).
+/// - Otherwise the next call should be one pass: `c` is kept while every block fits
+///   and `c` is less than twice what they need (so `c` does not change call to call
+///   with every small change of the routing), else it becomes the largest block plus
+///   an eighth (room for the next step's counts to grow), rounded up to 64 bytes,
+///   at least [`EAGER_V_LEARN_MIN`].
+/// - Above [`EAGER_V`], only where the padded messages (`n^2 c` bytes of blocks) are
+///   at most four times the data: a skewed matrix with one large block and many small
+///   ones keeps the default.
+pub(crate) fn learn_eager(c: usize, max_block: usize, total: u64, n: usize) -> usize {
+    if max_block > EAGER_V_LEARN_MAX {
+        return EAGER_V;
+    }
+    let want = (max_block + max_block / 8)
+        .next_multiple_of(64)
+        .clamp(EAGER_V_LEARN_MIN, EAGER_V_LEARN_MAX);
+    let next = if max_block <= c && want > c / 2 {
+        c
+    } else {
+        want
+    };
+    let padded = (n as u64)
+        .saturating_mul(n as u64)
+        .saturating_mul(next as u64);
+    if next > EAGER_V && padded > total.saturating_mul(4) {
+        return EAGER_V;
+    }
+    next
+}
+
 /// The largest `HALO_A2AV_EAGER` taken (larger values are cut to it): every message of
 /// the count exchange carries that many bytes.
 pub(crate) const EAGER_V_MAX: usize = 1 << 20;
@@ -141,8 +192,11 @@ pub(crate) struct VState {
     pub(crate) calls: (u64, u64),
     /// Calls whose data all went with the counts (no data pass).
     pub(crate) eager_only: u64,
-    /// Eager bytes per block forced by a test (kept across [`VState::reset`]).
+    /// Eager bytes per block fixed by [`Communicator::set_eager_v`] (kept across
+    /// [`VState::reset`]).
     eager_forced: Option<usize>,
+    /// Eager bytes per block learned from the last successful call ([`learn_eager`]).
+    eager_learned: Option<usize>,
     /// The direct exchange of the eager messages, for messages of this many bytes.
     eager_gather: Option<(usize, Schedule)>,
     /// Staging of the eager messages: `n` messages out, `n` in.
@@ -687,10 +741,23 @@ impl Communicator {
         self.pool.v.calls
     }
 
-    /// Forces the bytes of each block carried with the counts (`None`: `HALO_A2AV_EAGER`
-    /// or [`EAGER_V`]), for tests. Only the direct exchange carries any.
-    #[cfg(test)]
-    pub(crate) fn force_eager(&mut self, bytes: Option<usize>) {
+    /// Fixes how many bytes of each block all-to-all-v carries with the counts on this
+    /// communicator (`Some(0)`: none, the count exchange and then the data pass; at most
+    /// 1 MiB), or with `None` returns to the default: `HALO_A2AV_EAGER` if set, else
+    /// learned from call to call (see [`Communicator::eager_v`]). Like every argument
+    /// of a collective, the same on every rank: the count messages' length depends on
+    /// it. Only the direct count exchange of small communicators carries any.
+    ///
+    /// ```
+    /// # use halo::local::{Emulation, LocalCluster};
+    /// # use halo::topology::Topology;
+    /// # let cluster = LocalCluster::new(Topology::preset("nodes:1x2").unwrap(), Emulation::off()).unwrap();
+    /// # cluster.run(|comm| {
+    /// comm.set_eager_v(Some(0)); // always the count exchange, then the data pass
+    /// assert_eq!(comm.eager_v(), 0);
+    /// # Ok(()) }).into_iter().collect::<halo::Result<Vec<()>>>().unwrap();
+    /// ```
+    pub fn set_eager_v(&mut self, bytes: Option<usize>) {
         self.pool.v.eager_forced = bytes;
         self.pool.v.reset();
     }
@@ -707,9 +774,12 @@ impl Communicator {
     /// rest of larger blocks follows in the data pass (whose automatic choice is
     /// measured by the mean of those remainders, see [`Communicator::tuned_v`]). 0 where
     /// the counts are gathered with a logarithmic algorithm or exchanged in three passes
-    /// (large communicators), or with `HALO_A2AV_EAGER=0`; otherwise `HALO_A2AV_EAGER`
-    /// (at most 1 MiB) or 1024 bytes. Chooses the communicator's way of exchanging the
-    /// counts if no call has yet (deterministic: the same on every rank).
+    /// (large communicators), or with `HALO_A2AV_EAGER=0`; otherwise what
+    /// [`Communicator::set_eager_v`] or `HALO_A2AV_EAGER` fixed (at most 1 MiB), or else
+    /// what the next call will carry as learned from the last successful one (module
+    /// documentation of all-to-all-v: 64 bytes to 4 KiB), 1024 bytes before any. Chooses the
+    /// communicator's way of exchanging the counts if no call has yet (deterministic:
+    /// the same on every rank).
     pub fn eager_v(&mut self) -> usize {
         let plan = self.meta_plan();
         self.eager_for(plan)
@@ -720,12 +790,18 @@ impl Communicator {
         if plan != MetaPlan::Direct {
             return 0;
         }
-        self.pool
-            .v
-            .eager_forced
+        let v = &self.pool.v;
+        v.eager_forced
             .or_else(eager_env)
+            .or(v.eager_learned)
             .unwrap_or(EAGER_V)
             .min(EAGER_V_MAX)
+    }
+
+    /// Whether this communicator learns its eager bytes (neither
+    /// [`Communicator::set_eager_v`] nor `HALO_A2AV_EAGER` fixed them).
+    fn eager_learns(&self) -> bool {
+        self.pool.v.eager_forced.is_none() && eager_env().is_none()
     }
 
     /// This communicator's count-exchange plan (chosen on first use).
@@ -859,6 +935,7 @@ impl Communicator {
         let row = n * META_BLOCK;
         let f = row + c;
         let valid = local.is_ok();
+        let learns = self.eager_learns();
         self.fill_meta_row(valid);
         let core = &mut self.core;
         let pool = &mut self.pool;
@@ -898,7 +975,24 @@ impl Communicator {
             m.copy_from_slice(&sr[p * f..p * f + row]);
         }
         local?;
-        check_matrix(mr, n, me)?;
+        let total = check_matrix(mr, n, me)?;
+        if learns {
+            let max_block = (0..n * n)
+                .map(|i| read_u64(mr, (i / n) * row + (i % n) * META_BLOCK))
+                .max()
+                .unwrap_or(0);
+            let max_block = usize::try_from(max_block).unwrap_or(usize::MAX);
+            let next = learn_eager(c, max_block, total, n);
+            if next != c {
+                tracing::debug!(
+                    rank = me,
+                    eager = next,
+                    max_block,
+                    "all-to-all-v eager bytes learned"
+                );
+            }
+            pool.v.eager_learned = Some(next);
+        }
         // Every pair agrees: rank p sent min(recv_bytes[p], c) bytes of its block.
         for p in 0..n {
             let k = pool.recv_bytes[p].min(c);
@@ -1266,7 +1360,7 @@ mod tests {
                     let out = cluster.run(|comm| {
                         comm.set_timeout(Duration::from_secs(20));
                         comm.force_meta_plan(Some(plan));
-                        comm.force_eager(eager);
+                        comm.set_eager_v(eager);
                         comm.set_algorithm(alg);
                         let me = comm.rank();
                         let sc: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
@@ -1306,9 +1400,10 @@ mod tests {
                             (1, 0)
                         };
                         assert_eq!(calls, want, "{what} rank {r}");
-                        // Blocks of at most 16 bytes: all eager with the default.
+                        // Blocks of at most 16 bytes: all eager with the default,
+                        // which learns the fewest eager bytes for the next call.
                         let (want_c, want_eager) = match (plan, eager) {
-                            (MetaPlan::Direct, None) => (super::EAGER_V, 1),
+                            (MetaPlan::Direct, None) => (super::EAGER_V_LEARN_MIN, 1),
                             (MetaPlan::Direct, Some(5)) => (5, 0),
                             _ => (0, 0),
                         };
@@ -1333,7 +1428,7 @@ mod tests {
             .run(|comm| {
                 comm.set_timeout(Duration::from_secs(10));
                 comm.force_meta_plan(Some(plan));
-                comm.force_eager(eager);
+                comm.set_eager_v(eager);
                 let me = comm.rank();
                 let mut sc = vec![1usize; n];
                 let rc = vec![1usize; n];
@@ -1486,7 +1581,7 @@ mod tests {
             let traffic = cluster.traffic();
             let out = cluster.run(|comm| {
                 comm.force_meta_plan(plan);
-                comm.force_eager(eager);
+                comm.set_eager_v(eager);
                 comm.set_algorithm(Some(Algorithm::Flat));
                 let (me, n) = (comm.rank(), comm.size());
                 let c = vec![block; n];
@@ -1553,7 +1648,8 @@ mod tests {
                 let out = cluster.run(|comm| {
                     comm.set_timeout(Duration::from_secs(20));
                     comm.force_meta_plan(Some(MetaPlan::Direct));
-                    comm.force_eager((c != super::EAGER_V).then_some(c));
+                    // Fixed: learning would carry the blocks of 3 C whole.
+                    comm.set_eager_v(Some(c));
                     comm.set_algorithm(alg);
                     assert_eq!(comm.eager_v(), c);
                     let me = comm.rank();
@@ -1609,6 +1705,43 @@ mod tests {
         }
     }
 
+    /// The learned eager bytes: the largest block plus an eighth, rounded up to 64
+    /// bytes, 64 to 4096; kept while the blocks fit and need more than half; the
+    /// default above 4096 or where padding every block would send over four times the
+    /// data.
+    #[test]
+    fn learn_eager_follows_the_largest_block() {
+        use super::{EAGER_V, learn_eager};
+        let uniform = |n: usize, b: usize| (n * n * b) as u64;
+        // Tiny blocks: 64 bytes, the least (not the default 1 KiB).
+        assert_eq!(learn_eager(EAGER_V, 10, uniform(4, 5), 4), 64);
+        assert_eq!(learn_eager(EAGER_V, 0, 0, 4), 64);
+        // Larger blocks: the largest plus an eighth, rounded up to 64.
+        assert_eq!(learn_eager(EAGER_V, 2080, uniform(4, 2000), 4), 2368);
+        assert_eq!(learn_eager(64, 1000, uniform(8, 900), 8), 1152);
+        // Kept while every block fits and needs more than half of it.
+        assert_eq!(learn_eager(2048, 2048, uniform(4, 2000), 4), 2048);
+        assert_eq!(learn_eager(2048, 1000, uniform(4, 900), 4), 2048);
+        assert_eq!(learn_eager(2048, 900, uniform(4, 900), 4), 1024);
+        assert_eq!(learn_eager(64, 64, uniform(4, 64), 4), 64);
+        // One byte over: grows.
+        assert_eq!(learn_eager(64, 65, uniform(4, 65), 4), 128);
+        // At most 4 KiB; a block above it: the default.
+        assert_eq!(learn_eager(EAGER_V, 4000, uniform(4, 4000), 4), 4096);
+        assert_eq!(learn_eager(EAGER_V, 4096, uniform(4, 4096), 4), 4096);
+        assert_eq!(learn_eager(4096, 4097, uniform(4, 4097), 4), EAGER_V);
+        assert_eq!(learn_eager(64, usize::MAX, u64::MAX, 64), EAGER_V);
+        // One 4000-byte block among 63 empty ones (8 ranks): padding 64 blocks to 4 KiB
+        // is 65x the data: the default. Up to 1 KiB padding is always taken.
+        assert_eq!(learn_eager(EAGER_V, 4000, 4000, 8), EAGER_V);
+        assert_eq!(learn_eager(EAGER_V, 900, 900, 8), EAGER_V);
+        assert_eq!(learn_eager(64, 500, 500, 8), 576);
+        // Padding to four times the data is still taken (2 x 2 blocks of 2304 B for
+        // 2304 B of data), a byte more is not.
+        assert_eq!(learn_eager(EAGER_V, 2000, 2304, 2), 2304);
+        assert_eq!(learn_eager(EAGER_V, 2000, 2303, 2), EAGER_V);
+    }
+
     /// Only the direct exchange carries eager bytes: the logarithmic all-gathers and
     /// the three passes carry none, whatever is forced.
     #[test]
@@ -1625,11 +1758,11 @@ mod tests {
             (MetaPlan::Agreed, 0),
         ] {
             comm.force_meta_plan(Some(plan));
-            comm.force_eager(None);
+            comm.set_eager_v(None);
             assert_eq!(comm.eager_v(), want, "{plan:?}");
-            comm.force_eager(Some(77));
+            comm.set_eager_v(Some(77));
             assert_eq!(comm.eager_v(), if want > 0 { 77 } else { 0 }, "{plan:?}");
-            comm.force_eager(Some(usize::MAX));
+            comm.set_eager_v(Some(usize::MAX));
             assert_eq!(
                 comm.eager_v(),
                 if want > 0 { super::EAGER_V_MAX } else { 0 },
@@ -1692,7 +1825,7 @@ mod tests {
             let out = cluster.run(|comm| {
                 comm.set_timeout(Duration::from_secs(20));
                 comm.force_meta_plan(Some(plan));
-                comm.force_eager(eager);
+                comm.set_eager_v(eager);
                 let me = comm.rank();
                 let sc: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
                 let rc: Vec<usize> = (0..n).map(|s| count(s, me)).collect();
