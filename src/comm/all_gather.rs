@@ -1,7 +1,7 @@
 //! All-gather: [`Communicator::all_gather`] over the builders of
 //! `halo_collectives::gather` (ring, recursive doubling, Bruck).
 
-use super::{Communicator, exec_options, overlaps, sized};
+use super::{Communicator, cached_schedule, exec_options, overlaps, sized};
 use crate::error::{Error, Result};
 use halo_collectives::{AllGatherAlgorithm, Buffers, build_all_gather};
 
@@ -56,14 +56,10 @@ impl Communicator {
             Some(a) if a.supports(n) => a,
             _ => AllGatherAlgorithm::auto(n, block),
         };
-        let cached = matches!(&core.ext.gather, Some((a, b, _)) if *a == algorithm && *b == block);
-        if !cached {
-            let s = build_all_gather(algorithm, core.rank, n, block)?;
-            core.ext.gather = Some((algorithm, block, s));
-        }
-        let Some((_, _, schedule)) = &core.ext.gather else {
-            return Err(Error::internal("the all-gather schedule left its cache"));
-        };
+        let rank = core.rank;
+        let schedule = cached_schedule(&mut core.ext.gather, (algorithm, block), || {
+            build_all_gather(algorithm, rank, n, block)
+        })?;
         let scratch = sized(&mut core.ext.gather_scratch, schedule.scratch_len());
         let opts = exec_options(core.timeout, &core.abort);
         core.backend.run(

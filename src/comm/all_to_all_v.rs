@@ -84,7 +84,9 @@
 //! tells what was measured and chosen.
 
 use super::all_to_all::{raw_slice, raw_slice_mut};
-use super::{Communicator, Core, Kind, Partition, class, exec_options, overlaps, sized};
+use super::{
+    Communicator, Core, Kind, Partition, cached_schedule, class, exec_options, overlaps, sized,
+};
 use crate::error::{Error, Result};
 use crate::tune::Key;
 use halo_collectives::{
@@ -397,12 +399,12 @@ fn first_mismatch(m: &[u8], n: usize, r: usize) -> Option<(usize, String)> {
 }
 
 /// Checks every pair of the gathered matrix `m` (`n` rows of `n` [`META_BLOCK`]s) on
-/// rank `me`, whose own arguments are valid. Returns the total bytes all ranks send, or
-/// the error every rank reaches alike from the same matrix.
-fn check_matrix(m: &[u8], n: usize, me: usize) -> Result<u64> {
+/// rank `me`, whose own arguments are valid. Returns the total bytes all ranks send and
+/// the largest block, or the error every rank reaches alike from the same matrix.
+fn check_matrix(m: &[u8], n: usize, me: usize) -> Result<(u64, u64)> {
     let row = n * META_BLOCK;
     let mut bad = false;
-    let mut total: u64 = 0;
+    let (mut total, mut largest) = (0u64, 0u64);
     for a in 0..n {
         // A valid count is at most isize::MAX: u64::MAX marks invalid arguments.
         bad |= read_u64(m, a * row) == u64::MAX;
@@ -410,10 +412,11 @@ fn check_matrix(m: &[u8], n: usize, me: usize) -> Result<u64> {
             let s = read_u64(m, a * row + b * META_BLOCK);
             bad |= s != read_u64(m, b * row + a * META_BLOCK + 8);
             total = total.saturating_add(s);
+            largest = largest.max(s);
         }
     }
     if !bad {
-        return Ok(total);
+        return Ok((total, largest));
     }
     if let Some((q, message)) = first_mismatch(m, n, me) {
         return Err(Error::InvalidUsage {
@@ -889,12 +892,9 @@ impl Communicator {
         self.fill_meta_row(local.is_ok());
         let core = &mut self.core;
         let pool = &mut self.pool;
-        if !matches!(&pool.v.gather, Some((p, _)) if *p == plan) {
-            pool.v.gather = Some((plan, gather_schedule(core, plan, me, row)?));
-        }
-        let Some((_, schedule)) = &pool.v.gather else {
-            return Err(Error::internal("the count all-gather left its cache"));
-        };
+        let schedule = cached_schedule(&mut pool.v.gather, plan, || {
+            gather_schedule(core, plan, me, row)
+        })?;
         let mr = sized(&mut pool.meta_recv, n * row);
         let scratch = sized(&mut pool.meta_scratch, schedule.scratch_len());
         let opts = exec_options(core.timeout, &core.abort);
@@ -910,7 +910,7 @@ impl Communicator {
             &opts,
         )?;
         local?;
-        check_matrix(mr, n, me)
+        check_matrix(mr, n, me).map(|(total, _)| total)
     }
 
     /// The one-pass count exchange with the first `c` bytes of every block: the
@@ -939,12 +939,9 @@ impl Communicator {
         self.fill_meta_row(valid);
         let core = &mut self.core;
         let pool = &mut self.pool;
-        if !matches!(&pool.v.eager_gather, Some((k, _)) if *k == f) {
-            pool.v.eager_gather = Some((f, direct_exchange(core, me, f, f)?));
-        }
-        let Some((_, schedule)) = &pool.v.eager_gather else {
-            return Err(Error::internal("the eager count exchange left its cache"));
-        };
+        let schedule = cached_schedule(&mut pool.v.eager_gather, f, || {
+            direct_exchange(core, me, f, f)
+        })?;
         let ss = sized(&mut pool.v.stage_send, n * f);
         for (q, b) in ss.chunks_exact_mut(f).enumerate() {
             b[..row].copy_from_slice(&pool.meta_send[..row]);
@@ -975,13 +972,9 @@ impl Communicator {
             m.copy_from_slice(&sr[p * f..p * f + row]);
         }
         local?;
-        let total = check_matrix(mr, n, me)?;
+        let (total, largest) = check_matrix(mr, n, me)?;
         if learns {
-            let max_block = (0..n * n)
-                .map(|i| read_u64(mr, (i / n) * row + (i % n) * META_BLOCK))
-                .max()
-                .unwrap_or(0);
-            let max_block = usize::try_from(max_block).unwrap_or(usize::MAX);
+            let max_block = usize::try_from(largest).unwrap_or(usize::MAX);
             let next = learn_eager(c, max_block, total, n);
             if next != c {
                 tracing::debug!(

@@ -217,6 +217,22 @@ fn sized(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
     &mut buf[..len]
 }
 
+/// The schedule in the one-entry cache `slot` under `key`; built with `build` (and kept)
+/// when the slot holds another key or none.
+fn cached_schedule<K: PartialEq>(
+    slot: &mut Option<(K, Schedule)>,
+    key: K,
+    build: impl FnOnce() -> halo_collectives::Result<Schedule>,
+) -> Result<&Schedule> {
+    if !matches!(slot, Some((k, _)) if *k == key) {
+        *slot = Some((key, build()?));
+    }
+    match slot {
+        Some((_, s)) => Ok(s),
+        None => Err(Error::internal("a schedule left its cache")),
+    }
+}
+
 /// Whether two byte ranges share a byte.
 fn overlaps(a: *const u8, a_len: usize, b: *const u8, b_len: usize) -> bool {
     let (a, b) = (a as usize, b as usize);
@@ -475,7 +491,7 @@ pub(crate) struct Ext {
     pub(super) tmp: Vec<u64>,
     pub(super) gather_scratch: Vec<u8>,
     /// The last all-gather schedule (algorithm, block bytes).
-    pub(super) gather: Option<(AllGatherAlgorithm, usize, Schedule)>,
+    pub(super) gather: Option<((AllGatherAlgorithm, usize), Schedule)>,
     pub(super) gather_forced: Option<AllGatherAlgorithm>,
     pub(super) reduce_forced: Option<AllReduceAlgorithm>,
     /// The worker thread of [`Communicator::scope`], once one ran.
