@@ -59,7 +59,7 @@ pub use bootstrap::UniqueId;
 pub use bootstrap::decode_card_for_fuzzing;
 pub use comm::{
     AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MoeDispatch, MoeExchange,
-    MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request, Scope,
+    MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request, SPECULATE_V, Scope,
 };
 pub use error::{Error, Result};
 pub use half::{bf16, f16};

@@ -171,6 +171,85 @@ fn a_size_mismatch_fails_every_rank_on_both_halves() {
     }
 }
 
+/// All-to-all-v whose remainders go right behind the count messages (blocks of 6 KB
+/// and more, beyond the 1 KiB that rides with the counts) while pairs disagree on
+/// both halves: rank 0 sends rank 1 (its ring) 3,000 elements where rank 1 expects
+/// 1,500, rank 2 sends rank 0 (the fabric) 5,000 where rank 0 expects 4,000, and rank 3
+/// passes an overflowing displacement, so it takes and drops every remainder sent to
+/// it. Every rank fails at once, with the errors of the three-pass exchange, and the
+/// next call on the same communicators moves every byte right (nothing was left
+/// unread in a ring or a provider's queue).
+#[test]
+fn an_all_to_all_v_count_mismatch_with_remainders_behind_the_counts() {
+    let hosts = ["hva", "hva", "hvb", "hvb"];
+    let n = hosts.len();
+    let timeout = Duration::from_secs(20);
+    let out = job(&hosts, &config(timeout), |me, mut comm| {
+        check_routes(&comm, &hosts);
+        assert_eq!(comm.eager_v(), 1024);
+        let mut sc = vec![1500usize; n];
+        let mut rc = vec![1500usize; n];
+        match me {
+            0 => {
+                sc[1] = 3000;
+                rc[2] = 4000;
+            }
+            2 => sc[0] = 5000,
+            _ => {}
+        }
+        let mut sd = Partition::packed(&sc).displs().to_vec();
+        if me == 3 {
+            sd[2] = usize::MAX;
+        }
+        let send: Vec<u32> = (0..sc.iter().sum::<usize>())
+            .map(|i| value(me, 0, i))
+            .collect();
+        let mut recv = vec![0u32; rc.iter().sum()];
+        let start = Instant::now();
+        let bad = comm.all_to_all_v(
+            &send,
+            &Partition::new(&sc, &sd),
+            &mut recv,
+            &Partition::packed(&rc),
+        );
+        let took = start.elapsed();
+        // The communicator after it: blocks of 2,000 elements, every one checked.
+        let good = vec![2000usize; n];
+        let send: Vec<u32> = (0..n)
+            .flat_map(|d| (0..2000).map(move |i| value(me, d, i)))
+            .collect();
+        let mut recv = vec![0u32; n * 2000];
+        comm.all_to_all_v(
+            &send,
+            &Partition::packed(&good),
+            &mut recv,
+            &Partition::packed(&good),
+        )
+        .unwrap_or_else(|e| panic!("rank {me}, the call after the bad one: {e}"));
+        let want: Vec<u32> = (0..n)
+            .flat_map(|s| (0..2000).map(move |i| value(s, me, i)))
+            .collect();
+        assert!(recv == want, "rank {me}: wrong bytes after the bad call");
+        (bad, took)
+    });
+    for (me, (r, took)) in out.into_iter().enumerate() {
+        assert!(took < timeout / 2, "rank {me} took {took:?}");
+        match (me, r) {
+            (3, Err(Error::InvalidArgument { peer, .. })) => assert_eq!(peer, Some(2)),
+            (0, Err(Error::InvalidUsage { peer, message })) => {
+                assert_eq!(peer, Some(1), "{message}");
+                assert!(message.contains("12000 bytes") && message.contains("6000 bytes"));
+            }
+            (1, Err(Error::InvalidUsage { peer, .. })) => assert_eq!(peer, Some(0)),
+            (2, Err(Error::InvalidUsage { peer, message })) => {
+                assert_eq!(peer, Some(0), "{message}");
+                assert!(message.contains("20000 bytes") && message.contains("16000 bytes"));
+            }
+            (r, other) => panic!("rank {r}: {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn abort_from_another_thread_and_the_communicator_after_it() {
     let hosts = ["haa", "haa", "hab", "hab"];

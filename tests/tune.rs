@@ -255,8 +255,10 @@ fn every_rank_measures_all_to_all_v_alike() {
         for scale in [1usize, 120, 600, 8000] {
             let out = local::run(&topo, Emulation::off(), |comm| {
                 // Fixed at the default: learned eager bytes would make the later calls
-                // of the smaller scales one pass (nothing left to measure).
+                // of the smaller scales one pass (nothing left to measure); so would
+                // the remainders sent right behind the counts.
                 comm.set_eager_v(Some(1024));
+                comm.set_speculate_v(Some(0));
                 let eager = comm.eager_v();
                 let mean = v_mean_beyond(n, scale, eager);
                 if 10 * scale <= eager {
@@ -322,8 +324,10 @@ fn a_count_mismatch_during_v_trials_records_no_trial() {
     let n = topo.size();
     let scale = 600;
     let out = local::run(&topo, Emulation::off(), |comm| {
-        // The remainders beyond the (fixed) eager bytes are measured.
+        // The remainders beyond the (fixed) eager bytes are measured (in the data
+        // pass: none right behind the counts).
         comm.set_eager_v(Some(1024));
+        comm.set_speculate_v(Some(0));
         let mean = v_mean_beyond(n, scale, comm.eager_v());
         let mut ran = Vec::new();
         let mut call = 0;
@@ -364,6 +368,7 @@ fn a_forced_algorithm_wins_over_v_measurement() {
     let scale = 300;
     let out = local::run(&topo, Emulation::off(), |comm| {
         comm.set_eager_v(Some(1024));
+        comm.set_speculate_v(Some(0));
         let mean = v_mean_beyond(n, scale, comm.eager_v());
         comm.set_algorithm(Some(Algorithm::Pairwise));
         for call in 0..trials_of(mean) * MAX_CANDIDATES + 2 {
@@ -387,11 +392,13 @@ fn a_forced_algorithm_wins_over_v_measurement() {
 }
 
 /// One rank decides at once. Its all-to-all-v of a block beyond the eager bytes to
-/// itself has a data pass (a block that fits has none, and measures nothing).
+/// itself has a data pass (a block that fits has none, and measures nothing; nor does
+/// one whose remainder goes right behind the counts, turned off here).
 #[test]
 fn one_rank_all_to_all_v_needs_no_trial() {
     let topo = Topology::preset("flat:1").unwrap();
     let out = local::run(&topo, Emulation::off(), |comm| {
+        comm.set_speculate_v(Some(0));
         let eager = comm.eager_v();
         let block = eager + 1000;
         let send: Vec<u8> = (0..block).map(|i| byte(0, 0, i, 0)).collect();

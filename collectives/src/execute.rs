@@ -99,6 +99,19 @@ pub trait Session {
         std::thread::yield_now();
         Ok(())
     }
+
+    /// Copies the bytes of `region` into `out` (exactly `region.len` bytes), for a
+    /// program that decides what to post next from what it has received (all-to-all-v
+    /// reads each count message as it lands). `region` must not be the destination of
+    /// a receive still outstanding: a transport whose receives may land outside its
+    /// own calls refuses such a read with [`CollectiveError::Internal`]. The default
+    /// refuses every read.
+    fn read(&mut self, region: Region, out: &mut [u8]) -> Result<()> {
+        let _ = out;
+        Err(CollectiveError::Internal(format!(
+            "this transport's sessions cannot read {region}"
+        )))
+    }
 }
 
 /// How [`execute`] runs one collective.
@@ -194,6 +207,64 @@ fn execute_in<S: Session + ?Sized>(
 /// much as a poll; the timeout is seconds, so its precision does not suffer).
 const CLOCK_EVERY: u32 = 16;
 
+/// How a program that polls a [`Session`] waits when a poll completed nothing: the
+/// abort flag and the timeout are checked, a few polls spin (`ExecOptions::spin`),
+/// then [`Session::wait`] with a bound growing to 1 ms. [`execute`] waits this way,
+/// and so does any program that drives a session itself.
+#[derive(Debug, Default)]
+pub struct Idle {
+    /// The first idle poll since the program started (the clock starts there:
+    /// posting never blocks).
+    start: Option<Instant>,
+    waited: Duration,
+    polls: u32,
+}
+
+impl Idle {
+    /// Called after a poll that completed nothing. Returns
+    /// [`CollectiveError::Aborted`] with `aborted()`'s words when the operation was
+    /// aborted, `timed_out(waited)` once `opts.timeout` has passed since the first
+    /// idle poll, and otherwise spins or waits once.
+    ///
+    /// # Errors
+    /// The two above, and the session's own from [`Session::wait`].
+    pub fn wait<S: Session + ?Sized>(
+        &mut self,
+        session: &mut S,
+        opts: &ExecOptions<'_>,
+        aborted: impl FnOnce() -> String,
+        timed_out: impl FnOnce(Duration) -> CollectiveError,
+    ) -> Result<()> {
+        if let Some(flag) = opts.abort
+            && flag.load(Ordering::Relaxed)
+        {
+            return Err(CollectiveError::Aborted(aborted()));
+        }
+        let since = *self.start.get_or_insert_with(Instant::now);
+        if self.polls.is_multiple_of(CLOCK_EVERY) || self.polls > opts.spin {
+            self.waited = since.elapsed();
+        }
+        if self.waited >= opts.timeout {
+            return Err(timed_out(self.waited));
+        }
+        self.polls = self.polls.saturating_add(1);
+        if self.polls > opts.spin {
+            // Back off: yield first, then wait with a growing bound (oversubscribed
+            // ranks must leave the processor to the peers they wait for).
+            let max = Duration::from_micros(u64::from((self.polls - opts.spin).min(1000)));
+            session.wait(max.min(opts.timeout.saturating_sub(self.waited)))?;
+        } else {
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    /// Called after a poll that completed something: the next idle poll spins again.
+    pub fn reset(&mut self) {
+        self.polls = 0;
+    }
+}
+
 fn run<S: Session + ?Sized>(
     schedule: &Schedule,
     session: &mut S,
@@ -225,10 +296,7 @@ fn run<S: Session + ?Sized>(
     done.resize(n, false);
     completed.clear();
     let mut remaining = n;
-    // The clock starts at the first idle poll: posting never blocks.
-    let mut start: Option<Instant> = None;
-    let mut waited = Duration::ZERO;
-    let mut idle: u32 = 0;
+    let mut idle = Idle::default();
 
     let fail = |step: StepId, e: CollectiveError| -> CollectiveError {
         match e {
@@ -272,45 +340,34 @@ fn run<S: Session + ?Sized>(
             session.progress(completed)?;
         }
         if completed.is_empty() {
-            if let Some(flag) = opts.abort
-                && flag.load(Ordering::Relaxed)
-            {
-                return Err(CollectiveError::Aborted(format!(
-                    "{} aborted with {remaining} of {n} steps pending",
-                    schedule.algorithm()
-                )));
-            }
-            let since = *start.get_or_insert_with(Instant::now);
-            if idle.is_multiple_of(CLOCK_EVERY) || idle > opts.spin {
-                waited = since.elapsed();
-            }
-            if waited >= opts.timeout {
-                let oldest = (0..n).find(|&s| !done[s]).expect("a step is pending") as StepId;
-                let step = schedule.steps()[oldest as usize];
-                let peer = match step {
-                    Step::Send { peer, .. } | Step::Recv { peer, .. } => Some(peer as usize),
-                    Step::Copy { .. } => None,
-                };
-                return Err(CollectiveError::Timeout {
-                    algorithm: schedule.algorithm(),
-                    step: oldest,
-                    peer,
-                    what: step.to_string(),
-                    waited,
-                });
-            }
-            idle = idle.saturating_add(1);
-            if idle > opts.spin {
-                // Back off: yield first, then wait with a growing bound (oversubscribed
-                // ranks must leave the processor to the peers they wait for).
-                let max = Duration::from_micros(u64::from((idle - opts.spin).min(1000)));
-                session.wait(max.min(opts.timeout.saturating_sub(waited)))?;
-            } else {
-                std::hint::spin_loop();
-            }
+            idle.wait(
+                session,
+                opts,
+                || {
+                    format!(
+                        "{} aborted with {remaining} of {n} steps pending",
+                        schedule.algorithm()
+                    )
+                },
+                |waited| {
+                    let oldest = (0..n).find(|&s| !done[s]).expect("a step is pending") as StepId;
+                    let step = schedule.steps()[oldest as usize];
+                    let peer = match step {
+                        Step::Send { peer, .. } | Step::Recv { peer, .. } => Some(peer as usize),
+                        Step::Copy { .. } => None,
+                    };
+                    CollectiveError::Timeout {
+                        algorithm: schedule.algorithm(),
+                        step: oldest,
+                        peer,
+                        what: step.to_string(),
+                        waited,
+                    }
+                },
+            )?;
             continue;
         }
-        idle = 0;
+        idle.reset();
         for s in completed.drain(..) {
             let su = s as usize;
             if done[su] {
@@ -357,5 +414,8 @@ impl<S: Session + ?Sized> Session for &mut S {
     }
     fn wait(&mut self, max: Duration) -> Result<()> {
         (**self).wait(max)
+    }
+    fn read(&mut self, region: Region, out: &mut [u8]) -> Result<()> {
+        (**self).read(region, out)
     }
 }

@@ -40,7 +40,7 @@ pub use algo::moe::{
 };
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
 pub use error::{CollectiveError, Result, VerifyError};
-pub use execute::{Buffers, ExecOptions, Session, Transport, execute};
+pub use execute::{Buffers, ExecOptions, Idle, Session, Transport, execute};
 pub use gather::{ALL_GATHER_SMALL, AllGatherAlgorithm, build_all_gather};
 pub use layout::{BlockSizes, KnownSizes, Layout, META_BLOCK, MatrixSizes, UniformSizes};
 pub use reduce::{

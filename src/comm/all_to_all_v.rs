@@ -3,8 +3,9 @@
 //! mismatch on any rank is an error on every rank: never a hang, never wrong bytes.
 //!
 //! A call is one or two metadata passes, then the data pass — or, where the counts are
-//! exchanged directly and every block is small, one pass that carries the data too
-//! (*eager*, below). Three collective sequence numbers are taken either way (the data
+//! exchanged directly (small communicators) and no block is larger than 512 KiB plus
+//! the eager bytes, one round of messages that carries the data too (*eager* and
+//! *remainders behind the counts*, below). Three collective sequence numbers are taken either way (the data
 //! pass, when there is one, runs with the third), so the sequence stays aligned
 //! whichever way a call went.
 //!
@@ -35,13 +36,26 @@
 //! (the same on every rank) or [`Communicator::set_eager_v`] fix `C` instead (0 turns
 //! it off, at most [`EAGER_V_MAX`]); the logarithmic all-gathers and the three passes
 //! carry none. Every rank checks the gathered rows exactly as without (the same
-//! errors on every rank, and nothing is written to a receive buffer before the check),
-//! then copies the eager parts into place. Every rank knows the whole matrix, so all
-//! decide alike: if no block exceeds `C` the call is over (one round of messages, as
-//! Open MPI's `MPI_Alltoallv`; [`Communicator::last_algorithm`] says `Flat`), otherwise
-//! the data pass runs for the remainders only (counts `c - min(c, C)`, displacements
-//! `d + min(c, C)` on both sides, and so in the matrix the forwarding algorithms read).
+//! errors on every rank), then copies the eager parts into place.
 //! [`Communicator::eager_v`] tells a communicator's `C`.
+//!
+//! **Remainders behind the counts.** A block of `count > C` bytes whose remainder
+//! `count - C` is at most `S` ([`SPECULATE_V`], 512 KiB) goes in a second message
+//! that its sender posts right behind the count message, without waiting for
+//! anything. The receiver reads each count message as it lands ([`Session::read`]):
+//! the sender's row says whether a remainder follows and its exact length, so the
+//! receiver posts that receive at once — into its receive buffer where its own count
+//! for the pair agrees, into scratch (dropped) where not, one such at a time in `S`
+//! bytes of scratch; so no transport ever sees a length it did not expect and no
+//! message is left unread, whatever the counts. Then every rank checks the matrix as
+//! above. Every rank knows the whole matrix, so all decide alike: if no block exceeds
+//! `C + S` the call is over (one round of messages, as Open MPI's `MPI_Alltoallv`;
+//! [`Communicator::last_algorithm`] says `Flat`), otherwise the data pass runs for the
+//! larger blocks' remainders only (counts `c - C`, displacements `d + C` on both
+//! sides, and so in the matrix the forwarding algorithms read).
+//! `HALO_A2AV_SPECULATE=<bytes>` or [`Communicator::set_speculate_v`] (the same on
+//! every rank) change `S` (0: every remainder takes the data pass, as before); a forced
+//! algorithm other than `Flat` carries every remainder in its data pass.
 //!
 //! **Three passes (large communicators).** The gathered matrix is `16 n^2` bytes on
 //! every rank: on a network it costs more than two latency-bound passes once `n` is a
@@ -71,7 +85,10 @@
 //! [`Error::InvalidUsage`] naming each other and both counts, a rank with bad arguments
 //! its own [`Error::InvalidArgument`], the others [`Error::InvalidUsage`] naming the
 //! first rank (in rank order) that reported a problem. Nobody hangs, and the
-//! communicator stays usable.
+//! communicator stays usable. The receive buffer of a failed call holds nothing of a
+//! disagreeing pair's block; blocks of pairs that agreed may have landed already
+//! (remainders behind the counts arrive before every count is known), as MPI leaves
+//! a failed call's receive buffer undefined.
 //!
 //! **Automatic mode** measures ([`crate::tune`], the same tuner as the uniform
 //! all-to-all's, with its own keys): the data pass's algorithm is chosen per size class
@@ -88,10 +105,12 @@ use super::{
     Communicator, Core, Kind, Partition, cached_schedule, class, exec_options, overlaps, sized,
 };
 use crate::error::{Error, Result};
+use crate::transport::Program;
 use crate::tune::Key;
 use halo_collectives::{
-    Algorithm, AllGatherAlgorithm, Buffers, BuildCtx, KnownSizes, Layout, META_BLOCK, Schedule,
-    SimOptions, UniformSizes, build, build_all_gather, simulate,
+    Algorithm, AllGatherAlgorithm, Buf, Buffers, BuildCtx, CollectiveError, ExecOptions, Idle,
+    KnownSizes, Layout, META_BLOCK, Region, Schedule, Session, SimOptions, UniformSizes, build,
+    build_all_gather, simulate,
 };
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -168,6 +187,22 @@ pub(crate) fn learn_eager(c: usize, max_block: usize, total: u64, n: usize) -> u
 /// the count exchange carries that many bytes.
 pub(crate) const EAGER_V_MAX: usize = 1 << 20;
 
+/// The largest remainder (the bytes of a block beyond the eager part) that a rank
+/// sends right behind its count message in the direct exchange, unless
+/// `HALO_A2AV_SPECULATE` or [`Communicator::set_speculate_v`] say otherwise; larger
+/// blocks take the data pass. Every rank keeps this much scratch for a message it must
+/// take but not keep (its pair disagrees on the count), so it is bounded: 512 KiB
+/// covers the blocks of MoE steps up to a mean of 64 KiB per pair with a skew of
+/// several times the mean.
+pub const SPECULATE_V: usize = 512 * 1024;
+
+/// The largest `HALO_A2AV_SPECULATE` taken.
+pub(crate) const SPECULATE_V_MAX: usize = 16 << 20;
+
+/// Tags of the direct exchange's messages within their collective.
+const TAG_COUNTS: u64 = 0;
+const TAG_REST: u64 = 1;
+
 /// How a communicator exchanges all-to-all-v counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MetaPlan {
@@ -199,11 +234,12 @@ pub(crate) struct VState {
     eager_forced: Option<usize>,
     /// Eager bytes per block learned from the last successful call ([`learn_eager`]).
     eager_learned: Option<usize>,
-    /// The direct exchange of the eager messages, for messages of this many bytes.
-    eager_gather: Option<(usize, Schedule)>,
-    /// Staging of the eager messages: `n` messages out, `n` in.
-    stage_send: Vec<u8>,
-    stage_recv: Vec<u8>,
+    /// The largest speculative remainder fixed by [`Communicator::set_speculate_v`]
+    /// (kept across [`VState::reset`]).
+    spec_forced: Option<usize>,
+    /// The direct exchange's scratch: the `n` count messages out, the `n` in, then
+    /// room for one speculative remainder to take and drop.
+    stage: Vec<u8>,
 }
 
 impl VState {
@@ -211,45 +247,58 @@ impl VState {
     pub(crate) fn reset(&mut self) {
         self.plan = None;
         self.gather = None;
-        self.eager_gather = None;
+    }
+}
+
+/// The environment variable `name` as a count, if set, cut to `max`. An unparsable
+/// value is logged and ignored.
+fn env_count(name: &str, max: usize) -> Option<usize> {
+    let v = std::env::var(name).ok()?;
+    match v.trim().parse::<usize>() {
+        Ok(c) if c > max => {
+            tracing::warn!("{name}={v:?} is above {max}: {max} taken");
+            Some(max)
+        }
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!("{name}={v:?} ignored: {e}");
+            None
+        }
     }
 }
 
 /// `HALO_A2AV_EAGER`, if set: the bytes of each block carried with the counts (0: none,
-/// the count exchange then the data pass as before), at most [`EAGER_V_MAX`]. An
-/// unparsable value is logged and ignored.
+/// the count exchange then the data pass as before), at most [`EAGER_V_MAX`].
 fn eager_env() -> Option<usize> {
     static EAGER: OnceLock<Option<usize>> = OnceLock::new();
-    *EAGER.get_or_init(|| {
-        let v = std::env::var("HALO_A2AV_EAGER").ok()?;
-        match v.trim().parse::<usize>() {
-            Ok(c) if c > EAGER_V_MAX => {
-                tracing::warn!("HALO_A2AV_EAGER={v:?} is above {EAGER_V_MAX}: {EAGER_V_MAX} taken");
-                Some(EAGER_V_MAX)
-            }
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::warn!("HALO_A2AV_EAGER={v:?} ignored: {e}");
-                None
-            }
-        }
-    })
+    *EAGER.get_or_init(|| env_count("HALO_A2AV_EAGER", EAGER_V_MAX))
 }
 
-/// `HALO_A2AV_GATHER_MAX`, if set: the most ranks that all-gather the counts. An
-/// unparsable value is logged and ignored.
+/// `HALO_A2AV_GATHER_MAX`, if set: the most ranks that all-gather the counts.
 fn gather_max_env() -> Option<usize> {
     static MAX: OnceLock<Option<usize>> = OnceLock::new();
-    *MAX.get_or_init(|| {
-        let v = std::env::var("HALO_A2AV_GATHER_MAX").ok()?;
-        match v.trim().parse() {
-            Ok(k) => Some(k),
-            Err(e) => {
-                tracing::warn!("HALO_A2AV_GATHER_MAX={v:?} ignored: {e}");
-                None
-            }
-        }
-    })
+    *MAX.get_or_init(|| env_count("HALO_A2AV_GATHER_MAX", usize::MAX))
+}
+
+/// `HALO_A2AV_SPECULATE`, if set: the largest remainder sent right behind the count
+/// message (0: none), at most [`SPECULATE_V_MAX`].
+fn speculate_env() -> Option<usize> {
+    static SPEC: OnceLock<Option<usize>> = OnceLock::new();
+    *SPEC.get_or_init(|| env_count("HALO_A2AV_SPECULATE", SPECULATE_V_MAX))
+}
+
+/// The remainder of a block of `count` bytes (`u64::MAX`: its sender's arguments are
+/// invalid) that its sender sends right behind the count message when `c` bytes go
+/// with the counts and remainders up to `s` bytes are sent so; `None` when the block
+/// fits in the eager bytes, is larger, or its sender had invalid arguments. Sender and
+/// receiver decide with the same `count` (the sender's own, which the receiver reads
+/// from the sender's count message), so both agree on every message.
+fn speculated(count: u64, c: usize, s: usize) -> Option<usize> {
+    if count == u64::MAX {
+        return None;
+    }
+    let rest = usize::try_from(count).ok()?.checked_sub(c)?;
+    (rest > 0 && rest <= s).then_some(rest)
 }
 
 /// Every rank's schedule of the direct all-gather of `row`-byte rows: the flat fan-out
@@ -774,8 +823,10 @@ impl Communicator {
     /// How many bytes of each block all-to-all-v carries with the counts on this
     /// communicator: the first `min(count, eager_v())` bytes of every block travel in
     /// the count exchange, and a call whose blocks all fit is one pass of messages; the
-    /// rest of larger blocks follows in the data pass (whose automatic choice is
-    /// measured by the mean of those remainders, see [`Communicator::tuned_v`]). 0 where
+    /// rest of larger blocks follows right behind the counts (up to
+    /// [`Communicator::speculate_v`] bytes, in the same round) or in the data pass
+    /// (whose automatic choice is measured by the mean of those remainders, see
+    /// [`Communicator::tuned_v`]). 0 where
     /// the counts are gathered with a logarithmic algorithm or exchanged in three passes
     /// (large communicators), or with `HALO_A2AV_EAGER=0`; otherwise what
     /// [`Communicator::set_eager_v`] or `HALO_A2AV_EAGER` fixed (at most 1 MiB), or else
@@ -799,6 +850,44 @@ impl Communicator {
             .or(v.eager_learned)
             .unwrap_or(EAGER_V)
             .min(EAGER_V_MAX)
+    }
+
+    /// Fixes the largest remainder of a block (its bytes beyond [`Communicator::eager_v`])
+    /// that all-to-all-v sends right behind the count message, in the same round
+    /// (`Some(0)`: none, every remainder takes the data pass; at most 16 MiB), or with
+    /// `None` returns to the default: `HALO_A2AV_SPECULATE` if set, else
+    /// [`SPECULATE_V`] (512 KiB). The same on every rank, like every argument of a
+    /// collective: a receiver expects a remainder where its sender's count says one
+    /// follows. Only the direct count exchange of small communicators sends any.
+    ///
+    /// ```
+    /// # use halo::local::{Emulation, LocalCluster};
+    /// # use halo::topology::Topology;
+    /// # let cluster = LocalCluster::new(Topology::preset("nodes:1x2").unwrap(), Emulation::off()).unwrap();
+    /// # cluster.run(|comm| {
+    /// assert_eq!(comm.speculate_v(), halo::SPECULATE_V);
+    /// comm.set_speculate_v(Some(0)); // every remainder in the data pass
+    /// assert_eq!(comm.speculate_v(), 0);
+    /// # Ok(()) }).into_iter().collect::<halo::Result<Vec<()>>>().unwrap();
+    /// ```
+    pub fn set_speculate_v(&mut self, bytes: Option<usize>) {
+        self.pool.v.spec_forced = bytes.map(|b| b.min(SPECULATE_V_MAX));
+    }
+
+    /// The largest remainder of a block that all-to-all-v sends right behind the
+    /// count message on this communicator (see the module documentation of
+    /// all-to-all-v): blocks of up to `eager_v() + speculate_v()` bytes take one round
+    /// of messages. 0 where an algorithm other than [`Algorithm::Flat`] is forced (its
+    /// data pass then carries every remainder) or with `HALO_A2AV_SPECULATE=0`.
+    pub fn speculate_v(&self) -> usize {
+        if self.core.forced.is_some_and(|a| a != Algorithm::Flat) {
+            return 0;
+        }
+        self.pool
+            .v
+            .spec_forced
+            .or_else(speculate_env)
+            .unwrap_or(SPECULATE_V)
     }
 
     /// Whether this communicator learns its eager bytes (neither
@@ -849,7 +938,8 @@ impl Communicator {
             (Kind::V(meta_alg), all)
         } else if eager > 0 {
             self.pool.v.calls.0 += 1;
-            let rest = self.meta_eager(bases[0], local, eager, send, recv)?;
+            let spec = self.speculate_v();
+            let rest = self.meta_eager(bases[0], local, (eager, spec), send, recv)?;
             if rest == 0 {
                 // Every block went whole with the counts: one pass of messages.
                 self.pool.v.eager_only += 1;
@@ -913,21 +1003,27 @@ impl Communicator {
         check_matrix(mr, n, me).map(|(total, _)| total)
     }
 
-    /// The one-pass count exchange with the first `c` bytes of every block: the
-    /// direct exchange of one message of `F = 16 n + c` bytes per ordered pair (this
-    /// rank's whole row of counts, then the first `min(count, c)` bytes of its block for
-    /// the receiver, then zeros: a fixed size, so that no transport ever sees a length
-    /// it did not expect, whatever the counts). Every rank checks the gathered matrix as
-    /// [`Communicator::meta_gathered`] does (the same errors), then copies the eager
-    /// parts into `recv` and leaves the remainders for the data pass: the pooled byte
-    /// counts and displacements and the matrix in `meta_recv` then describe
-    /// `count - min(count, c)` bytes per pair. Returns the remainders' total over all
-    /// pairs (0: nothing left, on every rank alike).
+    /// The one-pass count exchange with the first `c` bytes of every block, and the
+    /// remainders of up to `s` bytes right behind: one message of `F = 16 n + c` bytes
+    /// per ordered pair (this rank's whole row of counts, then the first `min(count,
+    /// c)` bytes of its block for the receiver, then zeros: a fixed size, so that no
+    /// transport ever sees a length it did not expect, whatever the counts), and, for a
+    /// block of `count > c` bytes with `count - c <= s`, a second message with the rest
+    /// posted at once behind it ([`speculated`]). A receiver reads each count message as
+    /// it lands: the sender's count for it says whether a remainder follows and its
+    /// exact length, and the receiver takes it into its receive buffer where its own
+    /// count agrees, into scratch (dropped) where not — so no message is left unread and
+    /// no length is unexpected, whatever the counts. Every rank then checks the gathered
+    /// matrix as [`Communicator::meta_gathered`] does (the same errors), copies the
+    /// eager parts into `recv` and leaves the blocks not yet sent for the data pass: the
+    /// pooled byte counts and displacements and the matrix in `meta_recv` then describe
+    /// what is left per pair. Returns the total left over all pairs (0: nothing, on
+    /// every rank alike).
     fn meta_eager(
         &mut self,
         base: u64,
         local: Result<()>,
-        c: usize,
+        (c, s): (usize, usize),
         send: &[u8],
         recv: &mut [u8],
     ) -> Result<u64> {
@@ -939,11 +1035,11 @@ impl Communicator {
         self.fill_meta_row(valid);
         let core = &mut self.core;
         let pool = &mut self.pool;
-        let schedule = cached_schedule(&mut pool.v.eager_gather, f, || {
-            direct_exchange(core, me, f, f)
-        })?;
-        let ss = sized(&mut pool.v.stage_send, n * f);
-        for (q, b) in ss.chunks_exact_mut(f).enumerate() {
+        // Scratch: the count messages out at 0, in at `n f`, the dropped remainder at
+        // `2 n f`.
+        let (out_at, in_at, drop_at) = (0, n * f, 2 * n * f);
+        let stage = sized(&mut pool.v.stage, 2 * n * f + s);
+        for (q, b) in stage[..n * f].chunks_exact_mut(f).enumerate() {
             b[..row].copy_from_slice(&pool.meta_send[..row]);
             // A rank with invalid arguments sends no data (its counts say so).
             let k = if valid { pool.send_bytes[q].min(c) } else { 0 };
@@ -953,20 +1049,38 @@ impl Communicator {
             }
             b[row + k..].fill(0);
         }
-        let sr = sized(&mut pool.v.stage_recv, n * f);
-        let scratch = sized(&mut pool.meta_scratch, schedule.scratch_len());
+        let (send_bytes, send_displs) = (&pool.send_bytes, &pool.send_displs);
+        let (recv_bytes, recv_displs) = (&pool.recv_bytes, &pool.recv_displs);
+        let mut driver = |session: &mut dyn Session, opts: &ExecOptions<'_>| {
+            direct_exchange_driven(
+                session,
+                opts,
+                &DirectExchange {
+                    n,
+                    me,
+                    f,
+                    c,
+                    s,
+                    valid,
+                    regions: (out_at, in_at, drop_at),
+                    send: (send_bytes, send_displs),
+                    recv: (recv_bytes, recv_displs),
+                },
+            )
+        };
         let opts = exec_options(core.timeout, &core.abort);
-        core.backend.run(
-            schedule,
+        core.backend.run_program(
+            Program::Driven(&mut driver),
             base,
             Buffers {
-                send: &pool.v.stage_send[..n * f],
-                recv: sr,
-                scratch,
+                send,
+                recv: &mut *recv,
+                scratch: &mut pool.v.stage[..2 * n * f + s],
                 block: None,
             },
             &opts,
         )?;
+        let sr = &pool.v.stage[in_at..in_at + n * f];
         let mr = sized(&mut pool.meta_recv, n * row);
         for (p, m) in mr.chunks_exact_mut(row).enumerate() {
             m.copy_from_slice(&sr[p * f..p * f + row]);
@@ -994,14 +1108,21 @@ impl Communicator {
                 recv[d..d + k].copy_from_slice(&sr[p * f + row..p * f + row + k]);
             }
         }
-        // The remainders, alike on every rank from the same matrix.
-        let c64 = c as u64;
+        // What is left for the data pass, alike on every rank from the same matrix: the
+        // remainders that did not go right behind the counts.
+        let left = |v: u64| -> u64 {
+            if speculated(v, c, s).is_some() {
+                0
+            } else {
+                v - v.min(c as u64)
+            }
+        };
         let mut rest: u64 = 0;
         for i in 0..n * n {
             let at = (i / n) * row + (i % n) * META_BLOCK;
             for at in [at, at + 8] {
-                let v = read_u64(mr, at);
-                mr[at..at + 8].copy_from_slice(&(v - v.min(c64)).to_le_bytes());
+                let v = left(read_u64(mr, at));
+                mr[at..at + 8].copy_from_slice(&v.to_le_bytes());
             }
             rest = rest.saturating_add(read_u64(mr, at));
         }
@@ -1010,9 +1131,9 @@ impl Communicator {
             (&mut pool.recv_bytes, &mut pool.recv_displs),
         ] {
             for (b, d) in bytes.iter_mut().zip(displs.iter_mut()) {
-                let k = (*b).min(c);
-                *b -= k;
-                *d = if *b == 0 { 0 } else { *d + k };
+                let l = left(*b as u64) as usize;
+                *d = if l == 0 { 0 } else { *d + (*b - l) };
+                *b = l;
             }
         }
         Ok(rest)
@@ -1278,6 +1399,175 @@ impl Communicator {
     }
 }
 
+/// One rank's part of the direct count exchange with speculative remainders
+/// ([`Communicator::meta_eager`]).
+struct DirectExchange<'a> {
+    n: usize,
+    me: usize,
+    /// Bytes of each count message.
+    f: usize,
+    /// Eager bytes per block.
+    c: usize,
+    /// The largest remainder sent right behind the counts.
+    s: usize,
+    /// Whether this rank's arguments are valid (else it sends no data and keeps none).
+    valid: bool,
+    /// Scratch offsets: the count messages out, in, and the dropped remainder.
+    regions: (usize, usize, usize),
+    /// This rank's byte counts and displacements per peer, sending and receiving.
+    send: (&'a [usize], &'a [usize]),
+    recv: (&'a [usize], &'a [usize]),
+}
+
+/// Runs [`DirectExchange`] on `session`: posts every count receive and send and every
+/// speculative send at once, then for each count message that lands reads the sender's
+/// count for this rank and posts the receive of its remainder (into the receive
+/// buffer where this rank's count agrees, else one at a time into scratch), until
+/// everything has completed. Tokens: `kind * n + peer`.
+fn direct_exchange_driven(
+    session: &mut dyn Session,
+    opts: &ExecOptions<'_>,
+    x: &DirectExchange<'_>,
+) -> halo_collectives::Result<()> {
+    const COUNTS_IN: usize = 0;
+    const COUNTS_OUT: usize = 1;
+    const REST_OUT: usize = 2;
+    const REST_IN: usize = 3;
+    const DROPPED: usize = 4;
+    let (n, me, f, c, s) = (x.n, x.me, x.f, x.c, x.s);
+    let (out_at, in_at, drop_at) = x.regions;
+    let token = |kind: usize, peer: usize| (kind * n + peer) as u32;
+    let mine = |q: usize| -> Option<usize> {
+        if x.valid {
+            speculated(x.send.0[q] as u64, c, s)
+        } else {
+            None
+        }
+    };
+    let mut pending = 0usize;
+    // The counts from every peer, then to every peer (starting after this rank, as
+    // the flat fan-out does), then the remainders right behind.
+    for k in 1..n {
+        let p = (me + n - k) % n;
+        session.post_recv(
+            p,
+            TAG_COUNTS,
+            Region::new(Buf::Scratch, in_at + p * f, f),
+            token(COUNTS_IN, p),
+        )?;
+        pending += 1;
+    }
+    for k in 1..n {
+        let q = (me + k) % n;
+        session.post_send(
+            q,
+            TAG_COUNTS,
+            Region::new(Buf::Scratch, out_at + q * f, f),
+            token(COUNTS_OUT, q),
+        )?;
+        pending += 1;
+    }
+    for k in 1..n {
+        let q = (me + k) % n;
+        if let Some(len) = mine(q) {
+            let at = x.send.1[q] + c;
+            session.post_send(
+                q,
+                TAG_REST,
+                Region::new(Buf::Send, at, len),
+                token(REST_OUT, q),
+            )?;
+            pending += 1;
+        }
+    }
+    // This rank's own block: copied, where its two counts agree.
+    session.copy(
+        Region::new(Buf::Scratch, out_at + me * f, f),
+        Region::new(Buf::Scratch, in_at + me * f, f),
+    )?;
+    if let Some(len) = mine(me)
+        && x.recv.0[me] == x.send.0[me]
+    {
+        session.copy(
+            Region::new(Buf::Send, x.send.1[me] + c, len),
+            Region::new(Buf::Recv, x.recv.1[me] + c, len),
+        )?;
+    }
+    let mut got = vec![false; n];
+    got[me] = true;
+    let mut to_drop: Vec<(usize, usize)> = Vec::new();
+    let mut dropping = false;
+    let mut completed = Vec::with_capacity(2 * n);
+    let mut idle = Idle::default();
+    let mut count = [0u8; 8];
+    while pending > 0 || !to_drop.is_empty() {
+        if !dropping && let Some((p, len)) = to_drop.pop() {
+            session.post_recv(
+                p,
+                TAG_REST,
+                Region::new(Buf::Scratch, drop_at, len),
+                token(DROPPED, p),
+            )?;
+            dropping = true;
+            pending += 1;
+        }
+        session.progress(&mut completed)?;
+        if completed.is_empty() {
+            idle.wait(
+                session,
+                opts,
+                || format!("all-to-all-v count exchange aborted with {pending} operations pending"),
+                |waited| {
+                    let peer = (0..n).find(|&p| !got[p]);
+                    CollectiveError::Timeout {
+                        algorithm: "all-to-all-v counts",
+                        step: 0,
+                        peer,
+                        what: match peer {
+                            Some(p) => format!("the count message from rank {p}"),
+                            None => format!("{pending} remainders of blocks"),
+                        },
+                        waited,
+                    }
+                },
+            )?;
+            continue;
+        }
+        idle.reset();
+        for t in completed.drain(..) {
+            pending -= 1;
+            let (kind, p) = (t as usize / n, t as usize % n);
+            match kind {
+                COUNTS_IN => {
+                    got[p] = true;
+                    // The sender's count for this rank, from its row.
+                    session.read(
+                        Region::new(Buf::Scratch, in_at + p * f + me * META_BLOCK, 8),
+                        &mut count,
+                    )?;
+                    let theirs = u64::from_le_bytes(count);
+                    if let Some(len) = speculated(theirs, c, s) {
+                        if x.valid && x.recv.0[p] as u64 == theirs {
+                            session.post_recv(
+                                p,
+                                TAG_REST,
+                                Region::new(Buf::Recv, x.recv.1[p] + c, len),
+                                token(REST_IN, p),
+                            )?;
+                            pending += 1;
+                        } else {
+                            to_drop.push((p, len));
+                        }
+                    }
+                }
+                DROPPED => dropping = false,
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     //! The ways of exchanging the counts, forced per communicator: the bytes, the
@@ -1394,10 +1684,13 @@ mod tests {
                         };
                         assert_eq!(calls, want, "{what} rank {r}");
                         // Blocks of at most 16 bytes: all eager with the default,
-                        // which learns the fewest eager bytes for the next call.
+                        // which learns the fewest eager bytes for the next call; with 5
+                        // eager bytes the remainders go right behind the counts unless
+                        // a forced algorithm other than Flat carries them.
+                        let behind = u64::from(alg.is_none_or(|a| a == Algorithm::Flat));
                         let (want_c, want_eager) = match (plan, eager) {
                             (MetaPlan::Direct, None) => (super::EAGER_V_LEARN_MIN, 1),
-                            (MetaPlan::Direct, Some(5)) => (5, 0),
+                            (MetaPlan::Direct, Some(5)) => (5, behind),
                             _ => (0, 0),
                         };
                         assert_eq!((c, eager_only), (want_c, want_eager), "{what} rank {r}");
@@ -1539,42 +1832,47 @@ mod tests {
     }
 
     /// Messages per call: the one-pass plan sends `n - 1` messages of counts per rank,
-    /// carrying blocks of up to `eager_v()` bytes, and then the data pass's only when a
-    /// block is larger; without eager bytes always the data pass; the three passes send
-    /// more. Every byte checked.
+    /// carrying blocks of up to `eager_v()` bytes, and the remainders of larger blocks
+    /// right behind them (no data pass), or with that turned off in the data pass;
+    /// without eager bytes always the data pass; the three passes send more. Every byte
+    /// checked.
     #[test]
     fn one_metadata_pass_is_one_round_of_messages() {
         let topo = Topology::preset("nodes:2x2").unwrap();
         let n = topo.size() as u64;
         let round = n * (n - 1);
-        // (plan, eager bytes, block bytes, messages, calls without a data pass).
+        let direct = Some(MetaPlan::Direct);
+        let (e1, s1) = (super::EAGER_V + 1, super::SPECULATE_V);
+        // (plan, eager bytes, speculated bytes, block bytes, messages, calls without a
+        // data pass).
         let cases = [
             // The model picks the direct exchange for 4 ranks: one round.
-            (None, None, 3, round, 1),
-            (Some(MetaPlan::Direct), None, 3, round, 1),
-            (Some(MetaPlan::Direct), None, super::EAGER_V, round, 1),
-            // One byte more than the eager part: counts, then the data pass.
-            (
-                Some(MetaPlan::Direct),
-                None,
-                super::EAGER_V + 1,
-                2 * round,
-                0,
-            ),
-            (Some(MetaPlan::Direct), Some(2), 3, 2 * round, 0),
+            (None, None, None, 3, round, 1),
+            (direct, None, None, 3, round, 1),
+            (direct, None, None, super::EAGER_V, round, 1),
+            // One byte more than the eager part: the remainder right behind the counts
+            // (two messages per pair, no data pass), up to the largest speculated.
+            (direct, None, None, e1, 2 * round, 1),
+            (direct, None, None, super::EAGER_V + s1, 2 * round, 1),
+            (direct, Some(2), None, 3, 2 * round, 1),
+            // Beyond it, or with speculation off: counts, then the data pass.
+            (direct, None, None, super::EAGER_V + s1 + 1, 2 * round, 0),
+            (direct, None, Some(0), e1, 2 * round, 0),
+            (direct, Some(2), Some(0), 3, 2 * round, 0),
             // HALO_A2AV_EAGER=0: the count exchange, then the data pass, as before.
-            (Some(MetaPlan::Direct), Some(0), 3, 2 * round, 0),
+            (direct, Some(0), None, 3, 2 * round, 0),
             // Two uniform passes of counts (n - 1 messages each with the flat fan-out,
             // fewer with Bruck's) on top of the data.
-            (Some(MetaPlan::Agreed), None, 3, 0, 0),
+            (Some(MetaPlan::Agreed), None, None, 3, 0, 0),
         ];
         let mut direct_no_eager = 0;
-        for (plan, eager, block, want, eager_calls) in cases {
+        for (plan, eager, spec, block, want, eager_calls) in cases {
             let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
             let traffic = cluster.traffic();
             let out = cluster.run(|comm| {
                 comm.force_meta_plan(plan);
                 comm.set_eager_v(eager);
+                comm.set_speculate_v(spec);
                 comm.set_algorithm(Some(Algorithm::Flat));
                 let (me, n) = (comm.rank(), comm.size());
                 let c = vec![block; n];
@@ -1601,8 +1899,8 @@ mod tests {
             });
             let calls: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
             let messages = traffic.messages_crossing(Level::Device);
-            println!("{plan:?} eager {eager:?} block {block}: {calls:?}, {messages} messages");
-            let what = format!("{plan:?} eager {eager:?} block {block}");
+            let what = format!("{plan:?} eager {eager:?} speculated {spec:?} block {block}");
+            println!("{what}: {calls:?}, {messages} messages");
             if plan == Some(MetaPlan::Agreed) {
                 assert!(calls.iter().all(|&c| c == ((0, 1), 0)), "{what}: {calls:?}");
                 assert!(messages > direct_no_eager, "{what}: {messages}");
@@ -1620,9 +1918,10 @@ mod tests {
     }
 
     /// Blocks around the eager size (0, 1, `C - 1`, `C`, `C + 1`, `3 C` bytes) between
-    /// gaps in both buffers, every algorithm (and automatic) running the remainders'
-    /// pass, twice per communicator (the staging reused): every byte right, the gaps
-    /// untouched.
+    /// gaps in both buffers, the remainders right behind the counts, or in the data
+    /// pass of every algorithm (and automatic), or some each way (at most `C` bytes
+    /// behind the counts: the blocks of `C + 1`), twice per communicator (the staging
+    /// reused): every byte right, the gaps untouched.
     #[test]
     fn eager_parts_and_remainders_land_byte_exact() {
         let topo = Topology::preset("nodes:2x3").unwrap();
@@ -1636,13 +1935,22 @@ mod tests {
             let mut algs: Vec<Option<Algorithm>> =
                 Algorithm::ALL.iter().copied().map(Some).collect();
             algs.push(None);
-            for alg in algs {
+            let runs = algs.into_iter().flat_map(|alg| {
+                let specs = if alg.is_none_or(|a| a == Algorithm::Flat) {
+                    vec![None, Some(0), Some(c)]
+                } else {
+                    vec![None]
+                };
+                specs.into_iter().map(move |spec| (alg, spec))
+            });
+            for (alg, spec) in runs {
                 let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
                 let out = cluster.run(|comm| {
                     comm.set_timeout(Duration::from_secs(20));
                     comm.force_meta_plan(Some(MetaPlan::Direct));
                     // Fixed: learning would carry the blocks of 3 C whole.
                     comm.set_eager_v(Some(c));
+                    comm.set_speculate_v(spec);
                     comm.set_algorithm(alg);
                     assert_eq!(comm.eager_v(), c);
                     let me = comm.rank();
@@ -1681,17 +1989,22 @@ mod tests {
                                 want[rd[s] + i] = byte(s, me, i, call);
                             }
                         }
-                        assert_eq!(recv, want, "C {c} {alg:?} rank {me} call {call}");
+                        let what = format!("C {c} {alg:?} speculated {spec:?} rank {me}");
+                        assert_eq!(recv, want, "{what} call {call}");
                     }
                     Ok((comm.v_eager_only(), comm.last_algorithm()))
                 });
                 for (r, x) in out.into_iter().enumerate() {
-                    let (eager_only, last) =
-                        x.unwrap_or_else(|e| panic!("C {c} {alg:?} rank {r}: {e}"));
-                    // Blocks of 3 C on every call: always a data pass.
-                    assert_eq!(eager_only, 0, "C {c} {alg:?} rank {r}");
-                    if alg.is_some() {
-                        assert_eq!(last, alg, "C {c} rank {r}");
+                    let what = format!("C {c} {alg:?} speculated {spec:?} rank {r}");
+                    let (eager_only, last) = x.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    // Blocks of 3 C on every call: a data pass, unless their remainders
+                    // all went behind the counts.
+                    let behind = spec.is_none() && alg.is_none_or(|a| a == Algorithm::Flat);
+                    assert_eq!(eager_only, if behind { 2 } else { 0 }, "{what}");
+                    if behind {
+                        assert_eq!(last, Some(Algorithm::Flat), "{what}");
+                    } else if alg.is_some() {
+                        assert_eq!(last, alg, "{what}");
                     }
                 }
             }
@@ -1801,7 +2114,8 @@ mod tests {
         let n = topo.size();
         // The tuner's class is the mean of what the data pass moves: with `c` eager
         // bytes per block, the remainders' (the blocks, of at most 16 bytes, would all
-        // go with the counts with the default, and no data pass would ever be measured).
+        // go with the counts with the default, and no data pass would ever be measured;
+        // so would the remainders, right behind the counts, unless turned off).
         let mean_beyond = |c: usize| {
             let total: usize = (0..n)
                 .flat_map(|s| (0..n).map(move |d| (count(s, d) * 4).saturating_sub(c)))
@@ -1819,6 +2133,7 @@ mod tests {
                 comm.set_timeout(Duration::from_secs(20));
                 comm.force_meta_plan(Some(plan));
                 comm.set_eager_v(eager);
+                comm.set_speculate_v(Some(0));
                 let me = comm.rank();
                 let sc: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
                 let rc: Vec<usize> = (0..n).map(|s| count(s, me)).collect();

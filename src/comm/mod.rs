@@ -24,6 +24,7 @@ mod split;
 mod waves;
 
 pub use all_reduce::{ReduceOp, Reducible};
+pub use all_to_all_v::SPECULATE_V;
 pub use init::InitConfig;
 pub use moe::{MoeDispatch, MoeExchange, MoeRouting, MoeStats};
 pub(crate) use nonblocking::{Job, Queue, Slot, Task, serve, with_context};

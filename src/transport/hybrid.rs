@@ -247,6 +247,12 @@ impl Session for HybridSession<'_> {
         self.shm.copy(src, dst)
     }
 
+    fn read(&mut self, region: Region, out: &mut [u8]) -> CResult<()> {
+        // Both halves view the same buffers; only the fabric's receives land outside
+        // this rank's calls, and its half checks them.
+        self.fabric.read(region, out)
+    }
+
     fn progress(&mut self, completed: &mut Vec<u32>) -> CResult<()> {
         let from = completed.len();
         // Both halves, always: the rings' half also drains messages that arrive

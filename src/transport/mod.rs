@@ -48,14 +48,33 @@ use halo_collectives::{
     execute, execute_waves,
 };
 
-/// What one pass runs: a schedule step by step (the engine, [`execute`]) or as waves
-/// (the CPU twin of the device path, [`execute_waves`] over [`SessionWaves`]).
-#[derive(Debug, Clone, Copy)]
+/// A program that drives the session itself: it posts what it decides from what it
+/// has received ([`Session::read`]) and waits as the engine does
+/// ([`halo_collectives::Idle`]). All-to-all-v's count exchange with speculative
+/// remainders is one.
+pub(crate) type Driver<'p> =
+    &'p mut dyn FnMut(&mut dyn Session, &ExecOptions<'_>) -> halo_collectives::Result<()>;
+
+/// What one pass runs: a schedule step by step (the engine, [`execute`]), as waves
+/// (the CPU twin of the device path, [`execute_waves`] over [`SessionWaves`]), or a
+/// program of its own ([`Driver`]).
 pub(crate) enum Program<'p> {
     /// Ready steps posted as they become ready.
     Steps(&'p Schedule),
     /// Wave by wave, each wave's messages posted together and waited for together.
     Waves(&'p Schedule, &'p Waves),
+    /// A program that posts what it decides as messages arrive.
+    Driven(Driver<'p>),
+}
+
+impl std::fmt::Debug for Program<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Program::Steps(s) => f.debug_tuple("Steps").field(&s.algorithm()).finish(),
+            Program::Waves(s, _) => f.debug_tuple("Waves").field(&s.algorithm()).finish(),
+            Program::Driven(_) => f.write_str("Driven"),
+        }
+    }
 }
 
 impl Program<'_> {
@@ -71,6 +90,7 @@ impl Program<'_> {
                 let mut twin = SessionWaves::new(&mut *session, *opts, schedule.algorithm());
                 execute_waves(schedule, waves, &mut twin)
             }
+            Program::Driven(driver) => driver(session, opts),
         }
     }
 }

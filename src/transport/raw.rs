@@ -75,6 +75,26 @@ impl<'a> RawBuffers<'a> {
         self.locate(region).map(|p| p.cast_mut())
     }
 
+    /// Copies `region` into `out` (the same length). The caller makes sure nothing
+    /// writes the region meanwhile (no receive into it is outstanding, or the
+    /// transport writes receives only inside its own calls).
+    pub(crate) fn read(&self, region: Region, out: &mut [u8]) -> Result<(), CollectiveError> {
+        if out.len() != region.len {
+            return Err(CollectiveError::Internal(format!(
+                "read {region} into {} bytes: lengths differ",
+                out.len()
+            )));
+        }
+        let from = self.locate(region)?;
+        if region.len > 0 {
+            // SAFETY: the region was bounds-checked against a buffer this view borrows
+            // for 'a; `out` is a distinct exclusive slice; the caller guarantees that
+            // nothing writes the region during the copy.
+            unsafe { std::ptr::copy_nonoverlapping(from, out.as_mut_ptr(), region.len) };
+        }
+        Ok(())
+    }
+
     /// Copies `src` to `dst` (same length, not overlapping).
     pub(crate) fn copy(&self, src: Region, dst: Region) -> Result<(), CollectiveError> {
         if src.len != dst.len {

@@ -455,4 +455,8 @@ impl<S: Session> Session for Mapped<'_, S> {
     fn wait(&mut self, max: Duration) -> CResult<()> {
         self.inner.wait(max)
     }
+
+    fn read(&mut self, region: Region, out: &mut [u8]) -> CResult<()> {
+        self.inner.read(region, out)
+    }
 }

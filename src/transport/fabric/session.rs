@@ -473,6 +473,27 @@ impl Session for FabricSession<'_> {
         self.bufs.copy(src, dst)
     }
 
+    fn read(&mut self, region: Region, out: &mut [u8]) -> CResult<()> {
+        // The provider writes a posted receive's buffer whenever it progresses (some
+        // have threads of their own): no read of a region one may still write.
+        let busy = self.t.ctxs.iter().find(|c| {
+            c.in_use
+                && !c.is_send
+                && c.region.buf == region.buf
+                && c.region.len > 0
+                && region.len > 0
+                && c.region.offset < region.end()
+                && region.offset < c.region.end()
+        });
+        if let Some(c) = busy {
+            return Err(CollectiveError::Internal(format!(
+                "read {region} while receive {} into {} is outstanding",
+                c.token, c.region
+            )));
+        }
+        self.bufs.read(region, out)
+    }
+
     fn progress(&mut self, completed: &mut Vec<u32>) -> CResult<()> {
         completed.append(&mut self.ready);
         let r = self.t.poll(completed).and_then(|()| self.retry_deferred());

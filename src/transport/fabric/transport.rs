@@ -9,7 +9,7 @@ use super::watchdog::{CALL_CLOSE, Watched, watched};
 use super::{CResult, FabricConfig, FabricProgress, LOCAL, NET};
 use crate::error::{Error, Result};
 use crate::transport::raw::RawBuffers;
-use halo_collectives::{Buffers, CollectiveError, Transport};
+use halo_collectives::{Buf, Buffers, CollectiveError, Region, Transport};
 use halo_fabric_sys as fi;
 use std::time::Duration;
 
@@ -26,6 +26,8 @@ pub(super) struct OpCtx {
     pub(super) index: u32,
     /// The posted length (a receive completing with another is a size mismatch).
     pub(super) len: usize,
+    /// The posted region (a receive's is written by the provider until it completes).
+    pub(super) region: Region,
     /// The full tag, for messages naming the operation.
     pub(super) tag: u64,
 }
@@ -308,6 +310,7 @@ impl FabricTransport {
                     in_use: false,
                     index: 0,
                     len: 0,
+                    region: Region::new(Buf::Send, 0, 0),
                     tag: 0,
                 }));
                 let i = self.ctxs.len() - 1;
@@ -322,6 +325,7 @@ impl FabricTransport {
         c.is_send = is_send;
         c.in_use = true;
         c.len = d.region.len;
+        c.region = d.region;
         c.tag = d.tag;
         self.posted[ep as usize] += 1;
         &mut **c as *mut OpCtx

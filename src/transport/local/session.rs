@@ -355,6 +355,26 @@ impl Session for LocalSession<'_> {
         self.try_match(key)
     }
 
+    fn read(&mut self, region: Region, out: &mut [u8]) -> CResult<()> {
+        if out.len() != region.len {
+            return Err(CollectiveError::Internal(format!(
+                "read {region} into {} bytes: lengths differ",
+                out.len()
+            )));
+        }
+        let (from, _) = self.locate(region)?;
+        if region.len > 0 {
+            // SAFETY: the region was bounds-checked against the session's buffers, which
+            // the session borrows; receives are copied in by this rank's own calls only
+            // (a peer reads this rank's sends, never writes its buffers), so nothing
+            // writes the region during the copy; `out` is a distinct exclusive slice.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from.cast_const(), out.as_mut_ptr(), region.len)
+            };
+        }
+        Ok(())
+    }
+
     fn copy(&mut self, src: Region, dst: Region) -> CResult<()> {
         if src.len != dst.len {
             return Err(CollectiveError::Internal(format!(

@@ -915,6 +915,12 @@ impl Session for ShmSession<'_> {
         self.bufs.copy(src, dst)
     }
 
+    fn read(&mut self, region: Region, out: &mut [u8]) -> CResult<()> {
+        // This transport writes receive buffers only inside its own calls (ring copies
+        // and `process_vm_readv` into this process), never behind the caller's back.
+        self.bufs.read(region, out)
+    }
+
     fn progress(&mut self, completed: &mut Vec<u32>) -> CResult<()> {
         let r = self.poll();
         let moved = self.note(r)?;
