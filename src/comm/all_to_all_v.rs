@@ -57,6 +57,18 @@
 //! every rank) change `S` (0: every remainder takes the data pass, as before); a forced
 //! algorithm other than `Flat` carries every remainder in its data pass.
 //!
+//! **Count messages across hosts.** The count messages are a uniform all-to-all of
+//! `F`-byte blocks (`[p's row][p's first bytes for q][zeros]`). Where the model prefers
+//! another algorithm than the direct exchange for `F` bytes (across hosts, for small
+//! `F`: HALO's hierarchical all-to-all, which sends far fewer messages over the
+//! network) and the last call's blocks all fitted in `C` (so none is expected to need
+//! more), that algorithm carries them, in automatic mode only; remainders, if any, then
+//! take the data pass, and the next call goes direct with its remainders behind the
+//! counts. Every rank decides alike (the model is deterministic, the last call's matrix
+//! the same everywhere), and [`Communicator::last_algorithm`] names the algorithm that
+//! carried the count messages of a call without a data pass. On one host the model
+//! always takes the direct exchange.
+//!
 //! **Three passes (large communicators).** The gathered matrix is `16 n^2` bytes on
 //! every rank: on a network it costs more than two latency-bound passes once `n` is a
 //! few dozen (simulated on Frontier: 0.5-0.6x of the two passes at 8-16 ranks, 1.08x at
@@ -240,6 +252,9 @@ pub(crate) struct VState {
     /// The direct exchange's scratch: the `n` count messages out, the `n` in, then
     /// room for one speculative remainder to take and drop.
     stage: Vec<u8>,
+    /// The largest block of the last successful call with eager bytes (the same on
+    /// every rank).
+    last_largest: Option<u64>,
 }
 
 impl VState {
@@ -305,22 +320,10 @@ fn speculated(count: u64, c: usize, s: usize) -> Option<usize> {
 /// with rank `q`'s block at `q * row` of the receive buffer and the same `row` bytes of
 /// the send buffer to everyone.
 fn direct_gather(core: &Core, rank: usize, row: usize) -> halo_collectives::Result<Schedule> {
-    direct_exchange(core, rank, row, 0)
-}
-
-/// The flat fan-out of `block` bytes to and from every rank: rank `q`'s block at
-/// `q * block` of the receive buffer, the block for rank `q` at `q * send_stride` of
-/// the send buffer (0: the same block to everyone).
-fn direct_exchange(
-    core: &Core,
-    rank: usize,
-    block: usize,
-    send_stride: usize,
-) -> halo_collectives::Result<Schedule> {
     let n = core.size;
-    let counts = vec![block; n];
-    let send_displs: Vec<usize> = (0..n).map(|q| q * send_stride).collect();
-    let recv_displs: Vec<usize> = (0..n).map(|q| q * block).collect();
+    let counts = vec![row; n];
+    let send_displs = vec![0; n];
+    let recv_displs: Vec<usize> = (0..n).map(|q| q * row).collect();
     build(
         Algorithm::Flat,
         &BuildCtx {
@@ -332,7 +335,7 @@ fn direct_exchange(
                 recv_counts: &counts,
                 recv_displs: &recv_displs,
             },
-            sizes: &UniformSizes(block),
+            sizes: &UniformSizes(row),
             options: &core.options,
         },
     )
@@ -943,7 +946,6 @@ impl Communicator {
             if rest == 0 {
                 // Every block went whole with the counts: one pass of messages.
                 self.pool.v.eager_only += 1;
-                self.core.last = Some(Algorithm::Flat);
                 return Ok(());
             }
             (Kind::VGathered, rest)
@@ -1035,9 +1037,22 @@ impl Communicator {
         self.fill_meta_row(valid);
         let core = &mut self.core;
         let pool = &mut self.pool;
+        // The count messages are a uniform all-to-all of `f`-byte blocks: where the model
+        // prefers another algorithm for them than the direct exchange (across hosts, a
+        // hierarchical one sends far fewer messages over the network) and the last
+        // call's blocks all fitted in the eager bytes (no remainders expected), that
+        // algorithm carries them and remainders take the data pass. Every rank decides
+        // alike: the model is deterministic, the last call's matrix the same everywhere.
+        let expect_rest = pool.v.last_largest.is_some_and(|l| l > c as u64);
+        let routed = if core.forced.is_none() && !(s > 0 && expect_rest) {
+            let a = core.prepare_uniform(None, f)?;
+            (a != Algorithm::Flat).then_some(a)
+        } else {
+            None
+        };
+        let s = if routed.is_some() { 0 } else { s };
         // Scratch: the count messages out at 0, in at `n f`, the dropped remainder at
         // `2 n f`.
-        let (out_at, in_at, drop_at) = (0, n * f, 2 * n * f);
         let stage = sized(&mut pool.v.stage, 2 * n * f + s);
         for (q, b) in stage[..n * f].chunks_exact_mut(f).enumerate() {
             b[..row].copy_from_slice(&pool.meta_send[..row]);
@@ -1049,44 +1064,21 @@ impl Communicator {
             }
             b[row + k..].fill(0);
         }
-        let (send_bytes, send_displs) = (&pool.send_bytes, &pool.send_displs);
-        let (recv_bytes, recv_displs) = (&pool.recv_bytes, &pool.recv_displs);
-        let mut driver = |session: &mut dyn Session, opts: &ExecOptions<'_>| {
-            direct_exchange_driven(
-                session,
-                opts,
-                &DirectExchange {
-                    n,
-                    me,
-                    f,
-                    c,
-                    s,
-                    valid,
-                    regions: (out_at, in_at, drop_at),
-                    send: (send_bytes, send_displs),
-                    recv: (recv_bytes, recv_displs),
-                },
-            )
-        };
-        let opts = exec_options(core.timeout, &core.abort);
-        core.backend.run_program(
-            Program::Driven(&mut driver),
-            base,
-            Buffers {
-                send,
-                recv: &mut *recv,
-                scratch: &mut pool.v.stage[..2 * n * f + s],
-                block: None,
-            },
-            &opts,
-        )?;
-        let sr = &pool.v.stage[in_at..in_at + n * f];
+        if let Some(a) = routed {
+            let (out, inn) = pool.v.stage[..2 * n * f].split_at_mut(n * f);
+            core.uniform(Some(a), base, out, inn, f, &mut pool.meta_scratch)?;
+        } else {
+            self.meta_direct(base, (c, s), valid, send, &mut *recv)?;
+        }
+        let pool = &mut self.pool;
+        let sr = &pool.v.stage[n * f..2 * n * f];
         let mr = sized(&mut pool.meta_recv, n * row);
         for (p, m) in mr.chunks_exact_mut(row).enumerate() {
             m.copy_from_slice(&sr[p * f..p * f + row]);
         }
         local?;
         let (total, largest) = check_matrix(mr, n, me)?;
+        pool.v.last_largest = Some(largest);
         if learns {
             let max_block = usize::try_from(largest).unwrap_or(usize::MAX);
             let next = learn_eager(c, max_block, total, n);
@@ -1137,6 +1129,56 @@ impl Communicator {
             }
         }
         Ok(rest)
+    }
+
+    /// The direct exchange of the count messages staged in `pool.v.stage` (out at 0, in
+    /// at `n f`), with the remainders of up to `s` bytes right behind them
+    /// ([`direct_exchange_driven`]); the dropped remainders land at `2 n f`.
+    fn meta_direct(
+        &mut self,
+        base: u64,
+        (c, s): (usize, usize),
+        valid: bool,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Result<()> {
+        let (n, me) = (self.size(), self.rank());
+        let f = n * META_BLOCK + c;
+        let core = &mut self.core;
+        let pool = &mut self.pool;
+        let (send_bytes, send_displs) = (&pool.send_bytes, &pool.send_displs);
+        let (recv_bytes, recv_displs) = (&pool.recv_bytes, &pool.recv_displs);
+        let mut driver = |session: &mut dyn Session, opts: &ExecOptions<'_>| {
+            direct_exchange_driven(
+                session,
+                opts,
+                &DirectExchange {
+                    n,
+                    me,
+                    f,
+                    c,
+                    s,
+                    valid,
+                    regions: (0, n * f, 2 * n * f),
+                    send: (send_bytes, send_displs),
+                    recv: (recv_bytes, recv_displs),
+                },
+            )
+        };
+        let opts = exec_options(core.timeout, &core.abort);
+        core.backend.run_program(
+            Program::Driven(&mut driver),
+            base,
+            Buffers {
+                send,
+                recv,
+                scratch: &mut pool.v.stage[..2 * n * f + s],
+                block: None,
+            },
+            &opts,
+        )?;
+        core.last = Some(Algorithm::Flat);
+        Ok(())
     }
 
     /// The metadata and agreement passes. Returns the metadata pass's algorithm and the
@@ -1654,6 +1696,7 @@ mod tests {
                             })
                             .collect();
                         let mut recv = vec![u32::MAX; rc.iter().sum()];
+                        let routes = plan == MetaPlan::Direct && routes_counts(comm);
                         comm.all_to_all_v(
                             &send,
                             &Partition::new(&sc, &packed(&sc)),
@@ -1667,6 +1710,7 @@ mod tests {
                             .collect();
                         assert_eq!(recv, expect, "{spec} {plan:?} {eager:?} {alg:?} rank {me}");
                         Ok((
+                            routes,
                             comm.v_calls(),
                             comm.v_eager_only(),
                             comm.eager_v(),
@@ -1675,7 +1719,7 @@ mod tests {
                     });
                     let what = format!("{spec} {plan:?} eager {eager:?} {alg:?}");
                     for (r, x) in out.into_iter().enumerate() {
-                        let (calls, eager_only, c, last) =
+                        let (routes, calls, eager_only, c, last) =
                             x.unwrap_or_else(|e| panic!("{what} rank {r}: {e}"));
                         let want = if plan == MetaPlan::Agreed {
                             (0, 1)
@@ -1686,15 +1730,16 @@ mod tests {
                         // Blocks of at most 16 bytes: all eager with the default,
                         // which learns the fewest eager bytes for the next call; with 5
                         // eager bytes the remainders go right behind the counts unless
-                        // a forced algorithm other than Flat carries them.
-                        let behind = u64::from(alg.is_none_or(|a| a == Algorithm::Flat));
+                        // a forced algorithm other than Flat carries them, or the model
+                        // routes the count messages (then the data pass does).
+                        let behind = u64::from(alg.is_none_or(|a| a == Algorithm::Flat) && !routes);
                         let (want_c, want_eager) = match (plan, eager) {
                             (MetaPlan::Direct, None) => (super::EAGER_V_LEARN_MIN, 1),
                             (MetaPlan::Direct, Some(5)) => (5, behind),
                             _ => (0, 0),
                         };
                         assert_eq!((c, eager_only), (want_c, want_eager), "{what} rank {r}");
-                        if want_eager == 1 {
+                        if want_eager == 1 && !routes {
                             assert_eq!(last, Some(Algorithm::Flat), "{what} rank {r}");
                         } else if alg.is_some() {
                             assert_eq!(last, alg, "{what} rank {r}");
@@ -1703,6 +1748,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Whether the model routes the count messages of `comm`'s next call (automatic
+    /// mode, the direct plan, eager bytes) with an algorithm other than the direct
+    /// exchange (across hosts, for small messages: HALO's).
+    fn routes_counts(comm: &mut crate::Communicator) -> bool {
+        let f = 16 * comm.size() + comm.eager_v();
+        comm.core.forced.is_none()
+            && comm.eager_v() > 0
+            && comm.core.prepare_uniform(None, f).unwrap() != Algorithm::Flat
     }
 
     /// One rank's call of a bad case: `Ok` per rank, or the error.
@@ -1917,6 +1972,68 @@ mod tests {
         }
     }
 
+    /// Across hosts, small count messages go the model's way: on 4 nodes of 2 ranks
+    /// HALO's hierarchical all-to-all carries them in automatic mode once the eager
+    /// bytes learned are small (the first call's 1 KiB messages go direct), with at most
+    /// half the messages between nodes of the direct exchange, every byte right and no
+    /// data pass; a call with larger blocks after it routes its counts too and takes a
+    /// data pass, and the call after that goes direct with the remainders right behind.
+    #[test]
+    fn small_count_messages_take_the_models_route_across_nodes() {
+        let topo = Topology::preset("nodes:4x2").unwrap();
+        let n = topo.size();
+        let run = |alg: Option<Algorithm>, blocks: &[usize]| {
+            let cluster = LocalCluster::new(topo.clone(), Emulation::off()).unwrap();
+            let traffic = cluster.traffic();
+            let out = cluster.run(|comm| {
+                comm.set_algorithm(alg);
+                let me = comm.rank();
+                let mut lasts = Vec::new();
+                for (call, &block) in blocks.iter().enumerate() {
+                    let c = vec![block; n];
+                    let byte = |s: usize, d: usize, i: usize| (s * 31 + d * 7 + i + call) as u8;
+                    let send: Vec<u8> = (0..n)
+                        .flat_map(|d| (0..block).map(move |i| byte(me, d, i)))
+                        .collect();
+                    let mut recv = vec![0u8; n * block];
+                    comm.all_to_all_v(
+                        &send,
+                        &Partition::new(&c, &packed(&c)),
+                        &mut recv,
+                        &Partition::new(&c, &packed(&c)),
+                    )?;
+                    let want: Vec<u8> = (0..n)
+                        .flat_map(|s| (0..block).map(move |i| byte(s, me, i)))
+                        .collect();
+                    assert_eq!(recv, want, "{alg:?} block {block} rank {me} call {call}");
+                    lasts.push(comm.last_algorithm());
+                }
+                Ok((comm.v_eager_only(), lasts))
+            });
+            let out: Vec<_> = out.into_iter().map(|r| r.unwrap()).collect();
+            (out, traffic.messages_crossing(Level::Node))
+        };
+        let (flat, halo) = (Some(Algorithm::Flat), Some(Algorithm::Halo));
+        let (routed, routed_msgs) = run(None, &[3, 3]);
+        let (direct, direct_msgs) = run(flat, &[3, 3]);
+        println!("messages between nodes: routed {routed_msgs}, direct {direct_msgs}");
+        for r in 0..n {
+            assert_eq!(routed[r], (2, vec![flat, halo]), "rank {r}");
+            assert_eq!(direct[r], (2, vec![flat; 2]), "rank {r}");
+        }
+        // The direct exchange: 6 messages off-node per rank and call.
+        assert_eq!(direct_msgs, 2 * 8 * 6);
+        assert!(routed_msgs <= 8 * 6 + 8 * 6 / 2, "{routed_msgs}");
+        // Then 2 KiB blocks: routed counts and a data pass, then direct with the
+        // remainders behind the counts (no data pass).
+        let (mixed, _) = run(None, &[3, 3, 2048, 2048]);
+        for (r, (eager_only, lasts)) in mixed.into_iter().enumerate() {
+            assert_eq!(eager_only, 3, "rank {r}");
+            assert_eq!(lasts[..2], [flat, halo], "rank {r}");
+            assert_eq!(lasts[3], flat, "rank {r}");
+        }
+    }
+
     /// Blocks around the eager size (0, 1, `C - 1`, `C`, `C + 1`, `3 C` bytes) between
     /// gaps in both buffers, the remainders right behind the counts, or in the data
     /// pass of every algorithm (and automatic), or some each way (at most `C` bytes
@@ -1953,6 +2070,9 @@ mod tests {
                     comm.set_speculate_v(spec);
                     comm.set_algorithm(alg);
                     assert_eq!(comm.eager_v(), c);
+                    // Where the model routes the count messages of the first call, its
+                    // remainders take the data pass (no remainders were expected).
+                    let routes = routes_counts(comm);
                     let me = comm.rank();
                     let sc: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
                     let rc: Vec<usize> = (0..n).map(|s| count(s, me)).collect();
@@ -1992,15 +2112,21 @@ mod tests {
                         let what = format!("C {c} {alg:?} speculated {spec:?} rank {me}");
                         assert_eq!(recv, want, "{what} call {call}");
                     }
-                    Ok((comm.v_eager_only(), comm.last_algorithm()))
+                    Ok((routes, comm.v_eager_only(), comm.last_algorithm()))
                 });
                 for (r, x) in out.into_iter().enumerate() {
                     let what = format!("C {c} {alg:?} speculated {spec:?} rank {r}");
-                    let (eager_only, last) = x.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let (routes, eager_only, last) = x.unwrap_or_else(|e| panic!("{what}: {e}"));
                     // Blocks of 3 C on every call: a data pass, unless their remainders
-                    // all went behind the counts.
+                    // all went behind the counts (the second call's always: the first
+                    // one's matrix says remainders follow).
                     let behind = spec.is_none() && alg.is_none_or(|a| a == Algorithm::Flat);
-                    assert_eq!(eager_only, if behind { 2 } else { 0 }, "{what}");
+                    let want = match (behind, routes) {
+                        (false, _) => 0,
+                        (true, true) => 1,
+                        (true, false) => 2,
+                    };
+                    assert_eq!(eager_only, want, "{what} routes {routes}");
                     if behind {
                         assert_eq!(last, Some(Algorithm::Flat), "{what}");
                     } else if alg.is_some() {
