@@ -3,6 +3,7 @@
 
 use super::{Communicator, barrier_algorithm, overlaps, sized};
 use crate::error::{Error, Result};
+use halo_collectives::Algorithm;
 
 impl Communicator {
     /// All-to-all: block `q` of `send` (`send.len() / size()` elements) goes to rank
@@ -54,10 +55,18 @@ impl Communicator {
                 .uniform(forced, tag_base, send, recv, block, &mut self.pool.scratch)?;
             return Ok(());
         }
-        // Automatic: measured per size class (crate::tune).
+        let picked = self.pick_uniform(block);
+        self.run_uniform_picked(tag_base, send, recv, block, picked)
+    }
+
+    /// The automatic choice for a uniform all-to-all of `block` bytes, measured per size
+    /// class ([`crate::tune`]): the algorithm (`None`: nothing to choose from, the cost
+    /// model's pick) and whether this call is one of the class's trials. The same on
+    /// every rank.
+    pub(super) fn pick_uniform(&mut self, block: usize) -> (Option<Algorithm>, bool) {
         let class = crate::tune::Key::Uniform(super::class(block));
         let core = &mut self.core;
-        let (picked, trial) = match core.tuner.pick(class, || {
+        match core.tuner.pick(class, || {
             crate::tune::candidates(
                 &mut core.selector,
                 &core.topology,
@@ -68,18 +77,42 @@ impl Communicator {
         }) {
             Some((a, trial)) => (Some(a), trial),
             None => (None, false),
-        };
-        if !trial {
-            // Decided (or nothing to choose from: the cost model's pick): no timing.
-            core.uniform(picked, tag_base, send, recv, block, &mut self.pool.scratch)?;
-            return Ok(());
         }
+    }
+
+    /// Runs a uniform all-to-all with what [`Communicator::pick_uniform`] picked, timing
+    /// it when it is a trial.
+    pub(super) fn run_uniform_picked(
+        &mut self,
+        tag_base: u64,
+        send: &[u8],
+        recv: &mut [u8],
+        block: usize,
+        (picked, trial): (Option<Algorithm>, bool),
+    ) -> Result<()> {
         let started = std::time::Instant::now();
+        let core = &mut self.core;
         let ran = core.uniform(picked, tag_base, send, recv, block, &mut self.pool.scratch)?;
-        if let Some(local) = core.tuner.record(class, ran, started.elapsed()) {
+        if trial {
+            let class = crate::tune::Key::Uniform(super::class(block));
+            self.record_trial(class, ran, started.elapsed())?;
+        }
+        Ok(())
+    }
+
+    /// Records one trial of `alg` for `key`, and once the class's trials are over
+    /// agrees on them with every rank (an all-reduce of the timings, so every rank
+    /// picks alike).
+    pub(super) fn record_trial(
+        &mut self,
+        key: crate::tune::Key,
+        alg: Algorithm,
+        took: std::time::Duration,
+    ) -> Result<()> {
+        if let Some(local) = self.core.tuner.record(key, alg, took) {
             let mut agreed = vec![0u64; local.len()];
             self.all_reduce(&local, &mut agreed, crate::ReduceOp::Max)?;
-            self.core.tuner.agree(class, &agreed);
+            self.core.tuner.agree(key, &agreed);
         }
         Ok(())
     }
