@@ -263,9 +263,9 @@ fn every_rank_measures_all_to_all_v_alike() {
                 let mean = v_mean_beyond(n, scale, eager);
                 if 10 * scale <= eager {
                     // Every block goes with the counts: one pass, no data pass measured;
-                    // the count messages go the way the uniform all-to-all's measured
-                    // choice for their size says (its trials, then its pick), the same
-                    // on every rank at every call.
+                    // the count messages go the cost model's way for their size (the
+                    // direct exchange, or across nodes a hierarchical one), the same on
+                    // every rank at every call.
                     let full = v_mean(n, scale);
                     for call in 0..trials_of(full) * MAX_CANDIDATES + 2 {
                         let ran = exact_v_call(comm, scale, call, false)?;

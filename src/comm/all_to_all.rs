@@ -63,7 +63,7 @@ impl Communicator {
     /// class ([`crate::tune`]): the algorithm (`None`: nothing to choose from, the cost
     /// model's pick) and whether this call is one of the class's trials. The same on
     /// every rank.
-    pub(super) fn pick_uniform(&mut self, block: usize) -> (Option<Algorithm>, bool) {
+    fn pick_uniform(&mut self, block: usize) -> (Option<Algorithm>, bool) {
         let class = crate::tune::Key::Uniform(super::class(block));
         let core = &mut self.core;
         match core.tuner.pick(class, || {
@@ -82,7 +82,7 @@ impl Communicator {
 
     /// Runs a uniform all-to-all with what [`Communicator::pick_uniform`] picked, timing
     /// it when it is a trial.
-    pub(super) fn run_uniform_picked(
+    fn run_uniform_picked(
         &mut self,
         tag_base: u64,
         send: &[u8],

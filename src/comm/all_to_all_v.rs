@@ -59,15 +59,15 @@
 //!
 //! **Count messages across hosts.** The count messages are a uniform all-to-all of
 //! `F`-byte blocks (`[p's row][p's first bytes for q][zeros]`). In automatic mode, when
-//! the last call's blocks all fitted in `C` (so none is expected to need more), they go
-//! the way the uniform all-to-all's measured choice for `F` bytes says ([`crate::tune`]:
-//! its trials, then its pick, shared with the uniform all-to-all of that size; across
-//! hosts, for small `F`, HALO's hierarchical all-to-all, which sends far fewer messages
-//! over the network). Where that is not the direct exchange, remainders, if any, take
-//! the data pass, and the next call goes direct with its remainders behind the counts.
-//! Every rank decides alike (the tuner agrees across ranks, the last call's matrix is
-//! the same everywhere), and [`Communicator::last_algorithm`] names the algorithm that
-//! carried the count messages of a call without a data pass.
+//! the last call's blocks all fitted in `C` (so none is expected to need more) and the
+//! cost model prefers another algorithm than the direct exchange for `F` bytes (across
+//! hosts, for small `F`: HALO's hierarchical all-to-all, which sends far fewer messages
+//! over the network), that algorithm carries them; remainders, if any, then take the
+//! data pass, and the next call goes direct with its remainders behind the counts.
+//! Every rank decides alike (the model is deterministic, the last call's matrix the
+//! same everywhere), and [`Communicator::last_algorithm`] names the algorithm that
+//! carried the count messages of a call without a data pass. On one host the model
+//! takes the direct exchange.
 //!
 //! **Three passes (large communicators).** The gathered matrix is `16 n^2` bytes on
 //! every rank: on a network it costs more than two latency-bound passes once `n` is a
@@ -1039,27 +1039,21 @@ impl Communicator {
         let pool = &mut self.pool;
         // The count messages are a uniform all-to-all of `f`-byte blocks: in automatic
         // mode, when the last call's blocks all fitted in the eager bytes (no remainders
-        // expected), they go the way the uniform all-to-all's measured choice for `f`
-        // bytes says (across hosts a hierarchical algorithm sends far fewer messages
-        // over the network); where that is not the direct exchange, remainders take the
-        // data pass. Every rank decides alike: the tuner agrees across ranks, the last
-        // call's matrix is the same everywhere.
+        // expected) and the cost model prefers another algorithm for `f` bytes than the
+        // direct exchange (across hosts, for small messages, a hierarchical one, which
+        // sends far fewer messages over the network), that algorithm carries them and
+        // remainders take the data pass. Every rank decides alike: the model is
+        // deterministic, the last call's matrix the same everywhere. (The tuner's
+        // measured choice was tried here and lost on one host: its trials of other
+        // algorithms cost more than they found; docs/BENCHMARKS.md.)
         let expect_rest = pool.v.last_largest.is_some_and(|l| l > c as u64);
-        let tuned = core.forced.is_none() && !(s > 0 && expect_rest);
-        let picked = if tuned {
-            let (a, trial) = self.pick_uniform(f);
-            let a = match a {
-                Some(a) => a,
-                // Nothing measured to choose from: the cost model's pick.
-                None => self.core.prepare_uniform(None, f)?,
-            };
-            Some((a, trial))
+        let routed = if core.forced.is_none() && !(s > 0 && expect_rest) {
+            let a = core.prepare_uniform(None, f)?;
+            (a != Algorithm::Flat).then_some(a)
         } else {
             None
         };
-        let routed = picked.filter(|&(a, _)| a != Algorithm::Flat);
         let s = if routed.is_some() { 0 } else { s };
-        let pool = &mut self.pool;
         // Scratch: the count messages out at 0, in at `n f`, the dropped remainder at
         // `2 n f`.
         let stage = sized(&mut pool.v.stage, 2 * n * f + s);
@@ -1073,20 +1067,11 @@ impl Communicator {
             }
             b[row + k..].fill(0);
         }
-        let started = std::time::Instant::now();
-        if let Some((a, trial)) = routed {
-            let mut stage = std::mem::take(&mut pool.v.stage);
-            let (out, inn) = stage[..2 * n * f].split_at_mut(n * f);
-            let r = self.run_uniform_picked(base, out, inn, f, (Some(a), trial));
-            self.pool.v.stage = stage;
-            r?;
+        if let Some(a) = routed {
+            let (out, inn) = pool.v.stage[..2 * n * f].split_at_mut(n * f);
+            core.uniform(Some(a), base, out, inn, f, &mut pool.meta_scratch)?;
         } else {
             self.meta_direct(base, (c, s), valid, send, &mut *recv)?;
-            if let Some((a, true)) = picked {
-                // A trial of the direct exchange for the uniform class of `f` bytes.
-                let key = crate::tune::Key::Uniform(class(f));
-                self.record_trial(key, a, started.elapsed())?;
-            }
         }
         let pool = &mut self.pool;
         let sr = &pool.v.stage[n * f..2 * n * f];
@@ -1766,20 +1751,14 @@ mod tests {
         }
     }
 
-    /// Whether the count messages of `comm`'s next call go another way than the direct
-    /// exchange (automatic mode, the direct plan, eager bytes, no remainders expected:
-    /// the uniform all-to-all's measured choice for their size; across hosts, for
-    /// small messages, HALO's).
+    /// Whether the model routes the count messages of `comm`'s next call (automatic
+    /// mode, the direct plan, eager bytes, no remainders expected) with an algorithm
+    /// other than the direct exchange (across hosts, for small messages: HALO's).
     fn routes_counts(comm: &mut crate::Communicator) -> bool {
         let f = 16 * comm.size() + comm.eager_v();
-        if comm.core.forced.is_some() || comm.eager_v() == 0 {
-            return false;
-        }
-        let a = match comm.pick_uniform(f).0 {
-            Some(a) => a,
-            None => comm.core.prepare_uniform(None, f).unwrap(),
-        };
-        a != Algorithm::Flat
+        comm.core.forced.is_none()
+            && comm.eager_v() > 0
+            && comm.core.prepare_uniform(None, f).unwrap() != Algorithm::Flat
     }
 
     /// One rank's call of a bad case: `Ok` per rank, or the error.
@@ -2057,7 +2036,6 @@ mod tests {
         assert!(routed_msgs <= 8 * 6 + 8 * 6 / 2, "{routed_msgs}");
         // Then 2 KiB blocks: routed counts and a data pass, then direct with the
         // remainders behind the counts (no data pass).
-        // (Which way the third call's counts go is the tuner's trial of the moment.)
         let (mixed, _) = run(None, &[3, 3, 2048, 2048]);
         for (r, (_, calls)) in mixed.into_iter().enumerate() {
             let (_, routes, eager_only) = calls[2];
