@@ -255,6 +255,8 @@ pub(crate) struct VState {
     /// The largest block of the last successful call with eager bytes (the same on
     /// every rank).
     last_largest: Option<u64>,
+    /// The driven direct exchange's bookkeeping, reused from call to call.
+    drive: DriveState,
 }
 
 impl VState {
@@ -1151,6 +1153,7 @@ impl Communicator {
         let pool = &mut self.pool;
         let (send_bytes, send_displs) = (&pool.send_bytes, &pool.send_displs);
         let (recv_bytes, recv_displs) = (&pool.recv_bytes, &pool.recv_displs);
+        let drive = &mut pool.v.drive;
         let mut driver = |session: &mut dyn Session, opts: &ExecOptions<'_>| {
             direct_exchange_driven(
                 session,
@@ -1158,14 +1161,13 @@ impl Communicator {
                 &DirectExchange {
                     n,
                     me,
-                    f,
                     c,
                     s,
                     valid,
-                    regions: (0, n * f, 2 * n * f),
                     send: (send_bytes, send_displs),
                     recv: (recv_bytes, recv_displs),
                 },
+                drive,
             )
         };
         let opts = exec_options(core.timeout, &core.abort);
@@ -1443,23 +1445,32 @@ impl Communicator {
 }
 
 /// One rank's part of the direct count exchange with speculative remainders
-/// ([`Communicator::meta_eager`]).
+/// ([`Communicator::meta_eager`]). The scratch holds the `n` count messages of `16 n + c`
+/// bytes out at 0, the `n` in at `n f`, and the dropped remainder at `2 n f`.
 struct DirectExchange<'a> {
     n: usize,
     me: usize,
-    /// Bytes of each count message.
-    f: usize,
     /// Eager bytes per block.
     c: usize,
     /// The largest remainder sent right behind the counts.
     s: usize,
     /// Whether this rank's arguments are valid (else it sends no data and keeps none).
     valid: bool,
-    /// Scratch offsets: the count messages out, in, and the dropped remainder.
-    regions: (usize, usize, usize),
     /// This rank's byte counts and displacements per peer, sending and receiving.
     send: (&'a [usize], &'a [usize]),
     recv: (&'a [usize], &'a [usize]),
+}
+
+/// The bookkeeping of [`direct_exchange_driven`], kept between calls (no allocation per
+/// call in steady state).
+#[derive(Debug, Default)]
+struct DriveState {
+    /// Whether the count message from each peer has landed.
+    got: Vec<bool>,
+    /// Remainders to take and drop: (peer, bytes).
+    to_drop: Vec<(usize, usize)>,
+    /// Completions not yet processed.
+    completed: Vec<u32>,
 }
 
 /// Runs [`DirectExchange`] on `session`: posts every count receive and send and every
@@ -1471,15 +1482,16 @@ fn direct_exchange_driven(
     session: &mut dyn Session,
     opts: &ExecOptions<'_>,
     x: &DirectExchange<'_>,
+    st: &mut DriveState,
 ) -> halo_collectives::Result<()> {
     const COUNTS_IN: usize = 0;
     const COUNTS_OUT: usize = 1;
     const REST_OUT: usize = 2;
     const REST_IN: usize = 3;
     const DROPPED: usize = 4;
-    let (n, me, f, c, s) = (x.n, x.me, x.f, x.c, x.s);
-    let (out_at, in_at, drop_at) = x.regions;
-    let token = |kind: usize, peer: usize| (kind * n + peer) as u32;
+    let (n, me, c, s) = (x.n, x.me, x.c, x.s);
+    let f = n * META_BLOCK + c;
+    let (out_at, in_at, drop_at) = (0, n * f, 2 * n * f);
     let mine = |q: usize| -> Option<usize> {
         if x.valid {
             speculated(x.send.0[q] as u64, c, s)
@@ -1487,40 +1499,50 @@ fn direct_exchange_driven(
             None
         }
     };
-    let mut pending = 0usize;
+    // Operations posted and not yet complete.
+    let pending = std::cell::Cell::new(0usize);
+    // Posts one operation of `kind` with `peer`.
+    let post = |session: &mut dyn Session, kind: usize, peer: usize, region: Region| {
+        let (tag, token) = (
+            if kind == COUNTS_IN || kind == COUNTS_OUT {
+                TAG_COUNTS
+            } else {
+                TAG_REST
+            },
+            (kind * n + peer) as u32,
+        );
+        pending.set(pending.get() + 1);
+        if kind == COUNTS_OUT || kind == REST_OUT {
+            session.post_send(peer, tag, region, token)
+        } else {
+            session.post_recv(peer, tag, region, token)
+        }
+    };
     // The counts from every peer, then to every peer (starting after this rank, as
     // the flat fan-out does), then the remainders right behind.
     for k in 1..n {
         let p = (me + n - k) % n;
-        session.post_recv(
+        post(
+            session,
+            COUNTS_IN,
             p,
-            TAG_COUNTS,
             Region::new(Buf::Scratch, in_at + p * f, f),
-            token(COUNTS_IN, p),
         )?;
-        pending += 1;
     }
     for k in 1..n {
         let q = (me + k) % n;
-        session.post_send(
+        post(
+            session,
+            COUNTS_OUT,
             q,
-            TAG_COUNTS,
             Region::new(Buf::Scratch, out_at + q * f, f),
-            token(COUNTS_OUT, q),
         )?;
-        pending += 1;
     }
     for k in 1..n {
         let q = (me + k) % n;
         if let Some(len) = mine(q) {
-            let at = x.send.1[q] + c;
-            session.post_send(
-                q,
-                TAG_REST,
-                Region::new(Buf::Send, at, len),
-                token(REST_OUT, q),
-            )?;
-            pending += 1;
+            let region = Region::new(Buf::Send, x.send.1[q] + c, len);
+            post(session, REST_OUT, q, region)?;
         }
     }
     // This rank's own block: copied, where its two counts agree.
@@ -1536,39 +1558,40 @@ fn direct_exchange_driven(
             Region::new(Buf::Recv, x.recv.1[me] + c, len),
         )?;
     }
-    let mut got = vec![false; n];
-    got[me] = true;
-    let mut to_drop: Vec<(usize, usize)> = Vec::new();
+    st.got.clear();
+    st.got.resize(n, false);
+    st.got[me] = true;
+    st.to_drop.clear();
+    st.completed.clear();
     let mut dropping = false;
-    let mut completed = Vec::with_capacity(2 * n);
     let mut idle = Idle::default();
     let mut count = [0u8; 8];
-    while pending > 0 || !to_drop.is_empty() {
-        if !dropping && let Some((p, len)) = to_drop.pop() {
-            session.post_recv(
-                p,
-                TAG_REST,
-                Region::new(Buf::Scratch, drop_at, len),
-                token(DROPPED, p),
-            )?;
+    loop {
+        if !dropping && let Some((p, len)) = st.to_drop.pop() {
+            post(session, DROPPED, p, Region::new(Buf::Scratch, drop_at, len))?;
             dropping = true;
-            pending += 1;
         }
-        session.progress(&mut completed)?;
-        if completed.is_empty() {
+        if pending.get() == 0 {
+            return Ok(());
+        }
+        session.progress(&mut st.completed)?;
+        if st.completed.is_empty() {
             idle.wait(
                 session,
                 opts,
-                || format!("all-to-all-v count exchange aborted with {pending} operations pending"),
+                || {
+                    let pending = pending.get();
+                    format!("all-to-all-v count exchange aborted with {pending} operations pending")
+                },
                 |waited| {
-                    let peer = (0..n).find(|&p| !got[p]);
+                    let peer = (0..n).find(|&p| !st.got[p]);
                     CollectiveError::Timeout {
                         algorithm: "all-to-all-v counts",
                         step: 0,
                         peer,
                         what: match peer {
                             Some(p) => format!("the count message from rank {p}"),
-                            None => format!("{pending} remainders of blocks"),
+                            None => format!("{} remainders of blocks", pending.get()),
                         },
                         waited,
                     }
@@ -1577,12 +1600,12 @@ fn direct_exchange_driven(
             continue;
         }
         idle.reset();
-        for t in completed.drain(..) {
-            pending -= 1;
+        for t in st.completed.drain(..) {
+            pending.set(pending.get() - 1);
             let (kind, p) = (t as usize / n, t as usize % n);
             match kind {
                 COUNTS_IN => {
-                    got[p] = true;
+                    st.got[p] = true;
                     // The sender's count for this rank, from its row.
                     session.read(
                         Region::new(Buf::Scratch, in_at + p * f + me * META_BLOCK, 8),
@@ -1591,15 +1614,10 @@ fn direct_exchange_driven(
                     let theirs = u64::from_le_bytes(count);
                     if let Some(len) = speculated(theirs, c, s) {
                         if x.valid && x.recv.0[p] as u64 == theirs {
-                            session.post_recv(
-                                p,
-                                TAG_REST,
-                                Region::new(Buf::Recv, x.recv.1[p] + c, len),
-                                token(REST_IN, p),
-                            )?;
-                            pending += 1;
+                            let region = Region::new(Buf::Recv, x.recv.1[p] + c, len);
+                            post(session, REST_IN, p, region)?;
                         } else {
-                            to_drop.push((p, len));
+                            st.to_drop.push((p, len));
                         }
                     }
                 }
@@ -1608,7 +1626,6 @@ fn direct_exchange_driven(
             }
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -2047,6 +2064,70 @@ mod tests {
                 (flat, want + 1),
                 "rank {r}: {calls:?}"
             );
+        }
+    }
+
+    /// The driven direct exchange waits as the engine does: a rank that never calls
+    /// makes the others time out naming it (the count message they wait for), and an
+    /// abort from another thread ends the wait at once.
+    #[test]
+    fn the_driven_exchange_times_out_and_aborts() {
+        let topo = Topology::preset("nodes:1x4").unwrap();
+        let n = topo.size();
+        let timeout = Duration::from_millis(300);
+        let out = LocalCluster::new(topo, Emulation::off())
+            .unwrap()
+            .run(|comm| {
+                comm.set_timeout(timeout);
+                let me = comm.rank();
+                if me == 1 {
+                    std::thread::sleep(timeout * 4);
+                    return Ok(None);
+                }
+                // Blocks of 3000 bytes: remainders behind the counts.
+                let c = vec![3000usize; n];
+                let send = vec![me as u8; n * 3000];
+                let mut recv = vec![0u8; n * 3000];
+                let handle = comm.abort_handle();
+                let aborter = (me == 3).then(|| {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(50));
+                        handle.abort();
+                    })
+                });
+                let start = std::time::Instant::now();
+                let e = comm
+                    .all_to_all_v(
+                        &send,
+                        &Partition::new(&c, &packed(&c)),
+                        &mut recv,
+                        &Partition::new(&c, &packed(&c)),
+                    )
+                    .unwrap_err();
+                if let Some(a) = aborter {
+                    a.join().unwrap();
+                }
+                Ok(Some((e, start.elapsed())))
+            });
+        for (r, x) in out.into_iter().enumerate() {
+            let Some((e, took)) = x.unwrap() else {
+                continue;
+            };
+            println!("rank {r} after {took:?}: {e}");
+            if r == 3 {
+                assert!(matches!(e, Error::Aborted { .. }), "rank {r}: {e:?}");
+                assert!(took < timeout, "rank {r} took {took:?}");
+            } else {
+                assert!(
+                    matches!(e, Error::Timeout { peer: Some(1), .. }),
+                    "rank {r}: {e:?}"
+                );
+                assert!(e.to_string().contains("count message from rank 1"), "{e}");
+                assert!(
+                    took >= timeout && took < timeout * 3,
+                    "rank {r} took {took:?}"
+                );
+            }
         }
     }
 
