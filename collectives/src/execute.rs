@@ -67,6 +67,28 @@ pub trait Session {
     /// error, [`CollectiveError::Mismatch`] naming the peer and both sizes.
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()>;
 
+    /// Starts receiving a message of *at most* `region.len` bytes from `peer` with
+    /// `tag` into the start of `region`, as an MPI receive does: a shorter message
+    /// completes it, and [`Session::received_len`] then tells its length. A longer
+    /// message is an error, [`CollectiveError::Mismatch`], as with
+    /// [`Session::post_recv`]. For a program that learns a message's length from the
+    /// message itself (all-to-all-v's count messages carry the first bytes of each
+    /// block, unpadded). The default refuses.
+    fn post_recv_up_to(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()> {
+        let _ = (peer, tag, token);
+        Err(CollectiveError::Internal(format!(
+            "this transport's sessions cannot receive a message of unknown length into {region}"
+        )))
+    }
+
+    /// The length of the message that completed the receive `token` posted with
+    /// [`Session::post_recv_up_to`] (told once: a second ask, or an ask before it
+    /// completed or for any other operation, is `None`).
+    fn received_len(&mut self, token: u32) -> Option<usize> {
+        let _ = token;
+        None
+    }
+
     /// Copies a region to another, now.
     fn copy(&mut self, src: Region, dst: Region) -> Result<()>;
 
@@ -396,6 +418,12 @@ impl<S: Session + ?Sized> Session for &mut S {
     }
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()> {
         (**self).post_recv(peer, tag, region, token)
+    }
+    fn post_recv_up_to(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> Result<()> {
+        (**self).post_recv_up_to(peer, tag, region, token)
+    }
+    fn received_len(&mut self, token: u32) -> Option<usize> {
+        (**self).received_len(token)
     }
     fn copy(&mut self, src: Region, dst: Region) -> Result<()> {
         (**self).copy(src, dst)

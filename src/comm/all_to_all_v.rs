@@ -23,9 +23,16 @@
 //!
 //! **Eager blocks: one pass of messages.** With the direct exchange the message from
 //! rank `p` to rank `q` also carries the first `min(count, C)` bytes of `p`'s block for
-//! `q`, padded: a *fixed* `F = 16 n + C` bytes, `[p's row][data][zeros]`, whatever the
-//! counts, so that no transport ever sees a length it did not expect (a length mismatch
-//! would break the shared-memory and fabric transports and change the errors). `C` is
+//! `q`: `[p's row][data]`, `16 n + min(count, C)` bytes, which `q` takes with a
+//! receive of *up to* `F = 16 n + C` bytes ([`Session::post_recv_up_to`], an MPI
+//! receive's semantics: every transport tells the length that arrived) and checks
+//! against the count in the row — another length is a size mismatch naming both ranks
+//! (the ranks carry different `C`), a longer message than `F` one at the transport. So
+//! a pair of small blocks sends few bytes whatever `C` is, and across hosts `C` is at
+//! least [`EAGER_V_DIRECT`] (8 KiB: a network message saved is worth more than the
+//! copy out of the count message; on one host, where it is not, `C` as learned).
+//! Where the count messages take another algorithm (below) they are a uniform
+//! all-to-all, padded to a *fixed* `F` bytes, `[p's row][data][zeros]`. `C` is
 //! [`EAGER_V`] (1 KiB) on a communicator's first call and then *learned*: every rank
 //! holds the same checked matrix after each call, so every rank computes the same `C`
 //! for the next one ([`learn_eager`]): the largest block plus an eighth where that is at
@@ -57,7 +64,7 @@
 //! every rank) change `S` (0: every remainder takes the data pass, as before); a forced
 //! algorithm other than `Flat` carries every remainder in its data pass.
 //!
-//! **Count messages across hosts.** The count messages are a uniform all-to-all of
+//! **Count messages across hosts.** The count messages can be a uniform all-to-all of
 //! `F`-byte blocks (`[p's row][p's first bytes for q][zeros]`). In automatic mode, when
 //! the last call's blocks all fitted in `C` (so none is expected to need more) and the
 //! cost model prefers another algorithm than the direct exchange for `F` bytes (across
@@ -124,6 +131,7 @@ use halo_collectives::{
     KnownSizes, Layout, META_BLOCK, Region, Schedule, Session, SimOptions, UniformSizes, build,
     build_all_gather, simulate,
 };
+use halo_topology::Level;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -141,14 +149,15 @@ const STATUS_BLOCK: usize = 16;
 pub(crate) const GATHER_MAX_RANKS: usize = 64;
 
 /// Bytes of each block that travel with the counts in the direct exchange
-/// ([`MetaPlan::Direct`]) unless `HALO_A2AV_EAGER` says otherwise (module
-/// documentation). The message from one rank to another is then `16 n + EAGER_V` bytes
-/// whatever the counts, so every pair pays it: 1 KiB keeps that message small (2 KiB at
-/// the 64 ranks that gather at most; one cell of the shared-memory rings, whose
-/// payload is about 8 KiB, and latency-bound on a network), while the blocks that make
-/// a pass latency-bound (MoE dispatch of a few tokens per expert, means of a few
-/// hundred bytes to 2 KiB) go whole, or mostly, in the one pass. A block above it
-/// still costs the data pass, for its remainder only.
+/// ([`MetaPlan::Direct`]) on a communicator's first call, unless `HALO_A2AV_EAGER` says
+/// otherwise (module documentation). The message from one rank to another is then at
+/// most `16 n + EAGER_V` bytes (exactly that where the count messages take a uniform
+/// all-to-all, which pads them): 1 KiB keeps that message small (2 KiB at the 64 ranks
+/// that gather at most; one cell of the shared-memory rings, whose payload is about 8
+/// KiB, and latency-bound on a network), while the blocks that make a pass
+/// latency-bound (MoE dispatch of a few tokens per expert, means of a few hundred
+/// bytes to 2 KiB) go whole, or mostly, in the one pass. A block above it sends its
+/// remainder in a second message (or the data pass).
 pub(crate) const EAGER_V: usize = 1024;
 
 /// The fewest eager bytes a communicator learns (see [`learn_eager`]).
@@ -210,6 +219,32 @@ pub const SPECULATE_V: usize = 512 * 1024;
 
 /// The largest `HALO_A2AV_SPECULATE` taken.
 pub(crate) const SPECULATE_V_MAX: usize = 16 << 20;
+
+/// The least bytes of each block that the direct exchange's count messages carry on
+/// a communicator that spans hosts, where the eager bytes are learned (neither
+/// `HALO_A2AV_EAGER` nor [`Communicator::set_eager_v`] fix them). Those messages are
+/// not padded (each is the sender's row and the first `min(count, C)` bytes of its
+/// block, taken by a receive of any length up to `16 n + C`), so a larger `C` costs
+/// only the pairs whose blocks are larger, and a network message saved is worth far
+/// more than a copy: blocks of 2-8 KiB mean are one message per pair instead of two
+/// (4 emulated hosts: 1.0-1.1x of Open MPI's `MPI_Alltoallv` at 8 KiB against
+/// 0.7-0.75x, docs/BENCHMARKS.md). Not on one host, where the bytes in the count
+/// message cost two more copies than a remainder, which goes straight into the
+/// receive buffer (8 KiB there: no gain, and 32-64 KiB mean slower in two sets of
+/// alternating launches).
+pub(crate) const EAGER_V_DIRECT: usize = 8192;
+
+/// How one call's count messages go ([`Communicator::count_route`]).
+#[derive(Debug, Clone, Copy)]
+struct CountRoute {
+    /// The uniform all-to-all that carries them, padded to `16 n + c` bytes, where
+    /// not the direct exchange (remainders then take the data pass).
+    routed: Option<Algorithm>,
+    /// The bytes of each block they carry.
+    c: usize,
+    /// The largest remainder sent right behind them (0 when routed).
+    s: usize,
+}
 
 /// Tags of the direct exchange's messages within their collective.
 const TAG_COUNTS: u64 = 0;
@@ -836,12 +871,68 @@ impl Communicator {
     /// (large communicators), or with `HALO_A2AV_EAGER=0`; otherwise what
     /// [`Communicator::set_eager_v`] or `HALO_A2AV_EAGER` fixed (at most 1 MiB), or else
     /// what the next call will carry as learned from the last successful one (module
-    /// documentation of all-to-all-v: 64 bytes to 4 KiB), 1024 bytes before any. Chooses the
-    /// communicator's way of exchanging the counts if no call has yet (deterministic:
-    /// the same on every rank).
+    /// documentation of all-to-all-v: 64 bytes to 4 KiB), 1024 bytes before any — and
+    /// at least 8 KiB on a communicator across hosts whose next count messages go
+    /// direct (unpadded). Chooses the communicator's way of exchanging the counts if no
+    /// call has yet (deterministic: the same on every rank).
     pub fn eager_v(&mut self) -> usize {
         let plan = self.meta_plan();
-        self.eager_for(plan)
+        let eager = self.eager_for(plan);
+        if eager == 0 {
+            return 0;
+        }
+        let spec = self.speculate_v();
+        match self.count_route(eager, spec) {
+            Ok(r) => r.c,
+            Err(_) => eager,
+        }
+    }
+
+    /// How the next call's count messages go when `c` bytes of each block are learned
+    /// or fixed to go with the counts and remainders up to `s` are sent behind them
+    /// (see [`CountRoute`]); the same on every rank.
+    fn count_route(&mut self, c: usize, s: usize) -> Result<CountRoute> {
+        let f = self.size() * META_BLOCK + c;
+        // The count messages are a uniform all-to-all of `f`-byte blocks: in automatic
+        // mode, when the last call's blocks all fitted in the eager bytes (no remainders
+        // expected) and the cost model prefers another algorithm for `f` bytes than the
+        // direct exchange (across hosts, for small messages, a hierarchical one, which
+        // sends far fewer messages over the network), that algorithm carries them and
+        // remainders take the data pass. Every rank decides alike: the model is
+        // deterministic, the last call's matrix the same everywhere. (The tuner's
+        // measured choice was tried here and lost on one host: its trials of other
+        // algorithms cost more than they found; docs/BENCHMARKS.md.)
+        let expect_rest = self.pool.v.last_largest.is_some_and(|l| l > c as u64);
+        if self.core.forced.is_none() && !(s > 0 && expect_rest) {
+            let a = self.core.prepare_uniform(None, f)?;
+            if a != Algorithm::Flat {
+                return Ok(CountRoute {
+                    routed: Some(a),
+                    c,
+                    s: 0,
+                });
+            }
+        }
+        // The direct exchange's messages are not padded (their receivers take any
+        // length up to `16 n + c`): more of each block goes with the counts at no cost
+        // to the pairs whose blocks are small.
+        let c = if self.eager_learns() {
+            c.max(self.direct_eager_floor())
+        } else {
+            c
+        };
+        Ok(CountRoute { routed: None, c, s })
+    }
+
+    /// The least eager bytes of the direct exchange where they are learned:
+    /// [`EAGER_V_DIRECT`] on a communicator whose ranks span hosts, else none.
+    fn direct_eager_floor(&self) -> usize {
+        let t = &self.core.topology;
+        if t.has_level(Level::Node) && t.num_domains(Level::Node) > 1 {
+            EAGER_V_DIRECT
+        } else {
+            0
+        }
     }
 
     /// The eager bytes per block with the count-exchange plan `plan`.
@@ -1033,29 +1124,14 @@ impl Communicator {
     ) -> Result<u64> {
         let (n, me) = (self.size(), self.rank());
         let row = n * META_BLOCK;
-        let f = row + c;
         let valid = local.is_ok();
         let learns = self.eager_learns();
+        let c_learned = c;
+        let CountRoute { routed, c, s } = self.count_route(c, s)?;
+        let f = row + c;
         self.fill_meta_row(valid);
         let core = &mut self.core;
         let pool = &mut self.pool;
-        // The count messages are a uniform all-to-all of `f`-byte blocks: in automatic
-        // mode, when the last call's blocks all fitted in the eager bytes (no remainders
-        // expected) and the cost model prefers another algorithm for `f` bytes than the
-        // direct exchange (across hosts, for small messages, a hierarchical one, which
-        // sends far fewer messages over the network), that algorithm carries them and
-        // remainders take the data pass. Every rank decides alike: the model is
-        // deterministic, the last call's matrix the same everywhere. (The tuner's
-        // measured choice was tried here and lost on one host: its trials of other
-        // algorithms cost more than they found; docs/BENCHMARKS.md.)
-        let expect_rest = pool.v.last_largest.is_some_and(|l| l > c as u64);
-        let routed = if core.forced.is_none() && !(s > 0 && expect_rest) {
-            let a = core.prepare_uniform(None, f)?;
-            (a != Algorithm::Flat).then_some(a)
-        } else {
-            None
-        };
-        let s = if routed.is_some() { 0 } else { s };
         // Scratch: the count messages out at 0, in at `n f`, the dropped remainder at
         // `2 n f`.
         let stage = sized(&mut pool.v.stage, 2 * n * f + s);
@@ -1067,7 +1143,10 @@ impl Communicator {
                 let d = pool.send_displs[q];
                 b[row..row + k].copy_from_slice(&send[d..d + k]);
             }
-            b[row + k..].fill(0);
+            if routed.is_some() {
+                // A uniform all-to-all's blocks: padded, with zeros.
+                b[row + k..].fill(0);
+            }
         }
         if let Some(a) = routed {
             let (out, inn) = pool.v.stage[..2 * n * f].split_at_mut(n * f);
@@ -1086,8 +1165,8 @@ impl Communicator {
         pool.v.last_largest = Some(largest);
         if learns {
             let max_block = usize::try_from(largest).unwrap_or(usize::MAX);
-            let next = learn_eager(c, max_block, total, n);
-            if next != c {
+            let next = learn_eager(c_learned, max_block, total, n);
+            if next != c_learned {
                 tracing::debug!(
                     rank = me,
                     eager = next,
@@ -1492,6 +1571,7 @@ fn direct_exchange_driven(
     let (n, me, c, s) = (x.n, x.me, x.c, x.s);
     let f = n * META_BLOCK + c;
     let (out_at, in_at, drop_at) = (0, n * f, 2 * n * f);
+    let row = n * META_BLOCK;
     let mine = |q: usize| -> Option<usize> {
         if x.valid {
             speculated(x.send.0[q] as u64, c, s)
@@ -1499,6 +1579,9 @@ fn direct_exchange_driven(
             None
         }
     };
+    // The length of the count message to `q`: the row, then the first bytes of the
+    // block (none where this rank's arguments are invalid: its counts say so).
+    let out_len = |q: usize| row + if x.valid { x.send.0[q].min(c) } else { 0 };
     // Operations posted and not yet complete.
     let pending = std::cell::Cell::new(0usize);
     // Posts one operation of `kind` with `peer`.
@@ -1512,10 +1595,10 @@ fn direct_exchange_driven(
             (kind * n + peer) as u32,
         );
         pending.set(pending.get() + 1);
-        if kind == COUNTS_OUT || kind == REST_OUT {
-            session.post_send(peer, tag, region, token)
-        } else {
-            session.post_recv(peer, tag, region, token)
+        match kind {
+            COUNTS_OUT | REST_OUT => session.post_send(peer, tag, region, token),
+            COUNTS_IN => session.post_recv_up_to(peer, tag, region, token),
+            _ => session.post_recv(peer, tag, region, token),
         }
     };
     // The counts from every peer, then to every peer (starting after this rank, as
@@ -1535,7 +1618,7 @@ fn direct_exchange_driven(
             session,
             COUNTS_OUT,
             q,
-            Region::new(Buf::Scratch, out_at + q * f, f),
+            Region::new(Buf::Scratch, out_at + q * f, out_len(q)),
         )?;
     }
     for k in 1..n {
@@ -1547,8 +1630,8 @@ fn direct_exchange_driven(
     }
     // This rank's own block: copied, where its two counts agree.
     session.copy(
-        Region::new(Buf::Scratch, out_at + me * f, f),
-        Region::new(Buf::Scratch, in_at + me * f, f),
+        Region::new(Buf::Scratch, out_at + me * f, out_len(me)),
+        Region::new(Buf::Scratch, in_at + me * f, out_len(me)),
     )?;
     if let Some(len) = mine(me)
         && x.recv.0[me] == x.send.0[me]
@@ -1612,6 +1695,32 @@ fn direct_exchange_driven(
                         &mut count,
                     )?;
                     let theirs = u64::from_le_bytes(count);
+                    // The message is the sender's row and the first `min(count, c)`
+                    // bytes of its block: any other length means that the sender
+                    // carries another number of bytes with its counts.
+                    let eager = if theirs == u64::MAX {
+                        0
+                    } else {
+                        usize::try_from(theirs).unwrap_or(usize::MAX).min(c)
+                    };
+                    let got = session.received_len(t).ok_or_else(|| {
+                        CollectiveError::Internal(format!(
+                            "the count message from rank {p} completed without a length"
+                        ))
+                    })?;
+                    if got != row + eager {
+                        return Err(CollectiveError::Mismatch {
+                            peer: p,
+                            message: format!(
+                                "size mismatch: rank {p}'s all-to-all-v count message to rank \
+                                 {me} is {got} bytes where {} were expected: its {theirs} \
+                                 bytes for rank {me} with {c} eager bytes (the ranks carry \
+                                 different numbers of bytes with the counts: \
+                                 HALO_A2AV_EAGER or set_eager_v differ)",
+                                row + eager
+                            ),
+                        });
+                    }
                     if let Some(len) = speculated(theirs, c, s) {
                         if x.valid && x.recv.0[p] as u64 == theirs {
                             let region = Region::new(Buf::Recv, x.recv.1[p] + c, len);
@@ -1691,7 +1800,7 @@ mod tests {
     /// remainders only.
     #[test]
     fn every_plan_moves_the_right_bytes_with_every_algorithm() {
-        for spec in ["nodes:2x2", "nodes:2x3"] {
+        for spec in ["nodes:1x4", "nodes:2x2", "nodes:2x3"] {
             let topo = Topology::preset(spec).unwrap();
             let n = topo.size();
             for (plan, eager) in plans_eager(n) {
@@ -1731,13 +1840,17 @@ mod tests {
                             routes,
                             comm.v_calls(),
                             comm.v_eager_only(),
-                            comm.eager_v(),
+                            (
+                                comm.eager_v(),
+                                routes_counts(comm),
+                                comm.direct_eager_floor(),
+                            ),
                             comm.last_algorithm(),
                         ))
                     });
                     let what = format!("{spec} {plan:?} eager {eager:?} {alg:?}");
                     for (r, x) in out.into_iter().enumerate() {
-                        let (routes, calls, eager_only, c, last) =
+                        let (routes, calls, eager_only, (c, routes_next, floor), last) =
                             x.unwrap_or_else(|e| panic!("{what} rank {r}: {e}"));
                         let want = if plan == MetaPlan::Agreed {
                             (0, 1)
@@ -1746,13 +1859,18 @@ mod tests {
                         };
                         assert_eq!(calls, want, "{what} rank {r}");
                         // Blocks of at most 16 bytes: all eager with the default,
-                        // which learns the fewest eager bytes for the next call; with 5
+                        // which learns the fewest eager bytes for the next call (padded
+                        // where the model routes the count messages, else unpadded and,
+                        // across hosts, at least `EAGER_V_DIRECT`); with 5
                         // eager bytes the remainders go right behind the counts unless
                         // a forced algorithm other than Flat carries them, or the model
                         // routes the count messages (then the data pass does).
                         let behind = u64::from(alg.is_none_or(|a| a == Algorithm::Flat) && !routes);
                         let (want_c, want_eager) = match (plan, eager) {
-                            (MetaPlan::Direct, None) => (super::EAGER_V_LEARN_MIN, 1),
+                            (MetaPlan::Direct, None) if routes_next => {
+                                (super::EAGER_V_LEARN_MIN, 1)
+                            }
+                            (MetaPlan::Direct, None) => (super::EAGER_V_LEARN_MIN.max(floor), 1),
                             (MetaPlan::Direct, Some(5)) => (5, behind),
                             _ => (0, 0),
                         };
@@ -1772,10 +1890,10 @@ mod tests {
     /// mode, the direct plan, eager bytes, no remainders expected) with an algorithm
     /// other than the direct exchange (across hosts, for small messages: HALO's).
     fn routes_counts(comm: &mut crate::Communicator) -> bool {
-        let f = 16 * comm.size() + comm.eager_v();
-        comm.core.forced.is_none()
-            && comm.eager_v() > 0
-            && comm.core.prepare_uniform(None, f).unwrap() != Algorithm::Flat
+        let plan = comm.meta_plan();
+        let eager = comm.eager_for(plan);
+        let spec = comm.speculate_v();
+        eager > 0 && comm.count_route(eager, spec).unwrap().routed.is_some()
     }
 
     /// One rank's call of a bad case: `Ok` per rank, or the error.
@@ -1915,21 +2033,30 @@ mod tests {
         let n = topo.size() as u64;
         let round = n * (n - 1);
         let direct = Some(MetaPlan::Direct);
-        let (e1, s1) = (super::EAGER_V + 1, super::SPECULATE_V);
+        // With flat forced the count messages go direct: at least `EAGER_V_DIRECT`
+        // bytes of each block with them.
+        let (e1, s1) = (super::EAGER_V_DIRECT + 1, super::SPECULATE_V);
         // (plan, eager bytes, speculated bytes, block bytes, messages, calls without a
         // data pass).
         let cases = [
             // The model picks the direct exchange for 4 ranks: one round.
             (None, None, None, 3, round, 1),
             (direct, None, None, 3, round, 1),
-            (direct, None, None, super::EAGER_V, round, 1),
+            (direct, None, None, super::EAGER_V_DIRECT, round, 1),
             // One byte more than the eager part: the remainder right behind the counts
             // (two messages per pair, no data pass), up to the largest speculated.
             (direct, None, None, e1, 2 * round, 1),
-            (direct, None, None, super::EAGER_V + s1, 2 * round, 1),
+            (direct, None, None, super::EAGER_V_DIRECT + s1, 2 * round, 1),
             (direct, Some(2), None, 3, 2 * round, 1),
             // Beyond it, or with speculation off: counts, then the data pass.
-            (direct, None, None, super::EAGER_V + s1 + 1, 2 * round, 0),
+            (
+                direct,
+                None,
+                None,
+                super::EAGER_V_DIRECT + s1 + 1,
+                2 * round,
+                0,
+            ),
             (direct, None, Some(0), e1, 2 * round, 0),
             (direct, Some(2), Some(0), 3, 2 * round, 0),
             // HALO_A2AV_EAGER=0: the count exchange, then the data pass, as before.
@@ -2067,6 +2194,52 @@ mod tests {
         }
     }
 
+    /// Ranks that carry different numbers of bytes with the counts (`set_eager_v`
+    /// differs, a misuse) send count messages of other lengths than their receivers
+    /// expect: every rank fails with a size mismatch, none hangs, none takes wrong
+    /// bytes, and the communicator works again once they agree.
+    #[test]
+    fn count_messages_of_another_length_fail_every_rank() {
+        let topo = Topology::preset("nodes:1x4").unwrap();
+        let n = topo.size();
+        let timeout = Duration::from_secs(5);
+        let out = LocalCluster::new(topo, Emulation::off())
+            .unwrap()
+            .run(|comm| {
+                comm.set_timeout(timeout);
+                comm.set_algorithm(Some(Algorithm::Flat));
+                let me = comm.rank();
+                // Blocks of 150 bytes: rank 1 carries 100 of them with the counts,
+                // the others all 150 (its messages are shorter, theirs to it longer).
+                comm.set_eager_v(Some(if me == 1 { 100 } else { 1024 }));
+                let c = vec![150usize; n];
+                let send = vec![me as u8 + 1; n * 150];
+                let mut recv = vec![0u8; n * 150];
+                let d = packed(&c);
+                let p = Partition::new(&c, &d);
+                let start = std::time::Instant::now();
+                let bad = comm.all_to_all_v(&send, &p, &mut recv, &p);
+                let took = start.elapsed();
+                comm.set_eager_v(None);
+                let mut again = vec![0u8; n * 150];
+                let good = comm.all_to_all_v(&send, &p, &mut again, &p);
+                Ok((bad, took, good.map(|()| again)))
+            });
+        for (r, x) in out.into_iter().enumerate() {
+            let (bad, took, good) = x.unwrap();
+            let e = bad.unwrap_err();
+            println!("rank {r} after {took:?}: {e}");
+            assert!(took < timeout / 2, "rank {r} took {took:?}");
+            assert!(
+                matches!(e, Error::InvalidUsage { .. }) && e.to_string().contains("mismatch"),
+                "rank {r}: {e:?}"
+            );
+            let again = good.unwrap_or_else(|e| panic!("rank {r}, the call after: {e}"));
+            let want: Vec<u8> = (0..n).flat_map(|s| vec![s as u8 + 1; 150]).collect();
+            assert_eq!(again, want, "rank {r}");
+        }
+    }
+
     /// The driven direct exchange waits as the engine does: a rank that never calls
     /// makes the others time out naming it (the count message they wait for), and an
     /// abort from another thread ends the wait at once.
@@ -2084,10 +2257,10 @@ mod tests {
                     std::thread::sleep(timeout * 4);
                     return Ok(None);
                 }
-                // Blocks of 3000 bytes: remainders behind the counts.
-                let c = vec![3000usize; n];
-                let send = vec![me as u8; n * 3000];
-                let mut recv = vec![0u8; n * 3000];
+                // Blocks of 9000 bytes: remainders behind the counts.
+                let c = vec![9000usize; n];
+                let send = vec![me as u8; n * 9000];
+                let mut recv = vec![0u8; n * 9000];
                 let handle = comm.abort_handle();
                 let aborter = (me == 3).then(|| {
                     std::thread::spawn(move || {
@@ -2280,8 +2453,11 @@ mod tests {
             .unwrap()
             .into_communicators();
         let comm = &mut comms[0];
+        comm.set_algorithm(Some(Algorithm::Flat));
         for (plan, want) in [
-            (MetaPlan::Direct, super::EAGER_V),
+            // Learned (the 1 KiB default before any call), at least `EAGER_V_DIRECT`
+            // where the count messages go direct (forced flat here).
+            (MetaPlan::Direct, super::EAGER_V_DIRECT),
             (MetaPlan::Gather(AllGatherAlgorithm::Bruck), 0),
             (MetaPlan::Gather(AllGatherAlgorithm::RecursiveDoubling), 0),
             (MetaPlan::Agreed, 0),

@@ -162,6 +162,14 @@ impl std::fmt::Debug for HybridSession<'_> {
     }
 }
 
+/// The kinds of operation [`HybridSession::post`] routes to a half.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Send,
+    Recv,
+    RecvUpTo,
+}
+
 impl HybridSession<'_> {
     /// The half that reaches `peer`.
     fn half(&self, peer: usize) -> CResult<usize> {
@@ -206,20 +214,17 @@ impl HybridSession<'_> {
         }
     }
 
-    fn post(
-        &mut self,
-        send: bool,
-        peer: usize,
-        tag: u64,
-        region: Region,
-        token: u32,
-    ) -> CResult<()> {
+    fn post(&mut self, op: Op, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
         let h = self.half(peer)?;
-        let r = match (h, send) {
-            (SHM, true) => self.shm.post_send(peer, tag, region, token),
-            (SHM, false) => self.shm.post_recv(peer, tag, region, token),
-            (_, true) => self.fabric.post_send(peer, tag, region, token),
-            (_, false) => self.fabric.post_recv(peer, tag, region, token),
+        let half: &mut dyn Session = if h == SHM {
+            &mut self.shm
+        } else {
+            &mut self.fabric
+        };
+        let r = match op {
+            Op::Send => half.post_send(peer, tag, region, token),
+            Op::Recv => half.post_recv(peer, tag, region, token),
+            Op::RecvUpTo => half.post_recv_up_to(peer, tag, region, token),
         };
         self.shared(h, r)?;
         self.posted(token, h);
@@ -229,11 +234,28 @@ impl HybridSession<'_> {
 
 impl Session for HybridSession<'_> {
     fn post_send(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
-        self.post(true, peer, tag, region, token)
+        self.post(Op::Send, peer, tag, region, token)
     }
 
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
-        self.post(false, peer, tag, region, token)
+        self.post(Op::Recv, peer, tag, region, token)
+    }
+
+    fn post_recv_up_to(
+        &mut self,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+    ) -> CResult<()> {
+        self.post(Op::RecvUpTo, peer, tag, region, token)
+    }
+
+    fn received_len(&mut self, token: u32) -> Option<usize> {
+        // Tokens are unique within the session: at most one half knows this one.
+        self.shm
+            .received_len(token)
+            .or_else(|| self.fabric.received_len(token))
     }
 
     fn post_poison(&mut self, peer: usize, tag: u64) -> CResult<()> {

@@ -436,6 +436,21 @@ impl<S: Session> Session for Mapped<'_, S> {
         self.inner.post_recv(w, tag, region, token)
     }
 
+    fn post_recv_up_to(
+        &mut self,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+    ) -> CResult<()> {
+        let w = self.world(peer)?;
+        self.inner.post_recv_up_to(w, tag, region, token)
+    }
+
+    fn received_len(&mut self, token: u32) -> Option<usize> {
+        self.inner.received_len(token)
+    }
+
     fn copy(&mut self, src: Region, dst: Region) -> CResult<()> {
         self.inner.copy(src, dst)
     }

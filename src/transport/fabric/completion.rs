@@ -150,8 +150,10 @@ impl FabricTransport {
     }
 
     /// Completes one operation. A receive that completed with another length than
-    /// it was posted with (a shorter message), or from a peer whose call has another
-    /// uniform block size, is an error naming the peer and both sizes.
+    /// it was posted with (a shorter message; only a receive posted with
+    /// `Session::post_recv_up_to` takes one, and notes its length), or from a peer
+    /// whose call has another uniform block size, is an error naming the peer and both
+    /// sizes.
     fn complete(
         &mut self,
         en: &fi::fi_cq_tagged_entry,
@@ -163,9 +165,9 @@ impl FabricTransport {
             return Ok(());
         }
         // SAFETY: the context is one of ours (see `poll`).
-        let (token, peer, is_send, posted, tag) = unsafe {
+        let (token, peer, is_send, posted, tag, up_to) = unsafe {
             let c = &*ctx;
-            (c.token, c.peer, c.is_send, c.len, c.tag)
+            (c.token, c.peer, c.is_send, c.len, c.tag, c.up_to)
         };
         self.release(ctx);
         if !is_send {
@@ -184,7 +186,12 @@ impl FabricTransport {
                 .as_ref()
                 .map_or(0, |e| e.block_data(self.block));
             let blocks_differ = block.is_some() && ours != 0 && en.data != ours;
-            if en.len != posted || blocks_differ {
+            let fits = if up_to {
+                en.len <= posted
+            } else {
+                en.len == posted
+            };
+            if !fits || blocks_differ {
                 return Err(crate::transport::mismatch(
                     peer as usize,
                     self.rank,
@@ -196,6 +203,9 @@ impl FabricTransport {
                     },
                     self.rank,
                 ));
+            }
+            if up_to {
+                self.lens.push((token, en.len));
             }
         }
         done.push(token);

@@ -49,6 +49,8 @@ pub(super) struct Deferred {
     ///
     /// [`FabricEndpoint::poison_data`]: super::endpoint::FabricEndpoint::poison_data
     pub(super) poison: bool,
+    /// A receive that a shorter message completes too ([`Session::post_recv_up_to`]).
+    pub(super) up_to: bool,
 }
 
 /// One collective's operations on the fabric transport.
@@ -106,6 +108,7 @@ impl<'a> FabricSession<'a> {
             mismatch: false,
             last_watch: Instant::now(),
         };
+        session.t.lens.clear();
         session.register()?;
         Ok(session)
     }
@@ -198,6 +201,7 @@ impl FabricSession<'_> {
         is_send: bool,
         region: Region,
         tag: u64,
+        up_to: bool,
     ) -> CResult<()> {
         if peer >= self.t.size || peer == self.t.rank {
             return Err(CollectiveError::Internal(format!(
@@ -213,6 +217,7 @@ impl FabricSession<'_> {
             tag,
             since: Instant::now(),
             poison: false,
+            up_to,
         };
         if self.t.backlog.iter().any(|b| b.peer == peer) || !self.try_post(&d)? {
             self.t.backlog.push(d);
@@ -435,13 +440,28 @@ impl FabricSession<'_> {
 
 impl Session for FabricSession<'_> {
     fn post_send(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
-        let r = self.post(peer, token, true, region, tag);
+        let r = self.post(peer, token, true, region, tag, false);
         self.note(r)
     }
 
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
-        let r = self.post(peer, token, false, region, tag);
+        let r = self.post(peer, token, false, region, tag, false);
         self.note(r)
+    }
+
+    fn post_recv_up_to(
+        &mut self,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+    ) -> CResult<()> {
+        let r = self.post(peer, token, false, region, tag, true);
+        self.note(r)
+    }
+
+    fn received_len(&mut self, token: u32) -> Option<usize> {
+        crate::transport::take_len(&mut self.t.lens, token)
     }
 
     fn post_poison(&mut self, peer: usize, tag: u64) -> CResult<()> {
@@ -462,6 +482,7 @@ impl Session for FabricSession<'_> {
             tag: self.full_tag(tag)?,
             since: Instant::now(),
             poison: true,
+            up_to: false,
         };
         if self.t.backlog.iter().any(|b| b.peer == peer) || !self.try_post(&d)? {
             self.t.backlog.push(d);

@@ -28,6 +28,8 @@ pub(super) struct OpCtx {
     pub(super) len: usize,
     /// The posted region (a receive's is written by the provider until it completes).
     pub(super) region: Region,
+    /// A receive that a shorter message completes too (`Session::post_recv_up_to`).
+    pub(super) up_to: bool,
     /// The full tag, for messages naming the operation.
     pub(super) tag: u64,
 }
@@ -58,6 +60,9 @@ pub(crate) struct FabricTransport {
     pub(super) polls: u32,
     /// Posts refused with -FI_EAGAIN, in posting order (kept here to reuse the memory).
     pub(super) backlog: Vec<Deferred>,
+    /// The lengths of the messages that completed receives posted with
+    /// `Session::post_recv_up_to` in the session in progress, by token, until asked.
+    pub(super) lens: Vec<(u32, usize)>,
     /// Scratch list of peers (reused).
     pub(super) peers: Vec<usize>,
     /// Same-host peers' processes, by rank, for noticing a peer that died.
@@ -143,6 +148,7 @@ impl FabricTransport {
             polls: 0,
             free: Vec::new(),
             backlog: Vec::new(),
+            lens: Vec::new(),
             peers: Vec::new(),
             watch: vec![None; size],
             bell,
@@ -311,6 +317,7 @@ impl FabricTransport {
                     index: 0,
                     len: 0,
                     region: Region::new(Buf::Send, 0, 0),
+                    up_to: false,
                     tag: 0,
                 }));
                 let i = self.ctxs.len() - 1;
@@ -326,6 +333,7 @@ impl FabricTransport {
         c.in_use = true;
         c.len = d.region.len;
         c.region = d.region;
+        c.up_to = d.up_to;
         c.tag = d.tag;
         self.posted[ep as usize] += 1;
         &mut **c as *mut OpCtx

@@ -396,12 +396,17 @@ struct SessionPool {
     ready: Vec<u32>,
     live_sends: Vec<(u32, Region)>,
     gone: Vec<bool>,
+    /// The lengths of messages that completed receives posted with
+    /// `Session::post_recv_up_to`, by token, until asked.
+    lens: Vec<(u32, usize)>,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct PostedRecv {
     region: Region,
     token: u32,
+    /// A shorter message completes it too (`Session::post_recv_up_to`).
+    up_to: bool,
 }
 
 #[derive(Debug)]
@@ -498,4 +503,36 @@ pub(crate) struct LocalSession<'a> {
     pool: SessionPool,
     /// The session borrows the caller's buffers for `'a`.
     _bufs: PhantomData<(&'a [u8], &'a mut [u8], &'a mut [u8])>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::Backend;
+    use crate::transport::testing::{a_longer_message_is_a_mismatch, receives_up_to};
+
+    /// The transports of a two-rank cluster, one per thread, running `f`.
+    fn on_two(f: impl Fn(&mut LocalTransport) + Sync) {
+        let topo = Topology::preset("nodes:1x2").unwrap();
+        let comms = LocalCluster::new(topo, Emulation::off())
+            .unwrap()
+            .into_communicators();
+        std::thread::scope(|s| {
+            for mut comm in comms {
+                let f = &f;
+                s.spawn(move || match &mut comm.core.backend {
+                    Backend::Local(t) => f(t),
+                    other => panic!("not the in-process transport: {other:?}"),
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn receives_up_to_a_length_take_shorter_messages_and_tell_their_length() {
+        for late in [false, true] {
+            on_two(|t| receives_up_to(t, late));
+        }
+        on_two(a_longer_message_is_a_mismatch);
+    }
 }

@@ -176,7 +176,12 @@ impl LocalSession<'_> {
             block: self.block,
         };
         let blocks_differ = matches!((desc.block, self.block), (Some(a), Some(b)) if a != b);
-        if desc.len != recv.region.len || blocks_differ {
+        let fits = if recv.up_to {
+            desc.len <= recv.region.len
+        } else {
+            desc.len == recv.region.len
+        };
+        if !fits || blocks_differ {
             // Rejected, not copied: both ends fail, with the same words.
             finish(REJECTED, Some(expected));
             self.mismatch = true;
@@ -221,8 +226,36 @@ impl LocalSession<'_> {
             unsafe { std::ptr::copy_nonoverlapping(desc.ptr, dst, desc.len) };
         }
         finish(DONE, None);
+        if recv.up_to {
+            self.pool.lens.push((recv.token, desc.len));
+        }
         self.pool.ready.push(recv.token);
         Ok(())
+    }
+
+    fn post_recv_inner(
+        &mut self,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+        up_to: bool,
+    ) -> CResult<()> {
+        self.check_peer(peer)?;
+        let tag = self.full_tag(tag)?;
+        self.locate_write(region)?;
+        let key = (peer as u32, tag);
+        let recv = PostedRecv {
+            region,
+            token,
+            up_to,
+        };
+        if self.pool.posted.insert(key, recv).is_some() {
+            return Err(CollectiveError::Internal(format!(
+                "two receives posted from rank {peer} with tag {tag:#x}"
+            )));
+        }
+        self.try_match(key)
     }
 
     /// Matches receives whose descriptors have reached their modelled arrival time.
@@ -338,21 +371,21 @@ impl Session for LocalSession<'_> {
     }
 
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
-        self.check_peer(peer)?;
-        let tag = self.full_tag(tag)?;
-        self.locate_write(region)?;
-        let key = (peer as u32, tag);
-        if self
-            .pool
-            .posted
-            .insert(key, PostedRecv { region, token })
-            .is_some()
-        {
-            return Err(CollectiveError::Internal(format!(
-                "two receives posted from rank {peer} with tag {tag:#x}"
-            )));
-        }
-        self.try_match(key)
+        self.post_recv_inner(peer, tag, region, token, false)
+    }
+
+    fn post_recv_up_to(
+        &mut self,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+    ) -> CResult<()> {
+        self.post_recv_inner(peer, tag, region, token, true)
+    }
+
+    fn received_len(&mut self, token: u32) -> Option<usize> {
+        crate::transport::take_len(&mut self.pool.lens, token)
     }
 
     fn read(&mut self, region: Region, out: &mut [u8]) -> CResult<()> {
@@ -523,6 +556,7 @@ impl Drop for LocalSession<'_> {
         pool.posted.clear();
         pool.arriving.clear();
         pool.ready.clear();
+        pool.lens.clear();
         pool.live_sends.clear();
         self.ep.pool = pool;
     }

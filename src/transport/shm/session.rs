@@ -6,7 +6,7 @@ use super::segment::{CELL_HEAD, CellHead, KIND_FIRST, KIND_MORE, KIND_POISON, KI
 use super::{CResult, ShmTransport};
 use crate::transport::fabric::has_ended;
 use crate::transport::raw::RawBuffers;
-use crate::transport::{Expected, mismatch, poisoned};
+use crate::transport::{Expected, mismatch, poisoned, take_len};
 use halo_collectives::{CollectiveError, Region, Session, TAG_BITS};
 use std::ptr;
 use std::sync::atomic::Ordering;
@@ -78,6 +78,8 @@ pub(crate) struct PostedRecv {
     /// Where the bytes go, in a buffer of the session in progress.
     dst: *mut u8,
     len: usize,
+    /// A shorter message completes it too ([`Session::post_recv_up_to`]).
+    up_to: bool,
 }
 
 /// A message that arrived whole before its receive was posted.
@@ -93,8 +95,12 @@ pub(crate) struct Unexpected {
 /// Where the cells of the message in progress go.
 #[derive(Debug)]
 enum Dest {
-    /// Into a posted receive.
-    Recv { token: u32, dst: *mut u8 },
+    /// Into a posted receive (`up_to`: one that notes the message's length).
+    Recv {
+        token: u32,
+        dst: *mut u8,
+        up_to: bool,
+    },
     /// Into memory of the transport's own, until its receive is posted.
     Heap(Vec<u8>),
     /// Nowhere (a refused message, or after a failure).
@@ -130,6 +136,9 @@ pub(crate) struct ShmSession<'a> {
     mismatch: bool,
     /// Since when nothing has moved (`None`: something just did).
     idle_since: Option<Instant>,
+    /// The lengths of the messages that completed receives posted with
+    /// [`Session::post_recv_up_to`], by token, until asked.
+    lens: Vec<(u32, usize)>,
     /// When the peers' processes were last looked at (`None`: not yet in this call;
     /// the clock is read only once the call has to wait).
     last_watch: Option<Instant>,
@@ -160,6 +169,7 @@ impl<'a> ShmSession<'a> {
             error: None,
             mismatch: false,
             idle_since: None,
+            lens: Vec::new(),
             last_watch: None,
             t,
         }
@@ -207,17 +217,18 @@ impl ShmSession<'_> {
     }
 
     /// The error when a message of `len` bytes and block `block` from `peer` meets a
-    /// receive of `want` bytes; `None` when they agree.
+    /// receive of `want` bytes (`up_to`: at most `want`); `None` when they agree.
     fn refuse(
         &self,
         peer: usize,
         tag: u64,
-        len: usize,
-        block: u64,
+        (len, block): (usize, u64),
         want: usize,
+        up_to: bool,
     ) -> Option<CollectiveError> {
         let (theirs, ours) = (block_of(block), block_of(self.block));
-        let differ = len != want || matches!((theirs, ours), (Some(a), Some(b)) if a != b);
+        let fits = if up_to { len <= want } else { len == want };
+        let differ = !fits || matches!((theirs, ours), (Some(a), Some(b)) if a != b);
         differ.then(|| {
             let me = self.t.rank;
             mismatch(
@@ -504,7 +515,7 @@ impl ShmSession<'_> {
                     match self.find_recv(p, h.tag) {
                         Some(i) => {
                             let r = self.t.recvs.remove(i);
-                            if let Some(e) = self.refuse(p, h.tag, len, h.block, r.len) {
+                            if let Some(e) = self.refuse(p, h.tag, (len, h.block), r.len, r.up_to) {
                                 // The rest of it is read and dropped.
                                 part.got = chunk.min(len);
                                 if part.got < len {
@@ -515,6 +526,7 @@ impl ShmSession<'_> {
                             part.dest = Dest::Recv {
                                 token: r.token,
                                 dst: r.dst,
+                                up_to: r.up_to,
                             };
                         }
                         None => part.dest = Dest::Heap(Vec::with_capacity(len.min(1 << 20))),
@@ -550,7 +562,12 @@ impl ShmSession<'_> {
             return Ok(());
         }
         match part.dest {
-            Dest::Recv { token, .. } => self.done.push(token),
+            Dest::Recv { token, up_to, .. } => {
+                if up_to {
+                    self.lens.push((token, part.len));
+                }
+                self.done.push(token);
+            }
             Dest::Heap(data) => self.t.unexpected.push(Unexpected {
                 peer: p,
                 tag: part.tag,
@@ -582,7 +599,7 @@ impl ShmSession<'_> {
             ),
         };
         if let Some(r) = &posted
-            && let Some(e) = self.refuse(p, h.tag, len, h.block, r.len)
+            && let Some(e) = self.refuse(p, h.tag, (len, h.block), r.len, r.up_to)
         {
             // Not read: the sender's send completes, as on the ring path.
             let _ = rdv
@@ -617,8 +634,8 @@ impl ShmSession<'_> {
                 heap.as_mut_ptr()
             }
         };
-        // SAFETY: `dst .. + len` is the posted receive's region (bounds-checked at post
-        // time, `len` equal to its length: `refuse` above), in a buffer the session
+        // SAFETY: `dst .. + len` is inside the posted receive's region (bounds-checked
+        // at post time, `len` at most its length: `refuse` above), in a buffer the session
         // borrows mutably, or `heap`'s reserved capacity of `len` bytes; nothing else
         // touches either during the call.
         let read = unsafe { cma::read_from(pid, dst, addr, len) };
@@ -657,7 +674,12 @@ impl ShmSession<'_> {
             return self.abandoned(p, h, posted, withdrawn());
         }
         match posted {
-            Some(r) => self.done.push(r.token),
+            Some(r) => {
+                if r.up_to {
+                    self.lens.push((r.token, len));
+                }
+                self.done.push(r.token);
+            }
             None => {
                 // SAFETY: the read filled all `len` reserved bytes.
                 unsafe { heap.set_len(len) };
@@ -727,6 +749,7 @@ impl ShmSession<'_> {
         tag: u64,
         region: Region,
         token: u32,
+        up_to: bool,
     ) -> CResult<()> {
         self.check_peer(peer)?;
         let tag = self.full_tag(tag)?;
@@ -743,12 +766,16 @@ impl ShmSession<'_> {
             if u.poison {
                 return Err(poisoned(peer, me, tag));
             }
-            if let Some(e) = self.refuse(peer, tag, u.data.len(), u.block, want) {
+            let len = u.data.len();
+            if let Some(e) = self.refuse(peer, tag, (len, u.block), want, up_to) {
                 return Err(e);
             }
             // SAFETY: `dst .. + want` was bounds-checked just above in a buffer the
-            // session borrows mutably; `u.data` holds exactly `want` bytes (checked).
-            unsafe { ptr::copy_nonoverlapping(u.data.as_ptr(), dst, want) };
+            // session borrows mutably; `u.data` holds `len <= want` bytes (checked).
+            unsafe { ptr::copy_nonoverlapping(u.data.as_ptr(), dst, len) };
+            if up_to {
+                self.lens.push((token, len));
+            }
             self.done.push(token);
             return Ok(());
         }
@@ -761,7 +788,7 @@ impl ShmSession<'_> {
                 let part = self.t.inn[peer].partial.as_ref().expect("checked");
                 (part.len, part.block)
             };
-            let refused = self.refuse(peer, tag, len, block, want);
+            let refused = self.refuse(peer, tag, (len, block), want, up_to);
             let part = self.t.inn[peer].partial.as_mut().expect("checked");
             let dest = std::mem::replace(&mut part.dest, Dest::Discard);
             if let Some(e) = refused {
@@ -772,7 +799,7 @@ impl ShmSession<'_> {
                 // destination was bounds-checked for `want` bytes above.
                 unsafe { ptr::copy_nonoverlapping(v.as_ptr(), dst, v.len()) };
             }
-            part.dest = Dest::Recv { token, dst };
+            part.dest = Dest::Recv { token, dst, up_to };
             return Ok(());
         }
         self.t.recvs.push(PostedRecv {
@@ -781,6 +808,7 @@ impl ShmSession<'_> {
             tag,
             dst,
             len: want,
+            up_to,
         });
         Ok(())
     }
@@ -899,8 +927,23 @@ impl Session for ShmSession<'_> {
     }
 
     fn post_recv(&mut self, peer: usize, tag: u64, region: Region, token: u32) -> CResult<()> {
-        let r = self.post_recv_inner(peer, tag, region, token);
+        let r = self.post_recv_inner(peer, tag, region, token, false);
         self.note(r)
+    }
+
+    fn post_recv_up_to(
+        &mut self,
+        peer: usize,
+        tag: u64,
+        region: Region,
+        token: u32,
+    ) -> CResult<()> {
+        let r = self.post_recv_inner(peer, tag, region, token, true);
+        self.note(r)
+    }
+
+    fn received_len(&mut self, token: u32) -> Option<usize> {
+        take_len(&mut self.lens, token)
     }
 
     fn post_poison(&mut self, peer: usize, tag: u64) -> CResult<()> {

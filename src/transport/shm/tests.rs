@@ -4,6 +4,7 @@
 //! zero-length messages), byte-exact; and the refusals (size mismatch, poison).
 
 use super::{Segment, ShmTransport};
+use crate::transport::testing::complete;
 use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, Transport};
 use std::time::{Duration, Instant};
 
@@ -26,23 +27,6 @@ fn pair(slots: usize, cell: usize) -> (ShmTransport, ShmTransport) {
         let ta = ShmTransport::new(0, 2, a, vec![None, None]).unwrap();
         (ta, hb.join().unwrap())
     })
-}
-
-/// Drives `s` until every token in `want` completed (or fails after 20 s).
-fn complete(s: &mut impl Session, want: usize) -> Result<(), CollectiveError> {
-    let mut done = Vec::new();
-    let start = Instant::now();
-    while done.len() < want {
-        s.progress(&mut done)?;
-        if done.len() < want {
-            assert!(start.elapsed() < Duration::from_secs(20), "stuck: {done:?}");
-            s.wait(Duration::from_micros(200))?;
-        }
-    }
-    done.sort_unstable();
-    done.dedup();
-    assert_eq!(done.len(), want, "a token completed twice");
-    Ok(())
 }
 
 /// One round on one rank: send every message of [`LENS`] to the peer and receive
@@ -636,4 +620,26 @@ fn a_receiver_killed_while_its_sender_waits_for_the_ack_fails_the_send() {
     assert!(t.broken.is_some());
     assert_eq!(t.rdv_sent, 1);
     let _ = child.wait();
+}
+
+#[test]
+fn receives_up_to_a_length_take_shorter_messages_and_tell_their_length() {
+    // Tiny rings (messages above 64 bytes are larger than the ring: they arrive in
+    // part before a late receive is posted) and the default cells.
+    for (slots, cell) in [(2, 64), (32, 8192)] {
+        for late in [false, true] {
+            let (mut a, mut b) = pair(slots, cell);
+            std::thread::scope(|s| {
+                s.spawn(|| crate::transport::testing::receives_up_to(&mut a, late));
+                s.spawn(|| crate::transport::testing::receives_up_to(&mut b, late));
+            });
+            assert!(a.broken.is_none() && b.broken.is_none());
+            assert!(a.unexpected.is_empty() && b.unexpected.is_empty());
+        }
+    }
+    let (mut a, mut b) = pair(4, 64);
+    std::thread::scope(|s| {
+        s.spawn(|| crate::transport::testing::a_longer_message_is_a_mismatch(&mut a));
+        s.spawn(|| crate::transport::testing::a_longer_message_is_a_mismatch(&mut b));
+    });
 }
