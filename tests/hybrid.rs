@@ -179,16 +179,16 @@ fn a_size_mismatch_fails_every_rank_on_both_halves() {
 /// it. Every rank fails at once, with the errors of the three-pass exchange, and the
 /// next call on the same communicators moves every byte right (nothing was left
 /// unread in a ring or a provider's queue).
-#[test]
-fn an_all_to_all_v_count_mismatch_with_remainders_behind_the_counts() {
-    let hosts = ["hva", "hva", "hvb", "hvb"];
+/// All-to-all-v with pairs that disagree on their counts, on real ranks over HALO's
+/// rings and `tcp;ofi_rxm`: either way the count messages go (`alg`), every rank fails
+/// at once with the errors of the three passes, and the next call is byte-exact.
+fn an_all_to_all_v_count_mismatch(alg: Option<Algorithm>, eager: usize, hosts: [&str; 4]) {
     let n = hosts.len();
     let timeout = Duration::from_secs(20);
     let out = job(&hosts, &config(timeout), |me, mut comm| {
         check_routes(&comm, &hosts);
-        // The count messages go direct with 8 KiB of each block: the blocks of 12,000
-        // bytes and more send their remainders right behind them.
-        assert_eq!(comm.eager_v(), 8192);
+        comm.set_algorithm(alg);
+        assert_eq!(comm.eager_v(), eager);
         let mut sc = vec![1500usize; n];
         let mut rc = vec![1500usize; n];
         match me {
@@ -250,6 +250,20 @@ fn an_all_to_all_v_count_mismatch_with_remainders_behind_the_counts() {
             (r, other) => panic!("rank {r}: {other:?}"),
         }
     }
+}
+
+#[test]
+fn an_all_to_all_v_count_mismatch_with_remainders_behind_the_counts() {
+    // Flat forced: the count messages go direct with 8 KiB of each block, and the
+    // blocks of 12,000 bytes and more send their remainders right behind them.
+    an_all_to_all_v_count_mismatch(Some(Algorithm::Flat), 8192, ["hva", "hva", "hvb", "hvb"]);
+}
+
+#[test]
+fn an_all_to_all_v_count_mismatch_with_the_counts_in_two_hops() {
+    // Automatic: the count messages take the two hops between the hosts with the first
+    // 1 KiB of each block; the remainders take the data pass.
+    an_all_to_all_v_count_mismatch(None, 1024, ["hwa", "hwa", "hwb", "hwb"]);
 }
 
 #[test]

@@ -64,17 +64,29 @@
 //! every rank) change `S` (0: every remainder takes the data pass, as before); a forced
 //! algorithm other than `Flat` carries every remainder in its data pass.
 //!
-//! **Count messages across hosts.** The count messages can be a uniform all-to-all of
-//! `F`-byte blocks (`[p's row][p's first bytes for q][zeros]`). In automatic mode, when
-//! the last call's blocks all fitted in `C` (so none is expected to need more) and the
-//! cost model prefers another algorithm than the direct exchange for `F` bytes (across
-//! hosts, for small `F`: HALO's hierarchical all-to-all, which sends far fewer messages
-//! over the network), that algorithm carries them; remainders, if any, then take the
-//! data pass, and the next call goes direct with its remainders behind the counts.
-//! Every rank decides alike (the model is deterministic, the last call's matrix the
-//! same everywhere), and [`Communicator::last_algorithm`] names the algorithm that
-//! carried the count messages of a call without a data pass. On one host the model
-//! takes the direct exchange.
+//! **Count messages across hosts.** In automatic mode, when the last call's blocks all
+//! fitted in `C` (so none is expected to need more), the count messages go a way that
+//! sends fewer messages over the network than the direct exchange (`n - 1` per rank):
+//! - across hosts of the same number of ranks, in **two hops** (`count_hops`): each
+//!   rank sends one message per other host, to the rank of its own local index there
+//!   (its row and its first bytes for each of that host's ranks), which hands each
+//!   rank of its host its part in one message per host peer (the rows and first bytes
+//!   it holds for it); the same host's ranks exchange directly. All unpadded (receives
+//!   of up to a bound, every length checked against the rows the message carries), so
+//!   `C` is learned up to 16 KiB there ([`EAGER_V_LEARN_MAX_UNPADDED`]) with no padding
+//!   rule. 4 hosts x 2: 3 messages per rank over the network instead of 6;
+//! - elsewhere (hosts of different sizes), as a uniform all-to-all of `F`-byte blocks
+//!   (`[p's row][p's first bytes for q][zeros]`, padded) with the algorithm the cost
+//!   model prefers for `F` bytes, where that is not the direct exchange (across hosts,
+//!   for small `F`, HALO's hierarchical all-to-all).
+//!
+//! Remainders, if any, then take the data pass, and the next call goes direct with
+//! its remainders behind the counts. Every rank decides alike (the topology and the
+//! model are deterministic, the last call's matrix the same everywhere), and
+//! [`Communicator::last_algorithm`] names the algorithm that carried the count
+//! messages of a call without a data pass (`Halo` for the two hops). On one host the
+//! count messages go direct. After a size mismatch a rank sends poison in place of
+//! the second hops it has not sent, so that its host's ranks fail at once too.
 //!
 //! **Three passes (large communicators).** The gathered matrix is `16 n^2` bytes on
 //! every rank: on a network it costs more than two latency-bound passes once `n` is a
@@ -183,13 +195,27 @@ pub(crate) const EAGER_V_LEARN_MAX: usize = 4096;
 /// - Above [`EAGER_V`], only where the padded messages (`n^2 c` bytes of blocks) are
 ///   at most four times the data: a skewed matrix with one large block and many small
 ///   ones keeps the default.
-pub(crate) fn learn_eager(c: usize, max_block: usize, total: u64, n: usize) -> usize {
-    if max_block > EAGER_V_LEARN_MAX {
+///
+/// `unpadded` (the count messages are never padded: across hosts that take the two
+/// hops): up to [`EAGER_V_LEARN_MAX_UNPADDED`] instead, and without the padding rule.
+pub(crate) fn learn_eager(
+    c: usize,
+    max_block: usize,
+    total: u64,
+    n: usize,
+    unpadded: bool,
+) -> usize {
+    let most = if unpadded {
+        EAGER_V_LEARN_MAX_UNPADDED
+    } else {
+        EAGER_V_LEARN_MAX
+    };
+    if max_block > most {
         return EAGER_V;
     }
     let want = (max_block + max_block / 8)
         .next_multiple_of(64)
-        .clamp(EAGER_V_LEARN_MIN, EAGER_V_LEARN_MAX);
+        .clamp(EAGER_V_LEARN_MIN, most);
     let next = if max_block <= c && want > c / 2 {
         c
     } else {
@@ -198,11 +224,18 @@ pub(crate) fn learn_eager(c: usize, max_block: usize, total: u64, n: usize) -> u
     let padded = (n as u64)
         .saturating_mul(n as u64)
         .saturating_mul(next as u64);
-    if next > EAGER_V && padded > total.saturating_mul(4) {
+    if !unpadded && next > EAGER_V && padded > total.saturating_mul(4) {
         return EAGER_V;
     }
     next
 }
+
+/// The most eager bytes a communicator learns where its count messages are never
+/// padded (across hosts that take the two hops, [`super::count_hops`]): up to 16 KiB
+/// the hops carried MoE blocks of 4-8 KiB mean at 1.03-1.17x of Open MPI's
+/// `MPI_Alltoallv` on 4 emulated hosts; 32 KiB was 0.94-1.05x there
+/// (docs/BENCHMARKS.md).
+pub(crate) const EAGER_V_LEARN_MAX_UNPADDED: usize = 16384;
 
 /// The largest `HALO_A2AV_EAGER` taken (larger values are cut to it): every message of
 /// the count exchange carries that many bytes.
@@ -240,6 +273,9 @@ struct CountRoute {
     /// The uniform all-to-all that carries them, padded to `16 n + c` bytes, where
     /// not the direct exchange (remainders then take the data pass).
     routed: Option<Algorithm>,
+    /// Routed in two hops, unpadded ([`super::count_hops`]), not by the uniform
+    /// all-to-all.
+    hops: bool,
     /// The bytes of each block they carry.
     c: usize,
     /// The largest remainder sent right behind them (0 when routed).
@@ -292,6 +328,8 @@ pub(crate) struct VState {
     last_largest: Option<u64>,
     /// The driven direct exchange's bookkeeping, reused from call to call.
     drive: DriveState,
+    /// The two-hop exchange's, likewise.
+    hops: super::count_hops::HopState,
 }
 
 impl VState {
@@ -351,6 +389,64 @@ fn speculated(count: u64, c: usize, s: usize) -> Option<usize> {
     }
     let rest = usize::try_from(count).ok()?.checked_sub(c)?;
     (rest > 0 && rest <= s).then_some(rest)
+}
+
+/// The error for a count message of `got` bytes from `from` where the rows it carries
+/// say `want` (its sender carries another number of bytes with the counts).
+pub(super) fn wrong_length(
+    from: usize,
+    me: usize,
+    got: usize,
+    want: usize,
+    c: usize,
+) -> CollectiveError {
+    CollectiveError::Mismatch {
+        peer: from,
+        message: format!(
+            "size mismatch: rank {from}'s all-to-all-v count message to rank {me} is {got} \
+             bytes where its rows say {want} with {c} eager bytes (the ranks carry different \
+             numbers of bytes with the counts: HALO_A2AV_EAGER or set_eager_v differ)"
+        ),
+    }
+}
+
+/// How long a rank that found a count message of the wrong length keeps delivering
+/// its own sends before it fails (as the transports do after a size mismatch).
+const FLUSH_SENDS: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Returns `e` once this rank's `left` outstanding sends (the completions `is_send`
+/// names) have completed or [`FLUSH_SENDS`] has passed: a receiver then fails at once
+/// too (a message longer than it takes is a size mismatch at its transport), not at
+/// its timeout. Errors meanwhile are expected and dropped.
+pub(super) fn flush_sends(
+    session: &mut dyn Session,
+    mut left: usize,
+    is_send: impl Fn(u32) -> bool,
+    e: CollectiveError,
+) -> CollectiveError {
+    let deadline = std::time::Instant::now() + FLUSH_SENDS;
+    let mut done = Vec::new();
+    while left > 0 && std::time::Instant::now() < deadline {
+        done.clear();
+        if session.progress(&mut done).is_err() {
+            break;
+        }
+        left -= done.iter().filter(|&&t| is_send(t)).count().min(left);
+        if done.is_empty() {
+            std::thread::yield_now();
+        }
+    }
+    e
+}
+
+/// The bytes of a block of `count` bytes (`u64::MAX`: its sender's arguments are
+/// invalid, it sends none) that a count message carries with `c` eager bytes.
+pub(super) fn eager_len(count: u64, c: usize) -> usize {
+    if count == u64::MAX {
+        0
+    } else {
+        usize::try_from(count).unwrap_or(usize::MAX).min(c)
+    }
 }
 
 /// Every rank's schedule of the direct all-gather of `row`-byte rows: the flat fan-out
@@ -893,21 +989,32 @@ impl Communicator {
     /// (see [`CountRoute`]); the same on every rank.
     fn count_route(&mut self, c: usize, s: usize) -> Result<CountRoute> {
         let f = self.size() * META_BLOCK + c;
-        // The count messages are a uniform all-to-all of `f`-byte blocks: in automatic
-        // mode, when the last call's blocks all fitted in the eager bytes (no remainders
-        // expected) and the cost model prefers another algorithm for `f` bytes than the
-        // direct exchange (across hosts, for small messages, a hierarchical one, which
-        // sends far fewer messages over the network), that algorithm carries them and
-        // remainders take the data pass. Every rank decides alike: the model is
-        // deterministic, the last call's matrix the same everywhere. (The tuner's
-        // measured choice was tried here and lost on one host: its trials of other
-        // algorithms cost more than they found; docs/BENCHMARKS.md.)
+        // In automatic mode, when the last call's blocks all fitted in the eager bytes
+        // (no remainders expected), the count messages go another way than the direct
+        // exchange where one sends fewer messages over the network: across hosts of
+        // the same number of ranks, the two hops ([`super::count_hops`], unpadded: one
+        // message per other host instead of one per rank there), elsewhere a uniform
+        // all-to-all of `f`-byte blocks (padded) where the cost model prefers another
+        // algorithm than the direct exchange for that size. Remainders then take the
+        // data pass. Every rank decides alike: the topology and the model are the
+        // same everywhere, and so is the last call's matrix. (The tuner's measured
+        // choice was tried for the uniform way and lost on one host: its trials of
+        // other algorithms cost more than they found; docs/BENCHMARKS.md.)
         let expect_rest = self.pool.v.last_largest.is_some_and(|l| l > c as u64);
         if self.core.forced.is_none() && !(s > 0 && expect_rest) {
+            if super::count_hops::applies(&self.core.topology) {
+                return Ok(CountRoute {
+                    routed: Some(Algorithm::Halo),
+                    hops: true,
+                    c,
+                    s: 0,
+                });
+            }
             let a = self.core.prepare_uniform(None, f)?;
             if a != Algorithm::Flat {
                 return Ok(CountRoute {
                     routed: Some(a),
+                    hops: false,
                     c,
                     s: 0,
                 });
@@ -921,7 +1028,12 @@ impl Communicator {
         } else {
             c
         };
-        Ok(CountRoute { routed: None, c, s })
+        Ok(CountRoute {
+            routed: None,
+            hops: false,
+            c,
+            s,
+        })
     }
 
     /// The least eager bytes of the direct exchange where they are learned:
@@ -1126,8 +1238,9 @@ impl Communicator {
         let row = n * META_BLOCK;
         let valid = local.is_ok();
         let learns = self.eager_learns();
+        let hops_here = super::count_hops::applies(&self.core.topology);
         let c_learned = c;
-        let CountRoute { routed, c, s } = self.count_route(c, s)?;
+        let CountRoute { routed, hops, c, s } = self.count_route(c, s)?;
         let f = row + c;
         self.fill_meta_row(valid);
         let core = &mut self.core;
@@ -1143,12 +1256,14 @@ impl Communicator {
                 let d = pool.send_displs[q];
                 b[row..row + k].copy_from_slice(&send[d..d + k]);
             }
-            if routed.is_some() {
+            if routed.is_some() && !hops {
                 // A uniform all-to-all's blocks: padded, with zeros.
                 b[row + k..].fill(0);
             }
         }
-        if let Some(a) = routed {
+        if hops {
+            self.meta_hops(base, c, valid, send, &mut *recv)?;
+        } else if let Some(a) = routed {
             let (out, inn) = pool.v.stage[..2 * n * f].split_at_mut(n * f);
             core.uniform(Some(a), base, out, inn, f, &mut pool.meta_scratch)?;
         } else {
@@ -1165,7 +1280,7 @@ impl Communicator {
         pool.v.last_largest = Some(largest);
         if learns {
             let max_block = usize::try_from(largest).unwrap_or(usize::MAX);
-            let next = learn_eager(c_learned, max_block, total, n);
+            let next = learn_eager(c_learned, max_block, total, n, hops_here);
             if next != c_learned {
                 tracing::debug!(
                     rank = me,
@@ -1262,6 +1377,51 @@ impl Communicator {
             &opts,
         )?;
         core.last = Some(Algorithm::Flat);
+        Ok(())
+    }
+
+    /// The count messages in two hops across hosts ([`super::count_hops`]), staged and
+    /// landing where [`Communicator::meta_direct`] has them.
+    fn meta_hops(
+        &mut self,
+        base: u64,
+        c: usize,
+        valid: bool,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Result<()> {
+        use super::count_hops::{HopExchange, Layout, hop_exchange_driven};
+        let (n, me) = (self.size(), self.rank());
+        let f = n * META_BLOCK + c;
+        let core = &mut self.core;
+        let pool = &mut self.pool;
+        let layout = Layout::new(&core.topology, c, 2 * n * f);
+        let stage = sized(&mut pool.v.stage, 2 * n * f + layout.len());
+        let x = HopExchange {
+            topo: &core.topology,
+            me,
+            c,
+            send: &pool.send_bytes,
+            valid,
+            layout,
+        };
+        let state = &mut pool.v.hops;
+        let mut driver = |session: &mut dyn Session, opts: &ExecOptions<'_>| {
+            hop_exchange_driven(session, opts, &x, state)
+        };
+        let opts = exec_options(core.timeout, &core.abort);
+        core.backend.run_program(
+            Program::Driven(&mut driver),
+            base,
+            Buffers {
+                send,
+                recv,
+                scratch: stage,
+                block: None,
+            },
+            &opts,
+        )?;
+        core.last = Some(Algorithm::Halo);
         Ok(())
     }
 
@@ -1582,8 +1742,9 @@ fn direct_exchange_driven(
     // The length of the count message to `q`: the row, then the first bytes of the
     // block (none where this rank's arguments are invalid: its counts say so).
     let out_len = |q: usize| row + if x.valid { x.send.0[q].min(c) } else { 0 };
-    // Operations posted and not yet complete.
+    // Operations posted and not yet complete, and the sends among them.
     let pending = std::cell::Cell::new(0usize);
+    let sends = std::cell::Cell::new(0usize);
     // Posts one operation of `kind` with `peer`.
     let post = |session: &mut dyn Session, kind: usize, peer: usize, region: Region| {
         let (tag, token) = (
@@ -1596,7 +1757,10 @@ fn direct_exchange_driven(
         );
         pending.set(pending.get() + 1);
         match kind {
-            COUNTS_OUT | REST_OUT => session.post_send(peer, tag, region, token),
+            COUNTS_OUT | REST_OUT => {
+                sends.set(sends.get() + 1);
+                session.post_send(peer, tag, region, token)
+            }
             COUNTS_IN => session.post_recv_up_to(peer, tag, region, token),
             _ => session.post_recv(peer, tag, region, token),
         }
@@ -1698,28 +1862,20 @@ fn direct_exchange_driven(
                     // The message is the sender's row and the first `min(count, c)`
                     // bytes of its block: any other length means that the sender
                     // carries another number of bytes with its counts.
-                    let eager = if theirs == u64::MAX {
-                        0
-                    } else {
-                        usize::try_from(theirs).unwrap_or(usize::MAX).min(c)
-                    };
+                    let eager = eager_len(theirs, c);
                     let got = session.received_len(t).ok_or_else(|| {
                         CollectiveError::Internal(format!(
                             "the count message from rank {p} completed without a length"
                         ))
                     })?;
                     if got != row + eager {
-                        return Err(CollectiveError::Mismatch {
-                            peer: p,
-                            message: format!(
-                                "size mismatch: rank {p}'s all-to-all-v count message to rank \
-                                 {me} is {got} bytes where {} were expected: its {theirs} \
-                                 bytes for rank {me} with {c} eager bytes (the ranks carry \
-                                 different numbers of bytes with the counts: \
-                                 HALO_A2AV_EAGER or set_eager_v differ)",
-                                row + eager
-                            ),
-                        });
+                        let e = wrong_length(p, me, got, row + eager, c);
+                        return Err(flush_sends(
+                            session,
+                            sends.get(),
+                            |t| matches!(t as usize / n, COUNTS_OUT | REST_OUT),
+                            e,
+                        ));
                     }
                     if let Some(len) = speculated(theirs, c, s) {
                         if x.valid && x.recv.0[p] as u64 == theirs {
@@ -1731,6 +1887,7 @@ fn direct_exchange_driven(
                     }
                 }
                 DROPPED => dropping = false,
+                COUNTS_OUT | REST_OUT => sends.set(sends.get() - 1),
                 _ => {}
             }
         }
@@ -2117,14 +2274,14 @@ mod tests {
         }
     }
 
-    /// Across hosts, small count messages go the model's way: on 4 nodes of 2 ranks
-    /// HALO's hierarchical all-to-all carries them in automatic mode once the eager
-    /// bytes learned are small (the first call's 1 KiB messages go direct), with at most
-    /// half the messages between nodes of the direct exchange, every byte right and no
-    /// data pass; a call with larger blocks after it routes its counts too and takes a
-    /// data pass, and the call after that goes direct with the remainders right behind.
+    /// Across hosts of the same number of ranks the count messages take the two hops
+    /// in automatic mode (`count_hops`): on 4 nodes of 2 ranks 3 messages between
+    /// nodes per rank and call instead of 6, every byte right and no data pass. Blocks
+    /// larger than the eager bytes learned take a data pass once (the two hops carry
+    /// no remainders), then go whole with the counts (learned up to 16 KiB); beyond
+    /// that the call after goes direct with the remainders right behind the counts.
     #[test]
-    fn small_count_messages_take_the_models_route_across_nodes() {
+    fn count_messages_take_two_hops_across_hosts() {
         let topo = Topology::preset("nodes:4x2").unwrap();
         let n = topo.size();
         let run = |alg: Option<Algorithm>, blocks: &[usize]| {
@@ -2162,11 +2319,11 @@ mod tests {
         let (flat, halo) = (Some(Algorithm::Flat), Some(Algorithm::Halo));
         let (routed, routed_msgs) = run(None, &[3, 3]);
         let (direct, direct_msgs) = run(flat, &[3, 3]);
-        println!("messages between nodes: routed {routed_msgs}, direct {direct_msgs}");
+        println!("messages between nodes: two hops {routed_msgs}, direct {direct_msgs}");
         for r in 0..n {
             assert_eq!(
                 routed[r],
-                (2, vec![(flat, false, 1), (halo, true, 2)]),
+                (2, vec![(halo, true, 1), (halo, true, 2)]),
                 "rank {r}"
             );
             assert_eq!(
@@ -2175,20 +2332,26 @@ mod tests {
                 "rank {r}"
             );
         }
-        // The direct exchange: 6 messages off-node per rank and call.
+        // Per rank and call: 6 messages off-node direct, 3 (one per other node) in
+        // two hops.
         assert_eq!(direct_msgs, 2 * 8 * 6);
-        assert!(routed_msgs <= 8 * 6 + 8 * 6 / 2, "{routed_msgs}");
-        // Then 2 KiB blocks: routed counts and a data pass, then direct with the
-        // remainders behind the counts (no data pass).
-        let (mixed, _) = run(None, &[3, 3, 2048, 2048]);
+        assert_eq!(routed_msgs, 2 * 8 * 3);
+        // 2 KiB blocks: the first call after 3-byte ones carries 64 bytes of each and
+        // takes a data pass, the next carries them whole; 20,000-byte blocks (above
+        // 16 KiB): a data pass, then direct with the remainders behind the counts.
+        let (mixed, _) = run(None, &[3, 3, 2048, 2048, 20_000, 20_000]);
         for (r, (_, calls)) in mixed.into_iter().enumerate() {
-            let (_, routes, eager_only) = calls[2];
-            let want = if routes { 2 } else { 3 };
-            assert_eq!(eager_only, want, "rank {r}: {calls:?}");
-            // The last: direct (remainders expected), all behind the counts.
+            // (routed, calls without a data pass so far); the data passes' algorithm
+            // is the tuner's.
+            let got: Vec<_> = calls.iter().map(|&(_, routes, e)| (routes, e)).collect();
             assert_eq!(
-                (calls[3].0, calls[3].2),
-                (flat, want + 1),
+                got[2..],
+                [(true, 2), (true, 3), (true, 3), (false, 4)],
+                "rank {r}: {calls:?}"
+            );
+            assert_eq!(
+                (calls[3].0, calls[5].0),
+                (halo, flat),
                 "rank {r}: {calls:?}"
             );
         }
@@ -2197,17 +2360,25 @@ mod tests {
     /// Ranks that carry different numbers of bytes with the counts (`set_eager_v`
     /// differs, a misuse) send count messages of other lengths than their receivers
     /// expect: every rank fails with a size mismatch, none hangs, none takes wrong
-    /// bytes, and the communicator works again once they agree.
+    /// bytes, and the communicator works again once they agree — direct (one host,
+    /// flat forced) and in two hops (two hosts, automatic).
     #[test]
     fn count_messages_of_another_length_fail_every_rank() {
-        let topo = Topology::preset("nodes:1x4").unwrap();
+        for (spec, alg) in [("nodes:1x4", Some(Algorithm::Flat)), ("nodes:2x2", None)] {
+            count_messages_of_another_length(spec, alg);
+        }
+    }
+
+    fn count_messages_of_another_length(spec: &str, alg: Option<Algorithm>) {
+        let topo = Topology::preset(spec).unwrap();
         let n = topo.size();
         let timeout = Duration::from_secs(5);
         let out = LocalCluster::new(topo, Emulation::off())
             .unwrap()
             .run(|comm| {
                 comm.set_timeout(timeout);
-                comm.set_algorithm(Some(Algorithm::Flat));
+                comm.set_algorithm(alg);
+                let hops = routes_counts(comm);
                 let me = comm.rank();
                 // Blocks of 150 bytes: rank 1 carries 100 of them with the counts,
                 // the others all 150 (its messages are shorter, theirs to it longer).
@@ -2223,12 +2394,19 @@ mod tests {
                 comm.set_eager_v(None);
                 let mut again = vec![0u8; n * 150];
                 let good = comm.all_to_all_v(&send, &p, &mut again, &p);
-                Ok((bad, took, good.map(|()| again)))
+                Ok((hops, bad, took, good.map(|()| again)))
             });
-        for (r, x) in out.into_iter().enumerate() {
-            let (bad, took, good) = x.unwrap();
+        let out: Vec<_> = out.into_iter().map(|x| x.unwrap()).collect();
+        for (r, (_, bad, took, good)) in out.iter().enumerate() {
+            println!(
+                "{spec} rank {r}: {took:?} {bad:?}; after: {:?}",
+                good.as_ref().err()
+            );
+        }
+        for (r, (hops, bad, took, good)) in out.into_iter().enumerate() {
+            assert_eq!(hops, alg.is_none(), "{spec} rank {r}");
             let e = bad.unwrap_err();
-            println!("rank {r} after {took:?}: {e}");
+            println!("{spec} rank {r} after {took:?}: {e}");
             assert!(took < timeout / 2, "rank {r} took {took:?}");
             assert!(
                 matches!(e, Error::InvalidUsage { .. }) && e.to_string().contains("mismatch"),
@@ -2416,32 +2594,38 @@ mod tests {
         use super::{EAGER_V, learn_eager};
         let uniform = |n: usize, b: usize| (n * n * b) as u64;
         // Tiny blocks: 64 bytes, the least (not the default 1 KiB).
-        assert_eq!(learn_eager(EAGER_V, 10, uniform(4, 5), 4), 64);
-        assert_eq!(learn_eager(EAGER_V, 0, 0, 4), 64);
+        assert_eq!(learn_eager(EAGER_V, 10, uniform(4, 5), 4, false), 64);
+        assert_eq!(learn_eager(EAGER_V, 0, 0, 4, false), 64);
         // Larger blocks: the largest plus an eighth, rounded up to 64.
-        assert_eq!(learn_eager(EAGER_V, 2080, uniform(4, 2000), 4), 2368);
-        assert_eq!(learn_eager(64, 1000, uniform(8, 900), 8), 1152);
+        assert_eq!(learn_eager(EAGER_V, 2080, uniform(4, 2000), 4, false), 2368);
+        assert_eq!(learn_eager(64, 1000, uniform(8, 900), 8, false), 1152);
         // Kept while every block fits and needs more than half of it.
-        assert_eq!(learn_eager(2048, 2048, uniform(4, 2000), 4), 2048);
-        assert_eq!(learn_eager(2048, 1000, uniform(4, 900), 4), 2048);
-        assert_eq!(learn_eager(2048, 900, uniform(4, 900), 4), 1024);
-        assert_eq!(learn_eager(64, 64, uniform(4, 64), 4), 64);
+        assert_eq!(learn_eager(2048, 2048, uniform(4, 2000), 4, false), 2048);
+        assert_eq!(learn_eager(2048, 1000, uniform(4, 900), 4, false), 2048);
+        assert_eq!(learn_eager(2048, 900, uniform(4, 900), 4, false), 1024);
+        assert_eq!(learn_eager(64, 64, uniform(4, 64), 4, false), 64);
         // One byte over: grows.
-        assert_eq!(learn_eager(64, 65, uniform(4, 65), 4), 128);
+        assert_eq!(learn_eager(64, 65, uniform(4, 65), 4, false), 128);
         // At most 4 KiB; a block above it: the default.
-        assert_eq!(learn_eager(EAGER_V, 4000, uniform(4, 4000), 4), 4096);
-        assert_eq!(learn_eager(EAGER_V, 4096, uniform(4, 4096), 4), 4096);
-        assert_eq!(learn_eager(4096, 4097, uniform(4, 4097), 4), EAGER_V);
-        assert_eq!(learn_eager(64, usize::MAX, u64::MAX, 64), EAGER_V);
+        assert_eq!(learn_eager(EAGER_V, 4000, uniform(4, 4000), 4, false), 4096);
+        assert_eq!(learn_eager(EAGER_V, 4096, uniform(4, 4096), 4, false), 4096);
+        assert_eq!(learn_eager(4096, 4097, uniform(4, 4097), 4, false), EAGER_V);
+        assert_eq!(learn_eager(64, usize::MAX, u64::MAX, 64, false), EAGER_V);
         // One 4000-byte block among 63 empty ones (8 ranks): padding 64 blocks to 4 KiB
         // is 65x the data: the default. Up to 1 KiB padding is always taken.
-        assert_eq!(learn_eager(EAGER_V, 4000, 4000, 8), EAGER_V);
-        assert_eq!(learn_eager(EAGER_V, 900, 900, 8), EAGER_V);
-        assert_eq!(learn_eager(64, 500, 500, 8), 576);
+        assert_eq!(learn_eager(EAGER_V, 4000, 4000, 8, false), EAGER_V);
+        assert_eq!(learn_eager(EAGER_V, 900, 900, 8, false), EAGER_V);
+        assert_eq!(learn_eager(64, 500, 500, 8, false), 576);
         // Padding to four times the data is still taken (2 x 2 blocks of 2304 B for
         // 2304 B of data), a byte more is not.
-        assert_eq!(learn_eager(EAGER_V, 2000, 2304, 2), 2304);
-        assert_eq!(learn_eager(EAGER_V, 2000, 2303, 2), EAGER_V);
+        assert_eq!(learn_eager(EAGER_V, 2000, 2304, 2, false), 2304);
+        assert_eq!(learn_eager(EAGER_V, 2000, 2303, 2, false), EAGER_V);
+        // Unpadded (the two hops across hosts): up to 16 KiB, whatever the padding
+        // would have been.
+        assert_eq!(learn_eager(EAGER_V, 4000, 4000, 8, true), 4544);
+        assert_eq!(learn_eager(EAGER_V, 14000, 14000, 8, true), 15808);
+        assert_eq!(learn_eager(EAGER_V, 16384, 16384, 8, true), 16384);
+        assert_eq!(learn_eager(16384, 16385, 16385, 8, true), EAGER_V);
     }
 
     /// Only the direct exchange carries eager bytes: the logarithmic all-gathers and

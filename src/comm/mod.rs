@@ -14,6 +14,7 @@ mod all_gather;
 mod all_reduce;
 mod all_to_all;
 mod all_to_all_v;
+mod count_hops;
 mod device;
 mod init;
 mod moe;
