@@ -36,7 +36,12 @@
 //! at least `HALO_SHM_CMA_MIN` bytes (32 KiB) are copied once where the receiver can
 //! read the sender's memory: one cell offers the buffer's address, the receiver reads
 //! it with `process_vm_readv` and acks, and only the ack completes the send
-//! (*rendezvous*; probed per pair at set-up, `HALO_SHM_CMA=0|1`; `cma.rs`).
+//! (*rendezvous*; probed per pair at set-up, `HALO_SHM_CMA=0|1`; `cma.rs`). An offer
+//! whose receive is not posted yet waits at the head of its ring for up to 500 us
+//! while no receive from that peer is posted (nothing this rank waits for is behind
+//! it): a receive posted on reading the message before it — all-to-all-v's remainders
+//! behind its counts — then takes it in one copy, not two through a heap buffer
+//! (one host, 4 ranks, a2av 32-64 KiB: 25 -> 19 and 55 -> 29 us, docs/BENCHMARKS.md).
 //!
 //! # Waiting
 //! When nothing completes, a rank polls without pause (not when the host has fewer
@@ -186,6 +191,9 @@ pub(crate) struct ShmTransport {
     pub(super) rdvq: Vec<VecDeque<RdvSend>>,
     /// Rendezvous sends published so far (for the tests and the debug log).
     pub(super) rdv_sent: u64,
+    /// Rendezvous messages read into the transport's own memory because their receive
+    /// was not posted in time (for the tests; each is traced at `HALO_DEBUG=trace`).
+    pub(super) rdv_buffered: u64,
     /// The last session's completion list, kept for the next (empty).
     pub(super) done_spare: Vec<u32>,
 }
@@ -295,6 +303,7 @@ impl ShmTransport {
             cma_pidfd,
             rdvq: (0..size).map(|_| VecDeque::new()).collect(),
             rdv_sent: 0,
+            rdv_buffered: 0,
             done_spare: Vec::with_capacity(64),
         })
     }

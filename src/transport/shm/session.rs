@@ -42,6 +42,9 @@ pub(crate) struct InRing {
     tail_cache: u64,
     /// The message whose cells are arriving.
     partial: Option<Partial>,
+    /// Since when a rendezvous offer at the head of this ring has waited for its
+    /// receive to be posted (see [`super::cma::HOLD_DEFAULT`]).
+    rdv_since: Option<Instant>,
 }
 
 /// A send not yet wholly in the ring.
@@ -442,6 +445,7 @@ impl ShmSession<'_> {
             }
         }
         let mut out = Ok(());
+        let mut moved = false;
         while self.t.inn[p].head < self.t.inn[p].tail_cache {
             let cell = self
                 .t
@@ -452,6 +456,17 @@ impl ShmSession<'_> {
             // head's Release store frees it.
             let head: CellHead = unsafe { ptr::read(cell.cast::<CellHead>()) };
             if head.kind == KIND_RDV && self.t.inn[p].partial.is_none() {
+                // Held only while no receive from `p` is posted at all: then nothing
+                // this rank waits for can be stuck behind the offer.
+                if !self.t.recvs.iter().any(|r| r.peer == p) {
+                    let now = Instant::now();
+                    let since = *self.t.inn[p].rdv_since.get_or_insert(now);
+                    if now.saturating_duration_since(since) < self.t.cma.hold {
+                        // Its receive may come in a moment: leave it at the head.
+                        break;
+                    }
+                }
+                self.t.inn[p].rdv_since = None;
                 out = self.take_rdv(p, &head, (self.t.inn[p].head % slots) as usize);
             } else {
                 let chunk = (head.chunk as usize).min(payload);
@@ -461,6 +476,7 @@ impl ShmSession<'_> {
             }
             let inn = &mut self.t.inn[p];
             inn.head += 1;
+            moved = true;
             self.t
                 .seg
                 .ring(p, me)
@@ -471,7 +487,7 @@ impl ShmSession<'_> {
             }
         }
         self.t.seg.ring_bell(p);
-        out.map(|()| true)
+        out.map(|()| moved)
     }
 
     /// Takes one cell from `p`.
@@ -681,6 +697,8 @@ impl ShmSession<'_> {
                 self.done.push(r.token);
             }
             None => {
+                self.t.rdv_buffered += 1;
+                tracing::trace!(peer = p, len, "rendezvous read ahead of its receive");
                 // SAFETY: the read filled all `len` reserved bytes.
                 unsafe { heap.set_len(len) };
                 self.t.unexpected.push(Unexpected {

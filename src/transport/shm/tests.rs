@@ -643,3 +643,107 @@ fn receives_up_to_a_length_take_shorter_messages_and_tell_their_length() {
         s.spawn(|| crate::transport::testing::a_longer_message_is_a_mismatch(&mut b));
     });
 }
+
+/// Rank 0 of [`pair`]: sends `RDV_MIN * 20` bytes by rendezvous (tag 1), then 8 bytes
+/// (tag 2), and waits for both to be taken.
+fn send_offer_then_small(t: &mut ShmTransport) -> Vec<u8> {
+    let big = pattern(0, 0, 1, RDV_MIN * 20);
+    let mut send = big.clone();
+    send.extend_from_slice(&[9u8; 8]);
+    let bufs = Buffers {
+        send: &send,
+        recv: &mut [],
+        scratch: &mut [],
+        block: None,
+    };
+    let mut s = t.begin(0, bufs).unwrap();
+    s.post_send(1, 1, Region::new(Buf::Send, 0, big.len()), 0)
+        .unwrap();
+    s.post_send(1, 2, Region::new(Buf::Send, big.len(), 8), 1)
+        .unwrap();
+    complete(&mut s, 2).unwrap();
+    big
+}
+
+#[test]
+fn a_rendezvous_offer_waits_at_the_ring_head_for_its_receive_and_is_read_once() {
+    let (mut a, mut b) = pair(8, 256);
+    a.cma.min = RDV_MIN;
+    b.cma.min = RDV_MIN;
+    // Long enough that no scheduling delay of a loaded machine lets it run out.
+    b.cma.hold = Duration::from_secs(60);
+    let mut recv = vec![0u8; RDV_MIN * 20 + 8];
+    let big = std::thread::scope(|sc| {
+        let h = sc.spawn(|| send_offer_then_small(&mut a));
+        let bufs = Buffers {
+            send: &[],
+            recv: &mut recv,
+            scratch: &mut [],
+            block: None,
+        };
+        let mut s = b.begin(0, bufs).unwrap();
+        // The offer arrives while no receive from rank 0 is posted: it stays in the
+        // ring (and the small message behind it with it).
+        let start = Instant::now();
+        let mut done = Vec::new();
+        while start.elapsed() < Duration::from_millis(50) {
+            s.progress(&mut done).unwrap();
+        }
+        assert!(done.is_empty());
+        s.post_recv(0, 1, Region::new(Buf::Recv, 0, RDV_MIN * 20), 10)
+            .unwrap();
+        s.post_recv(0, 2, Region::new(Buf::Recv, RDV_MIN * 20, 8), 11)
+            .unwrap();
+        complete(&mut s, 2).unwrap();
+        drop(s);
+        h.join().unwrap()
+    });
+    assert_eq!(&recv[..big.len()], &big[..]);
+    assert_eq!(&recv[big.len()..], &[9u8; 8]);
+    assert_eq!(
+        (a.rdv_sent, b.rdv_buffered),
+        (1, 0),
+        "read straight into place"
+    );
+    assert!(b.unexpected.is_empty() && b.broken.is_none());
+}
+
+#[test]
+fn a_receive_behind_a_waiting_offer_is_not_held_up_by_it() {
+    let (mut a, mut b) = pair(8, 256);
+    a.cma.min = RDV_MIN;
+    b.cma.min = RDV_MIN;
+    b.cma.hold = Duration::from_secs(60);
+    let mut recv = vec![0u8; RDV_MIN * 20 + 8];
+    let (big, took) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| send_offer_then_small(&mut a));
+        let bufs = Buffers {
+            send: &[],
+            recv: &mut recv,
+            scratch: &mut [],
+            block: None,
+        };
+        let mut s = b.begin(0, bufs).unwrap();
+        // Only the small message's receive: a receive from rank 0 is posted, so the
+        // offer ahead of it is read aside at once, far sooner than the hold.
+        let start = Instant::now();
+        s.post_recv(0, 2, Region::new(Buf::Recv, RDV_MIN * 20, 8), 11)
+            .unwrap();
+        complete(&mut s, 1).unwrap();
+        let took = start.elapsed();
+        s.post_recv(0, 1, Region::new(Buf::Recv, 0, RDV_MIN * 20), 10)
+            .unwrap();
+        complete(&mut s, 1).unwrap();
+        drop(s);
+        (h.join().unwrap(), took)
+    });
+    assert!(took < Duration::from_secs(20), "held for {took:?}");
+    assert_eq!(&recv[..big.len()], &big[..]);
+    assert_eq!(&recv[big.len()..], &[9u8; 8]);
+    assert_eq!(
+        (a.rdv_sent, b.rdv_buffered),
+        (1, 1),
+        "read aside, then copied"
+    );
+    assert!(b.unexpected.is_empty() && b.broken.is_none());
+}
