@@ -22,8 +22,13 @@
 //! bytes (32 x 8 KiB by default, 16 above 16 ranks, 8 above 64: the segment is
 //! `N x N x slots x cell` bytes, all of it resident once an all-to-all has used every
 //! ring; `HALO_SHM_SLOTS`, `HALO_SHM_CELL`).
-//! The sender alone writes cells and the tail, the receiver alone the head; a cell is
-//! published by the tail's Release store and freed by the head's. A message is a first
+//! The sender alone writes cells, the receiver alone the head; a cell is published by
+//! the Release store of its *stamp* (its kind and its number in the ring, in its first
+//! cache line, written last: the bytes past the first line first, then the first line
+//! in one burst) and freed by the head's Release store. The receiver polls the stamp of
+//! the cell it needs next — one cache line from the sender's core per small message,
+//! where a tail counter on a line of its own cost two in a row (1-byte ping-pong: 0.30-
+//! 0.35 -> 0.24-0.26 us, docs/BENCHMARKS.md). A message is a first
 //! cell (tag, length, block size, the first bytes: small messages travel inline, eager)
 //! and as many further cells as its length needs, pipelined: the sender fills cells as
 //! the receiver frees them, so messages larger than the ring pass through it. A send

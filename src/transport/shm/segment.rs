@@ -32,8 +32,8 @@ type CResult<T> = std::result::Result<T, CollectiveError>;
 const MAGIC: u64 = u64::from_le_bytes(*b"HALOSHM1");
 /// Page size used for the layout (the mapping itself is page-aligned).
 const PAGE: usize = 4096;
-/// Bytes of a ring's control block (head and tail on their own cache lines).
-const CTL: usize = 128;
+/// Bytes of a ring's control block (the head on its own cache line).
+const CTL: usize = 64;
 /// Bytes of a cell's header.
 pub(super) const CELL_HEAD: usize = std::mem::size_of::<CellHead>();
 const _: () = assert!(
@@ -62,17 +62,17 @@ struct Header {
     attached: AtomicU32,
 }
 
-/// One ring's control block: `tail` (cells published, written by the sender) and
-/// `head` (cells consumed, written by the receiver), each on its own cache line; next
-/// to the head, `cma`: whether the receiver can read the sender's memory
-/// ([`super::cma::CMA_OK`]), written once by the receiver at set-up.
+/// One ring's control block: `head` (cells consumed, written by the receiver) on its
+/// own cache line and, next to it, `cma`: whether the receiver can read the sender's
+/// memory ([`super::cma::CMA_OK`]), written once by the receiver at set-up. There is no
+/// tail: a cell is published by its own stamp ([`CellHead::stamp`]), so the receiver
+/// finds a message by reading the cell it needs anyway (one cache line from the
+/// sender's core, not a tail's and then the cell's).
 #[repr(C, align(64))]
 pub(super) struct RingCtl {
-    pub(super) tail: AtomicU64,
-    _pad: [u8; 56],
     pub(super) head: AtomicU64,
     pub(super) cma: AtomicU32,
-    _pad2: [u8; 52],
+    _pad: [u8; 52],
 }
 
 /// A rank's bell: one futex word, on its own cache line, and (written once before the
@@ -98,8 +98,9 @@ pub(super) struct Rdv {
     pub(super) addr: AtomicU64,
 }
 
-/// What a cell carries before its payload. Written by the sender before it publishes
-/// the cell (the tail's Release store), read by the receiver after it sees it (Acquire).
+/// What a cell carries before its payload. Written by the sender, `stamp` last with
+/// Release ([`publish`]): that store publishes the cell; the receiver reads the stamp
+/// with Acquire ([`published`]) and the rest only once it is the cell's.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub(super) struct CellHead {
@@ -109,10 +110,71 @@ pub(super) struct CellHead {
     pub(super) len: u64,
     /// The sender's uniform block size, or `u64::MAX` for none.
     pub(super) block: u64,
-    /// [`KIND_FIRST`], [`KIND_MORE`] or [`KIND_POISON`].
-    pub(super) kind: u32,
+    /// The kind ([`KIND_FIRST`], [`KIND_MORE`], [`KIND_POISON`], [`KIND_RDV`]) in the
+    /// low 8 bits, the cell's number in the ring plus one (modulo 2^24) above: a cell
+    /// holds either its previous occupant's stamp (`slots` numbers earlier, never equal:
+    /// at most 65,536 slots), zero (never used) or the one the receiver waits for.
+    pub(super) stamp: u32,
     /// Payload bytes in this cell.
     pub(super) chunk: u32,
+}
+
+/// Where [`CellHead::stamp`] lies in a cell.
+const STAMP_AT: usize = std::mem::offset_of!(CellHead, stamp);
+
+impl CellHead {
+    /// The cell's kind.
+    pub(super) fn kind(&self) -> u32 {
+        self.stamp & 0xff
+    }
+}
+
+/// The stamp of cell number `seq` of a ring (counted from 0 over the ring's life).
+pub(super) fn stamp(kind: u32, seq: u64) -> u32 {
+    ((seq.wrapping_add(1) as u32) << 8) | (kind & 0xff)
+}
+
+/// Writes every field of `h` but its stamp into `cell` (the payload may follow; then
+/// [`publish`]).
+///
+/// # Safety
+/// `cell` is a cell of the mapping that this rank, its ring's sender, may write: free
+/// (the receiver has consumed its previous occupant) and not yet published.
+pub(super) unsafe fn write_head(cell: *mut u8, h: &CellHead) {
+    let c = cell.cast::<CellHead>();
+    // SAFETY: per the caller, the cell is ours to write; the fields are inside it and
+    // aligned (the cell is 64-aligned, `CellHead` is `repr(C)`). The stamp, which the
+    // receiver may be reading, is not touched here.
+    unsafe {
+        ptr::addr_of_mut!((*c).tag).write(h.tag);
+        ptr::addr_of_mut!((*c).len).write(h.len);
+        ptr::addr_of_mut!((*c).block).write(h.block);
+        ptr::addr_of_mut!((*c).chunk).write(h.chunk);
+    }
+}
+
+/// Publishes `cell`: stores its stamp with Release, after everything else in it.
+///
+/// # Safety
+/// As [`write_head`]; the cell's header and payload are written.
+pub(super) unsafe fn publish(cell: *mut u8, stamp: u32) {
+    // SAFETY: the stamp is a 4-aligned u32 inside the cell, accessed only atomically
+    // while the cell may be read (here and in `published`).
+    unsafe { AtomicU32::from_ptr(cell.add(STAMP_AT).cast::<u32>()) }
+        .store(stamp, Ordering::Release);
+}
+
+/// Whether `cell` holds cell number `seq` of its ring (published): if so, its header
+/// and payload may be read.
+///
+/// # Safety
+/// `cell` is the cell of the mapping where number `seq` goes, in a ring this rank
+/// receives on.
+pub(super) unsafe fn published(cell: *const u8, seq: u64) -> bool {
+    // SAFETY: as in `publish`.
+    let st = unsafe { AtomicU32::from_ptr(cell.add(STAMP_AT).cast::<u32>().cast_mut()) }
+        .load(Ordering::Acquire);
+    st >> 8 == stamp(0, seq) >> 8
 }
 
 /// The first cell of a message.
@@ -646,7 +708,7 @@ impl Segment {
     }
 
     /// Wakes `rank` if it sleeps on its bell. Call after publishing something it may
-    /// wait for (a tail or a head).
+    /// wait for (a cell or a head).
     pub(super) fn ring_bell(&self, rank: usize) {
         // Pairs with the fence in `sleep`: either this load sees ASLEEP or the
         // sleeper's look after its store sees what was published before this fence.
@@ -746,8 +808,8 @@ mod tests {
         assert!(b.attach());
         assert!(!std::path::Path::new(&path).exists());
         // Both still share the memory.
-        a.ring(0, 1).tail.store(7, Ordering::Release);
-        assert_eq!(b.ring(0, 1).tail.load(Ordering::Acquire), 7);
+        a.ring(0, 1).head.store(7, Ordering::Release);
+        assert_eq!(b.ring(0, 1).head.load(Ordering::Acquire), 7);
     }
 
     #[test]
@@ -789,12 +851,64 @@ mod tests {
         a.set_ranks(&[3, 5], 6).unwrap();
         let b = waiter.join().unwrap();
         assert!(a.holds(3) && a.holds(5) && !a.holds(0) && !a.holds(4) && !a.holds(9));
-        a.ring(5, 3).tail.store(11, Ordering::Release);
-        assert_eq!(b.ring(5, 3).tail.load(Ordering::Acquire), 11);
-        assert_eq!(b.ring(3, 5).tail.load(Ordering::Acquire), 0);
+        a.ring(5, 3).head.store(11, Ordering::Release);
+        assert_eq!(b.ring(5, 3).head.load(Ordering::Acquire), 11);
+        assert_eq!(b.ring(3, 5).head.load(Ordering::Acquire), 0);
         assert!(a.set_ranks(&[1, 2, 3], 6).is_err());
         assert!(!a.attach());
         assert!(b.attach());
         assert!(!std::path::Path::new(a.path()).exists());
+    }
+
+    #[test]
+    fn a_cell_is_published_by_its_own_stamp_only() {
+        // A cell holds zero (never used), its previous occupant's stamp (`slots`
+        // numbers earlier) or its own: only its own is published, across the stamp's
+        // 24-bit wrap too, whatever the kinds.
+        #[repr(C, align(64))]
+        struct Cell([u8; 64]);
+        let mut cell = Cell([0; 64]);
+        let c = cell.0.as_mut_ptr();
+        for slots in [2u64, 3, 32, 1 << 16] {
+            for seq in [
+                0,
+                1,
+                slots - 1,
+                slots,
+                (1 << 24) - 1,
+                1 << 24,
+                (1 << 24) + slots,
+                1 << 40,
+            ] {
+                // SAFETY: (test) `c` is a 64-aligned, 64-byte cell of this test's own.
+                unsafe {
+                    if seq < slots {
+                        publish(c, 0);
+                        assert!(!published(c, seq), "zero as {seq}");
+                    } else {
+                        publish(c, stamp(KIND_FIRST, seq - slots));
+                        assert!(!published(c, seq), "{seq} - {slots} as {seq}");
+                    }
+                    for kind in [KIND_FIRST, KIND_MORE, KIND_POISON, KIND_RDV] {
+                        write_head(
+                            c,
+                            &CellHead {
+                                tag: seq,
+                                len: 1,
+                                block: 2,
+                                stamp: 0,
+                                chunk: 3,
+                            },
+                        );
+                        publish(c, stamp(kind, seq));
+                        assert!(published(c, seq), "{seq} of {slots}");
+                        let h = ptr::read(c.cast::<CellHead>());
+                        assert_eq!((h.tag, h.len, h.block, h.chunk), (seq, 1, 2, 3));
+                        assert_eq!(h.kind(), kind);
+                        assert!(!published(c, seq + 1) && !published(c, seq + slots));
+                    }
+                }
+            }
+        }
     }
 }

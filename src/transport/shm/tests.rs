@@ -551,9 +551,10 @@ fn wait_zombie(pid: u32) {
 #[test]
 fn a_sender_killed_during_a_rendezvous_fails_the_receive_naming_it() {
     let (mut t, mut child) = process_pair("send-and-wait", &[("HALO_SHM_CMA_MIN", "4096")]);
-    let ring = t.seg.ring(0, 1);
+    let cell = t.seg.cell(0, 1, 0);
     let start = Instant::now();
-    while ring.tail.load(std::sync::atomic::Ordering::Acquire) == 0 {
+    // SAFETY: (test) cell 0 of the ring from rank 0, which this rank receives on.
+    while !unsafe { super::segment::published(cell, 0) } {
         assert!(start.elapsed() < Duration::from_secs(20), "no rendezvous");
         std::thread::sleep(Duration::from_millis(1));
     }
