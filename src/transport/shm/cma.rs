@@ -64,16 +64,6 @@ pub(super) const CMA_NO: u32 = 2;
 /// Default threshold of a rendezvous, bytes (`HALO_SHM_CMA_MIN`).
 pub(super) const MIN_DEFAULT: usize = 32 * 1024;
 
-/// How long a rendezvous offer whose receive is not posted yet stays at the head of
-/// its ring (the ring from that peer waits behind it) before the receiver reads it
-/// into memory of the transport's own, to be copied again once its receive comes. A
-/// program that posts the receive on reading the message before it (all-to-all-v's
-/// remainders right behind the counts) posts it within microseconds: then the message
-/// is read once, straight into its place, and no heap memory is touched. The offer is
-/// held only while no receive from that peer is posted, so a receive waiting for a
-/// message behind it is never delayed.
-pub(super) const HOLD_DEFAULT: std::time::Duration = std::time::Duration::from_micros(500);
-
 /// `HALO_SHM_CMA`: whether cross-memory attach is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CmaMode {
@@ -91,9 +81,6 @@ pub(crate) struct CmaConfig {
     pub(super) mode: CmaMode,
     /// Sends of at least this many bytes go by rendezvous.
     pub(super) min: usize,
-    /// How long an offer waits at the head of its ring for its receive
-    /// ([`HOLD_DEFAULT`]; the tests lengthen it).
-    pub(super) hold: std::time::Duration,
 }
 
 impl CmaConfig {
@@ -121,7 +108,6 @@ impl CmaConfig {
         Ok(CmaConfig {
             mode,
             min: min.max(1),
-            hold: HOLD_DEFAULT,
         })
     }
 }

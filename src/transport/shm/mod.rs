@@ -34,19 +34,21 @@
 //! the receiver frees them, so messages larger than the ring pass through it. A send
 //! completes when its last byte is in the ring. The receiver drains every ring it has
 //! whenever it progresses: a message whose receive is posted is copied straight into
-//! the caller's buffer, any other into memory of the transport's own ("unexpected")
-//! until its receive is posted — so a ring never blocks on a message nobody asked for
+//! the caller's buffer. One whose receive is not posted waits at the head of its ring
+//! for up to 500 us while no receive from that peer is posted (so nothing this rank
+//! waits for is behind it; the sender goes on while the ring has room): a receive
+//! posted on reading the message before it — all-to-all-v's remainders behind its
+//! counts, the next receive of a window, each a call of its own — then takes it in one
+//! copy. Otherwise it goes into memory of the transport's own ("unexpected") until its
+//! receive is posted — so a ring never blocks for long on a message nobody asked for
 //! yet, and the schedules' deadlock freedom (proved under rendezvous) carries over.
+//! (Holding: one host, 4 ranks, a2av 32-64 KiB 25 -> 19 and 55 -> 29 us; `bw` at 16 KiB
+//! 2.6 -> 1.7 us per message; docs/BENCHMARKS.md.)
 //! Messages through the ring are copied twice (into the ring, out of it). Messages of
 //! at least `HALO_SHM_CMA_MIN` bytes (32 KiB) are copied once where the receiver can
 //! read the sender's memory: one cell offers the buffer's address, the receiver reads
 //! it with `process_vm_readv` and acks, and only the ack completes the send
-//! (*rendezvous*; probed per pair at set-up, `HALO_SHM_CMA=0|1`; `cma.rs`). An offer
-//! whose receive is not posted yet waits at the head of its ring for up to 500 us
-//! while no receive from that peer is posted (nothing this rank waits for is behind
-//! it): a receive posted on reading the message before it — all-to-all-v's remainders
-//! behind its counts — then takes it in one copy, not two through a heap buffer
-//! (one host, 4 ranks, a2av 32-64 KiB: 25 -> 19 and 55 -> 29 us, docs/BENCHMARKS.md).
+//! (*rendezvous*; probed per pair at set-up, `HALO_SHM_CMA=0|1`; `cma.rs`).
 //!
 //! # Waiting
 //! When nothing completes, a rank polls without pause (not when the host has fewer
@@ -185,6 +187,9 @@ pub(crate) struct ShmTransport {
     pub(super) yield_spin: bool,
     /// Cross-memory attach settings (`HALO_SHM_CMA`, `HALO_SHM_CMA_MIN`).
     pub(super) cma: CmaConfig,
+    /// How long a message waits at the head of its ring for its receive
+    /// ([`session::HOLD_DEFAULT`]; the tests lengthen it).
+    pub(super) hold: Duration,
     /// Per peer, as sender: whether the peer reads this rank's sends of at least
     /// `cma.min` bytes by rendezvous (`None`: it has not said yet).
     pub(super) cma_to: Vec<Option<bool>>,
@@ -196,9 +201,10 @@ pub(crate) struct ShmTransport {
     pub(super) rdvq: Vec<VecDeque<RdvSend>>,
     /// Rendezvous sends published so far (for the tests and the debug log).
     pub(super) rdv_sent: u64,
-    /// Rendezvous messages read into the transport's own memory because their receive
-    /// was not posted in time (for the tests; each is traced at `HALO_DEBUG=trace`).
-    pub(super) rdv_buffered: u64,
+    /// Messages (through the ring or by rendezvous) read into the transport's own
+    /// memory because their receive was not posted in time (for the tests; each is
+    /// traced at `HALO_DEBUG=trace`).
+    pub(super) buffered: u64,
     /// The last session's completion list, kept for the next (empty).
     pub(super) done_spare: Vec<u32>,
 }
@@ -303,12 +309,13 @@ impl ShmTransport {
             pure,
             yield_spin,
             cma,
+            hold: session::HOLD_DEFAULT,
             cma_to: vec![None; size],
             cma_pid,
             cma_pidfd,
             rdvq: (0..size).map(|_| VecDeque::new()).collect(),
             rdv_sent: 0,
-            rdv_buffered: 0,
+            buffered: 0,
             done_spare: Vec::with_capacity(64),
         })
     }

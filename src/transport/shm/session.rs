@@ -24,6 +24,16 @@ const FLUSH_SENDS: Duration = Duration::from_millis(500);
 const WATCH_EVERY: Duration = Duration::from_millis(50);
 /// The longest single sleep on the bell (a lost wake-up costs at most this).
 const SLEEP_MAX: Duration = Duration::from_millis(1);
+/// How long a message whose receive is not posted yet stays at the head of its ring
+/// (the ring from that peer waits behind it; its sender goes on while the ring has
+/// room) before the receiver reads it into memory of the transport's own, to be copied
+/// again once its receive comes. A program that posts the receive on reading the
+/// message before it — all-to-all-v's remainders behind its counts, the next of a
+/// window of receives, each a call of its own — posts it within microseconds: then the
+/// message is read once, straight into its place, and no heap memory is touched. A
+/// message is held only while no receive from that peer is posted at all, so a receive
+/// waiting for a message behind it is never delayed.
+pub(super) const HOLD_DEFAULT: Duration = Duration::from_micros(500);
 /// `block` of a message without a uniform block size.
 const NO_BLOCK: u64 = u64::MAX;
 
@@ -43,9 +53,9 @@ pub(crate) struct InRing {
     head: u64,
     /// The message whose cells are arriving.
     partial: Option<Partial>,
-    /// Since when a rendezvous offer at the head of this ring has waited for its
-    /// receive to be posted (see [`super::cma::HOLD_DEFAULT`]).
-    rdv_since: Option<Instant>,
+    /// Since when the message at the head of this ring has waited for its receive to
+    /// be posted (see [`HOLD_DEFAULT`]).
+    held_since: Option<Instant>,
 }
 
 /// A send not yet wholly in the ring.
@@ -462,18 +472,19 @@ impl ShmSession<'_> {
             // stamp read with Acquire); the sender does not touch it again until the
             // head's Release store frees it.
             let head: CellHead = unsafe { ptr::read(cell.cast::<CellHead>()) };
-            if head.kind() == KIND_RDV && self.t.inn[p].partial.is_none() {
-                // Held only while no receive from `p` is posted at all: then nothing
-                // this rank waits for can be stuck behind the offer.
-                if !self.t.recvs.iter().any(|r| r.peer == p) {
-                    let now = Instant::now();
-                    let since = *self.t.inn[p].rdv_since.get_or_insert(now);
-                    if now.saturating_duration_since(since) < self.t.cma.hold {
-                        // Its receive may come in a moment: leave it at the head.
-                        break;
-                    }
+            let first = self.t.inn[p].partial.is_none();
+            if first && !self.t.recvs.iter().any(|r| r.peer == p) {
+                // A message no receive is posted for, and none from `p` at all: nothing
+                // this rank waits for can be stuck behind it. Its receive may come in
+                // a moment: leave it at the head for a while.
+                let now = Instant::now();
+                let since = *self.t.inn[p].held_since.get_or_insert(now);
+                if now.saturating_duration_since(since) < self.t.hold {
+                    break;
                 }
-                self.t.inn[p].rdv_since = None;
+            }
+            self.t.inn[p].held_since = None;
+            if head.kind() == KIND_RDV && first {
                 out = self.take_rdv(p, &head, (seq % slots) as usize);
             } else {
                 let chunk = (head.chunk as usize).min(payload);
@@ -556,7 +567,11 @@ impl ShmSession<'_> {
                                 up_to: r.up_to,
                             };
                         }
-                        None => part.dest = Dest::Heap(Vec::with_capacity(len.min(1 << 20))),
+                        None => {
+                            self.t.buffered += 1;
+                            tracing::trace!(peer = p, len, "message read ahead of its receive");
+                            part.dest = Dest::Heap(Vec::with_capacity(len.min(1 << 20)));
+                        }
                     }
                     part
                 }
@@ -708,7 +723,7 @@ impl ShmSession<'_> {
                 self.done.push(r.token);
             }
             None => {
-                self.t.rdv_buffered += 1;
+                self.t.buffered += 1;
                 tracing::trace!(peer = p, len, "rendezvous read ahead of its receive");
                 // SAFETY: the read filled all `len` reserved bytes.
                 unsafe { heap.set_len(len) };

@@ -159,22 +159,28 @@ fn a_message_of_another_length_is_a_mismatch_naming_both_sizes() {
     ));
 }
 
+/// Rank 0's side of the poison tests: poison for tag 9, then 4 bytes in blocks of 4
+/// (tag 10).
+fn send_poison_and_blocks_of_4(a: &mut ShmTransport) {
+    let bufs = Buffers {
+        send: &[1, 2, 3, 4],
+        recv: &mut [],
+        scratch: &mut [],
+        block: Some(4),
+    };
+    let mut s = a.begin(0, bufs).unwrap();
+    s.post_poison(1, 9).unwrap();
+    // Same length, other block size: refused too.
+    s.post_send(1, 10, Region::new(Buf::Send, 0, 4), 0).unwrap();
+    complete(&mut s, 1).unwrap();
+}
+
 #[test]
 fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
+    // Taken aside at once (no hold): checked when the receives are posted.
     let (mut a, mut b) = pair(4, 128);
-    {
-        let bufs = Buffers {
-            send: &[1, 2, 3, 4],
-            recv: &mut [],
-            scratch: &mut [],
-            block: Some(4),
-        };
-        let mut s = a.begin(0, bufs).unwrap();
-        s.post_poison(1, 9).unwrap();
-        // Same length, other block size: refused too.
-        s.post_send(1, 10, Region::new(Buf::Send, 0, 4), 0).unwrap();
-        complete(&mut s, 1).unwrap();
-    }
+    b.hold = Duration::ZERO;
+    send_poison_and_blocks_of_4(&mut a);
     let mut recv = [0u8; 8];
     let bufs = Buffers {
         send: &[],
@@ -183,7 +189,7 @@ fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
         block: Some(2),
     };
     let mut s = b.begin(0, bufs).unwrap();
-    // Both arrive before their receives are posted: checked at post time.
+    // Both arrive before their receives are posted.
     std::thread::sleep(Duration::from_millis(10));
     let mut sink = Vec::new();
     s.progress(&mut sink).unwrap();
@@ -199,6 +205,38 @@ fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
             "{message}"
         ),
         other => panic!("expected a block mismatch, got {other:?}"),
+    }
+    drop(s);
+    // Held in the ring until a receive is posted: checked when it is taken.
+    for (tag, want) in [(9, "failed this collective"), (10, "blocks of 4 bytes")] {
+        let (mut a, mut b) = pair(4, 128);
+        b.hold = Duration::from_secs(60);
+        send_poison_and_blocks_of_4(&mut a);
+        let mut recv = [0u8; 8];
+        let bufs = Buffers {
+            send: &[],
+            recv: &mut recv,
+            scratch: &mut [],
+            block: Some(2),
+        };
+        let mut s = b.begin(0, bufs).unwrap();
+        // Both in the ring before any receive is posted; progress leaves them there
+        // (the receive below is accepted, which it is not once the poison was taken).
+        std::thread::sleep(Duration::from_millis(10));
+        let mut sink = Vec::new();
+        s.progress(&mut sink).unwrap();
+        if tag == 10 {
+            // The poison ahead of it is taken aside (a receive from rank 0 is posted).
+            s.post_recv(0, 10, Region::new(Buf::Recv, 4, 4), 1).unwrap();
+        } else {
+            s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0).unwrap();
+        }
+        match complete(&mut s, 1) {
+            Err(CollectiveError::Mismatch { peer: 0, message }) => {
+                assert!(message.contains(want), "tag {tag}: {message}")
+            }
+            other => panic!("tag {tag}: expected a mismatch, got {other:?}"),
+        }
     }
 }
 
@@ -645,9 +683,9 @@ fn receives_up_to_a_length_take_shorter_messages_and_tell_their_length() {
     });
 }
 
-/// Rank 0 of [`pair`]: sends `RDV_MIN * 20` bytes by rendezvous (tag 1), then 8 bytes
-/// (tag 2), and waits for both to be taken.
-fn send_offer_then_small(t: &mut ShmTransport) -> Vec<u8> {
+/// Rank 0 of [`pair`]: sends `RDV_MIN * 20` bytes (tag 1; by rendezvous or, larger than
+/// the ring, through it), then 8 bytes (tag 2), and waits for both to be taken.
+fn send_large_then_small(t: &mut ShmTransport) -> Vec<u8> {
     let big = pattern(0, 0, 1, RDV_MIN * 20);
     let mut send = big.clone();
     send.extend_from_slice(&[9u8; 8]);
@@ -666,85 +704,94 @@ fn send_offer_then_small(t: &mut ShmTransport) -> Vec<u8> {
     big
 }
 
-#[test]
-fn a_rendezvous_offer_waits_at_the_ring_head_for_its_receive_and_is_read_once() {
+/// A pair with rings of 8 cells of 256 bytes, rank 1 holding messages for 60 s (long
+/// enough that no scheduling delay of a loaded machine lets it run out); the large
+/// message of [`send_large_then_small`] goes by rendezvous or (`!rendezvous`) through
+/// the ring, whose 2 KB it fills.
+fn holding_pair(rendezvous: bool) -> (ShmTransport, ShmTransport) {
     let (mut a, mut b) = pair(8, 256);
-    a.cma.min = RDV_MIN;
+    a.cma.min = if rendezvous { RDV_MIN } else { usize::MAX };
     b.cma.min = RDV_MIN;
-    // Long enough that no scheduling delay of a loaded machine lets it run out.
-    b.cma.hold = Duration::from_secs(60);
-    let mut recv = vec![0u8; RDV_MIN * 20 + 8];
-    let big = std::thread::scope(|sc| {
-        let h = sc.spawn(|| send_offer_then_small(&mut a));
-        let bufs = Buffers {
-            send: &[],
-            recv: &mut recv,
-            scratch: &mut [],
-            block: None,
-        };
-        let mut s = b.begin(0, bufs).unwrap();
-        // The offer arrives while no receive from rank 0 is posted: it stays in the
-        // ring (and the small message behind it with it).
-        let start = Instant::now();
-        let mut done = Vec::new();
-        while start.elapsed() < Duration::from_millis(50) {
-            s.progress(&mut done).unwrap();
-        }
-        assert!(done.is_empty());
-        s.post_recv(0, 1, Region::new(Buf::Recv, 0, RDV_MIN * 20), 10)
-            .unwrap();
-        s.post_recv(0, 2, Region::new(Buf::Recv, RDV_MIN * 20, 8), 11)
-            .unwrap();
-        complete(&mut s, 2).unwrap();
-        drop(s);
-        h.join().unwrap()
-    });
-    assert_eq!(&recv[..big.len()], &big[..]);
-    assert_eq!(&recv[big.len()..], &[9u8; 8]);
-    assert_eq!(
-        (a.rdv_sent, b.rdv_buffered),
-        (1, 0),
-        "read straight into place"
-    );
-    assert!(b.unexpected.is_empty() && b.broken.is_none());
+    b.hold = Duration::from_secs(60);
+    (a, b)
 }
 
 #[test]
-fn a_receive_behind_a_waiting_offer_is_not_held_up_by_it() {
-    let (mut a, mut b) = pair(8, 256);
-    a.cma.min = RDV_MIN;
-    b.cma.min = RDV_MIN;
-    b.cma.hold = Duration::from_secs(60);
-    let mut recv = vec![0u8; RDV_MIN * 20 + 8];
-    let (big, took) = std::thread::scope(|sc| {
-        let h = sc.spawn(|| send_offer_then_small(&mut a));
-        let bufs = Buffers {
-            send: &[],
-            recv: &mut recv,
-            scratch: &mut [],
-            block: None,
-        };
-        let mut s = b.begin(0, bufs).unwrap();
-        // Only the small message's receive: a receive from rank 0 is posted, so the
-        // offer ahead of it is read aside at once, far sooner than the hold.
-        let start = Instant::now();
-        s.post_recv(0, 2, Region::new(Buf::Recv, RDV_MIN * 20, 8), 11)
-            .unwrap();
-        complete(&mut s, 1).unwrap();
-        let took = start.elapsed();
-        s.post_recv(0, 1, Region::new(Buf::Recv, 0, RDV_MIN * 20), 10)
-            .unwrap();
-        complete(&mut s, 1).unwrap();
-        drop(s);
-        (h.join().unwrap(), took)
-    });
-    assert!(took < Duration::from_secs(20), "held for {took:?}");
-    assert_eq!(&recv[..big.len()], &big[..]);
-    assert_eq!(&recv[big.len()..], &[9u8; 8]);
-    assert_eq!(
-        (a.rdv_sent, b.rdv_buffered),
-        (1, 1),
-        "read aside, then copied"
-    );
-    assert!(b.unexpected.is_empty() && b.broken.is_none());
+fn a_message_waits_at_the_ring_head_for_its_receive_and_is_read_once() {
+    for rendezvous in [true, false] {
+        let (mut a, mut b) = holding_pair(rendezvous);
+        let mut recv = vec![0u8; RDV_MIN * 20 + 8];
+        let big = std::thread::scope(|sc| {
+            let h = sc.spawn(|| send_large_then_small(&mut a));
+            let bufs = Buffers {
+                send: &[],
+                recv: &mut recv,
+                scratch: &mut [],
+                block: None,
+            };
+            let mut s = b.begin(0, bufs).unwrap();
+            // The message arrives while no receive from rank 0 is posted: it stays in
+            // the ring (and the small message behind it with it).
+            let start = Instant::now();
+            let mut done = Vec::new();
+            while start.elapsed() < Duration::from_millis(50) {
+                s.progress(&mut done).unwrap();
+            }
+            assert!(done.is_empty());
+            s.post_recv(0, 1, Region::new(Buf::Recv, 0, RDV_MIN * 20), 10)
+                .unwrap();
+            s.post_recv(0, 2, Region::new(Buf::Recv, RDV_MIN * 20, 8), 11)
+                .unwrap();
+            complete(&mut s, 2).unwrap();
+            drop(s);
+            h.join().unwrap()
+        });
+        assert_eq!(&recv[..big.len()], &big[..], "rendezvous {rendezvous}");
+        assert_eq!(&recv[big.len()..], &[9u8; 8]);
+        assert_eq!(
+            (a.rdv_sent, b.buffered),
+            (u64::from(rendezvous), 0),
+            "rendezvous {rendezvous}: read straight into place"
+        );
+        assert!(b.unexpected.is_empty() && b.broken.is_none());
+    }
+}
+
+#[test]
+fn a_receive_behind_a_waiting_message_is_not_held_up_by_it() {
+    for rendezvous in [true, false] {
+        let (mut a, mut b) = holding_pair(rendezvous);
+        let mut recv = vec![0u8; RDV_MIN * 20 + 8];
+        let (big, took) = std::thread::scope(|sc| {
+            let h = sc.spawn(|| send_large_then_small(&mut a));
+            let bufs = Buffers {
+                send: &[],
+                recv: &mut recv,
+                scratch: &mut [],
+                block: None,
+            };
+            let mut s = b.begin(0, bufs).unwrap();
+            // Only the small message's receive: a receive from rank 0 is posted, so
+            // the message ahead of it is read aside at once, far sooner than the hold.
+            let start = Instant::now();
+            s.post_recv(0, 2, Region::new(Buf::Recv, RDV_MIN * 20, 8), 11)
+                .unwrap();
+            complete(&mut s, 1).unwrap();
+            let took = start.elapsed();
+            s.post_recv(0, 1, Region::new(Buf::Recv, 0, RDV_MIN * 20), 10)
+                .unwrap();
+            complete(&mut s, 1).unwrap();
+            drop(s);
+            (h.join().unwrap(), took)
+        });
+        assert!(took < Duration::from_secs(20), "held for {took:?}");
+        assert_eq!(&recv[..big.len()], &big[..], "rendezvous {rendezvous}");
+        assert_eq!(&recv[big.len()..], &[9u8; 8]);
+        assert_eq!(
+            (a.rdv_sent, b.buffered),
+            (u64::from(rendezvous), 1),
+            "rendezvous {rendezvous}: read aside, then copied"
+        );
+        assert!(b.unexpected.is_empty() && b.broken.is_none());
+    }
 }
