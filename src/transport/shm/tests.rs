@@ -3,7 +3,7 @@
 //! many times larger than the ring, receives posted in another order than the sends,
 //! zero-length messages), byte-exact; and the refusals (size mismatch, poison).
 
-use super::{Segment, ShmTransport};
+use super::{Segment, ShmTransport, session::ShmSession};
 use crate::transport::testing::complete;
 use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, Transport};
 use std::time::{Duration, Instant};
@@ -175,11 +175,12 @@ fn send_poison_and_blocks_of_4(a: &mut ShmTransport) {
     complete(&mut s, 1).unwrap();
 }
 
-#[test]
-fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
-    // Taken aside at once (no hold): checked when the receives are posted.
+/// Rank 1's side of the poison tests, holding messages for `hold`: both of
+/// [`send_poison_and_blocks_of_4`]'s messages are in the ring and progressed over before
+/// `check` posts receives (in blocks of 2 bytes) on the session.
+fn receive_poison_and_blocks_of_2(hold: Duration, check: impl FnOnce(&mut ShmSession<'_>)) {
     let (mut a, mut b) = pair(4, 128);
-    b.hold = Duration::ZERO;
+    b.hold = hold;
     send_poison_and_blocks_of_4(&mut a);
     let mut recv = [0u8; 8];
     let bufs = Buffers {
@@ -189,54 +190,47 @@ fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
         block: Some(2),
     };
     let mut s = b.begin(0, bufs).unwrap();
-    // Both arrive before their receives are posted.
     std::thread::sleep(Duration::from_millis(10));
     let mut sink = Vec::new();
     s.progress(&mut sink).unwrap();
-    match s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0) {
-        Err(CollectiveError::Mismatch { peer: 0, message }) => {
-            assert!(message.contains("failed this collective"), "{message}")
-        }
-        other => panic!("expected poison, got {other:?}"),
-    }
-    match s.post_recv(0, 10, Region::new(Buf::Recv, 4, 4), 1) {
-        Err(CollectiveError::Mismatch { peer: 0, message }) => assert!(
-            message.contains("blocks of 4 bytes") && message.contains("with 2 bytes"),
-            "{message}"
-        ),
-        other => panic!("expected a block mismatch, got {other:?}"),
-    }
-    drop(s);
-    // Held in the ring until a receive is posted: checked when it is taken.
-    for (tag, want) in [(9, "failed this collective"), (10, "blocks of 4 bytes")] {
-        let (mut a, mut b) = pair(4, 128);
-        b.hold = Duration::from_secs(60);
-        send_poison_and_blocks_of_4(&mut a);
-        let mut recv = [0u8; 8];
-        let bufs = Buffers {
-            send: &[],
-            recv: &mut recv,
-            scratch: &mut [],
-            block: Some(2),
-        };
-        let mut s = b.begin(0, bufs).unwrap();
-        // Both in the ring before any receive is posted; progress leaves them there
-        // (the receive below is accepted, which it is not once the poison was taken).
-        std::thread::sleep(Duration::from_millis(10));
-        let mut sink = Vec::new();
-        s.progress(&mut sink).unwrap();
-        if tag == 10 {
-            // The poison ahead of it is taken aside (a receive from rank 0 is posted).
-            s.post_recv(0, 10, Region::new(Buf::Recv, 4, 4), 1).unwrap();
-        } else {
-            s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0).unwrap();
-        }
-        match complete(&mut s, 1) {
+    check(&mut s);
+}
+
+#[test]
+fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
+    // Taken aside at once (no hold): checked when the receives are posted.
+    receive_poison_and_blocks_of_2(Duration::ZERO, |s| {
+        match s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0) {
             Err(CollectiveError::Mismatch { peer: 0, message }) => {
-                assert!(message.contains(want), "tag {tag}: {message}")
+                assert!(message.contains("failed this collective"), "{message}")
             }
-            other => panic!("tag {tag}: expected a mismatch, got {other:?}"),
+            other => panic!("expected poison, got {other:?}"),
         }
+        match s.post_recv(0, 10, Region::new(Buf::Recv, 4, 4), 1) {
+            Err(CollectiveError::Mismatch { peer: 0, message }) => assert!(
+                message.contains("blocks of 4 bytes") && message.contains("with 2 bytes"),
+                "{message}"
+            ),
+            other => panic!("expected a block mismatch, got {other:?}"),
+        }
+    });
+    // Held in the ring until a receive is posted (the receive is accepted, which it is
+    // not once the poison was taken): checked when it is taken. For tag 10 the poison
+    // ahead of it is taken aside (a receive from rank 0 is posted).
+    for (tag, at, want) in [
+        (9, 0, "failed this collective"),
+        (10, 4, "blocks of 4 bytes"),
+    ] {
+        receive_poison_and_blocks_of_2(Duration::from_secs(60), |s| {
+            s.post_recv(0, tag, Region::new(Buf::Recv, at, 4), 0)
+                .unwrap();
+            match complete(s, 1) {
+                Err(CollectiveError::Mismatch { peer: 0, message }) => {
+                    assert!(message.contains(want), "tag {tag}: {message}")
+                }
+                other => panic!("tag {tag}: expected a mismatch, got {other:?}"),
+            }
+        });
     }
 }
 
