@@ -27,8 +27,8 @@
 //! cache line, written last: the bytes past the first line first, then the first line
 //! in one burst) and freed by the head's Release store. The receiver polls the stamp of
 //! the cell it needs next — one cache line from the sender's core per small message,
-//! where a tail counter on a line of its own cost two in a row (1-byte ping-pong: 0.30-
-//! 0.35 -> 0.24-0.26 us, docs/BENCHMARKS.md). A message is a first
+//! where a tail counter on a line of its own cost two in a row (1-byte ping-pong: 0.31-
+//! 0.33 -> 0.26-0.27 us, docs/BENCHMARKS.md). A message is a first
 //! cell (tag, length, block size, the first bytes: small messages travel inline, eager)
 //! and as many further cells as its length needs, pipelined: the sender fills cells as
 //! the receiver frees them, so messages larger than the ring pass through it. A send

@@ -34,6 +34,8 @@ const SLEEP_MAX: Duration = Duration::from_millis(1);
 /// message is held only while no receive from that peer is posted at all, so a receive
 /// waiting for a message behind it is never delayed.
 pub(super) const HOLD_DEFAULT: Duration = Duration::from_micros(500);
+/// Bytes of a cache line (a cell's first holds its header and first payload bytes).
+const LINE: usize = 64;
 /// `block` of a message without a uniform block size.
 const NO_BLOCK: u64 = u64::MAX;
 
@@ -425,9 +427,13 @@ impl ShmSession<'_> {
                 // The bytes past the first cache line first, then the first line
                 // (header and 32 bytes) and at once the stamp: the receiver polls the
                 // first line, so it is written in one short burst.
-                let first = n.min(64 - CELL_HEAD);
+                let first = n.min(LINE - CELL_HEAD);
                 if n > first {
-                    ptr::copy_nonoverlapping(op.src.add(op.sent + first), cell.add(64), n - first);
+                    ptr::copy_nonoverlapping(
+                        op.src.add(op.sent + first),
+                        cell.add(LINE),
+                        n - first,
+                    );
                 }
                 if first > 0 {
                     ptr::copy_nonoverlapping(op.src.add(op.sent), cell.add(CELL_HEAD), first);
@@ -1173,7 +1179,7 @@ fn prefetch_payload(cell: *const u8) {
         // (`wrapping_add` keeps the pointer arithmetic defined).
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                cell.wrapping_add(line * 64).cast::<i8>(),
+                cell.wrapping_add(line * LINE).cast::<i8>(),
             );
         }
     }

@@ -17,6 +17,16 @@ fn pattern(rank: usize, round: usize, i: usize, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Buffers of a call that only receives, into `recv` (no uniform block size).
+fn receiving_into(recv: &mut [u8]) -> Buffers<'_> {
+    Buffers {
+        send: &[],
+        recv,
+        scratch: &mut [],
+        block: None,
+    }
+}
+
 /// Two transports of one segment of `slots` cells of `cell` bytes per ring.
 fn pair(slots: usize, cell: usize) -> (ShmTransport, ShmTransport) {
     let a = Segment::create_with(2, slots, cell).unwrap();
@@ -124,12 +134,7 @@ fn a_message_of_another_length_is_a_mismatch_naming_both_sizes() {
         });
         s.spawn(|| {
             let mut recv = vec![0u8; 60];
-            let bufs = Buffers {
-                send: &[],
-                recv: &mut recv,
-                scratch: &mut [],
-                block: None,
-            };
+            let bufs = receiving_into(&mut recv);
             let mut s = b.begin(0, bufs).unwrap();
             s.post_recv(0, 3, Region::new(Buf::Recv, 0, 60), 0).unwrap();
             match complete(&mut s, 1) {
@@ -405,12 +410,7 @@ fn a_withdrawn_rendezvous_fails_its_receive_with_the_senders_rank() {
     assert!(a.broken.is_some());
     assert_eq!(a.rdv_sent, 2);
     let mut recv = vec![0u8; 8192];
-    let bufs = Buffers {
-        send: &[],
-        recv: &mut recv,
-        scratch: &mut [],
-        block: None,
-    };
+    let bufs = receiving_into(&mut recv);
     let mut s = b.begin(0, bufs).unwrap();
     // The first with its receive posted, the second before its receive.
     s.post_recv(0, 5, Region::new(Buf::Recv, 0, 4096), 0)
@@ -595,12 +595,7 @@ fn a_sender_killed_during_a_rendezvous_fails_the_receive_naming_it() {
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     wait_zombie(child.id());
     let mut recv = vec![0u8; 1 << 20];
-    let bufs = Buffers {
-        send: &[],
-        recv: &mut recv,
-        scratch: &mut [],
-        block: None,
-    };
+    let bufs = receiving_into(&mut recv);
     let started = Instant::now();
     {
         let mut s = t.begin(0, bufs).unwrap();
@@ -698,32 +693,48 @@ fn send_large_then_small(t: &mut ShmTransport) -> Vec<u8> {
     big
 }
 
-/// A pair with rings of 8 cells of 256 bytes, rank 1 holding messages for 60 s (long
-/// enough that no scheduling delay of a loaded machine lets it run out); the large
-/// message of [`send_large_then_small`] goes by rendezvous or (`!rendezvous`) through
-/// the ring, whose 2 KB it fills.
-fn holding_pair(rendezvous: bool) -> (ShmTransport, ShmTransport) {
+/// One exchange of [`send_large_then_small`] on a pair with rings of 8 cells of 256
+/// bytes, rank 1 holding messages for 60 s (long enough that no scheduling delay of a
+/// loaded machine lets it run out); the large message goes by rendezvous or
+/// (`!rendezvous`) through the ring, whose 2 KB it fills. `receive` posts rank 1's
+/// receives (tag 1 into `0..RDV_MIN * 20`, tag 2 behind it) and completes them. Checks
+/// both messages byte-exact and rank 1's transport clean afterwards; returns
+/// `(rendezvous sends of rank 0, messages rank 1 read aside, what receive returned)`.
+fn exchange_while_holding<T: Send>(
+    rendezvous: bool,
+    receive: impl FnOnce(&mut ShmSession<'_>) -> T,
+) -> (u64, u64, T) {
     let (mut a, mut b) = pair(8, 256);
     a.cma.min = if rendezvous { RDV_MIN } else { usize::MAX };
     b.cma.min = RDV_MIN;
     b.hold = Duration::from_secs(60);
-    (a, b)
+    let mut recv = vec![0u8; RDV_MIN * 20 + 8];
+    let (big, out) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| send_large_then_small(&mut a));
+        let bufs = receiving_into(&mut recv);
+        let mut s = b.begin(0, bufs).unwrap();
+        let out = receive(&mut s);
+        drop(s);
+        (h.join().unwrap(), out)
+    });
+    assert_eq!(&recv[..big.len()], &big[..], "rendezvous {rendezvous}");
+    assert_eq!(&recv[big.len()..], &[9u8; 8]);
+    assert!(b.unexpected.is_empty() && b.broken.is_none());
+    (a.rdv_sent, b.buffered, out)
+}
+
+/// A receive of tag 1 (`RDV_MIN * 20` bytes, at 0) or tag 2 (8 bytes, behind it).
+fn region_of(tag: u64) -> Region {
+    match tag {
+        1 => Region::new(Buf::Recv, 0, RDV_MIN * 20),
+        _ => Region::new(Buf::Recv, RDV_MIN * 20, 8),
+    }
 }
 
 #[test]
 fn a_message_waits_at_the_ring_head_for_its_receive_and_is_read_once() {
     for rendezvous in [true, false] {
-        let (mut a, mut b) = holding_pair(rendezvous);
-        let mut recv = vec![0u8; RDV_MIN * 20 + 8];
-        let big = std::thread::scope(|sc| {
-            let h = sc.spawn(|| send_large_then_small(&mut a));
-            let bufs = Buffers {
-                send: &[],
-                recv: &mut recv,
-                scratch: &mut [],
-                block: None,
-            };
-            let mut s = b.begin(0, bufs).unwrap();
+        let (sent, buffered, ()) = exchange_while_holding(rendezvous, |s| {
             // The message arrives while no receive from rank 0 is posted: it stays in
             // the ring (and the small message behind it with it).
             let start = Instant::now();
@@ -732,60 +743,37 @@ fn a_message_waits_at_the_ring_head_for_its_receive_and_is_read_once() {
                 s.progress(&mut done).unwrap();
             }
             assert!(done.is_empty());
-            s.post_recv(0, 1, Region::new(Buf::Recv, 0, RDV_MIN * 20), 10)
-                .unwrap();
-            s.post_recv(0, 2, Region::new(Buf::Recv, RDV_MIN * 20, 8), 11)
-                .unwrap();
-            complete(&mut s, 2).unwrap();
-            drop(s);
-            h.join().unwrap()
+            s.post_recv(0, 1, region_of(1), 10).unwrap();
+            s.post_recv(0, 2, region_of(2), 11).unwrap();
+            complete(s, 2).unwrap();
         });
-        assert_eq!(&recv[..big.len()], &big[..], "rendezvous {rendezvous}");
-        assert_eq!(&recv[big.len()..], &[9u8; 8]);
         assert_eq!(
-            (a.rdv_sent, b.buffered),
+            (sent, buffered),
             (u64::from(rendezvous), 0),
             "rendezvous {rendezvous}: read straight into place"
         );
-        assert!(b.unexpected.is_empty() && b.broken.is_none());
     }
 }
 
 #[test]
 fn a_receive_behind_a_waiting_message_is_not_held_up_by_it() {
     for rendezvous in [true, false] {
-        let (mut a, mut b) = holding_pair(rendezvous);
-        let mut recv = vec![0u8; RDV_MIN * 20 + 8];
-        let (big, took) = std::thread::scope(|sc| {
-            let h = sc.spawn(|| send_large_then_small(&mut a));
-            let bufs = Buffers {
-                send: &[],
-                recv: &mut recv,
-                scratch: &mut [],
-                block: None,
-            };
-            let mut s = b.begin(0, bufs).unwrap();
+        let (sent, buffered, took) = exchange_while_holding(rendezvous, |s| {
             // Only the small message's receive: a receive from rank 0 is posted, so
             // the message ahead of it is read aside at once, far sooner than the hold.
             let start = Instant::now();
-            s.post_recv(0, 2, Region::new(Buf::Recv, RDV_MIN * 20, 8), 11)
-                .unwrap();
-            complete(&mut s, 1).unwrap();
+            s.post_recv(0, 2, region_of(2), 11).unwrap();
+            complete(s, 1).unwrap();
             let took = start.elapsed();
-            s.post_recv(0, 1, Region::new(Buf::Recv, 0, RDV_MIN * 20), 10)
-                .unwrap();
-            complete(&mut s, 1).unwrap();
-            drop(s);
-            (h.join().unwrap(), took)
+            s.post_recv(0, 1, region_of(1), 10).unwrap();
+            complete(s, 1).unwrap();
+            took
         });
         assert!(took < Duration::from_secs(20), "held for {took:?}");
-        assert_eq!(&recv[..big.len()], &big[..], "rendezvous {rendezvous}");
-        assert_eq!(&recv[big.len()..], &[9u8; 8]);
         assert_eq!(
-            (a.rdv_sent, b.buffered),
+            (sent, buffered),
             (u64::from(rendezvous), 1),
             "rendezvous {rendezvous}: read aside, then copied"
         );
-        assert!(b.unexpected.is_empty() && b.broken.is_none());
     }
 }
