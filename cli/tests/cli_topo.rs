@@ -146,6 +146,48 @@ fn missing_file_exits_2() {
     assert!(err.contains("absent.toml"), "{err}");
 }
 
+/// `--file /dev/zero`, a FIFO without a writer and a huge (sparse) regular file fail at
+/// once with an error naming the file and, for the huge one, the limit: nothing is read
+/// until memory runs out, nothing waits for a writer.
+#[test]
+fn unbounded_files_fail_fast() {
+    let dir = scratch("unbounded");
+    let started = std::time::Instant::now();
+    let err = fails_with_2(&["topo", "--file", "/dev/zero"]);
+    assert!(
+        err.contains("topology file /dev/zero is not a regular file: it is a character device"),
+        "{err}"
+    );
+    let fifo = dir.join("fifo.toml");
+    let status = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(status.success());
+    let err = fails_with_2(&["topo", "--file", fifo.to_str().unwrap()]);
+    assert!(
+        err.contains("fifo.toml is not a regular file: it is a FIFO"),
+        "{err}"
+    );
+    let huge = dir.join("huge.toml");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let err = fails_with_2(&["topo", "--file", huge.to_str().unwrap()]);
+    assert!(
+        err.contains("huge.toml is larger than the limit of 67108864 bytes (64 MiB)"),
+        "{err}"
+    );
+    // Just over the limit is too large; the limit itself is read (and fails to parse:
+    // it is all zero bytes).
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(halo_topology::MAX_FILE_BYTES + 1)
+        .unwrap();
+    let err = fails_with_2(&["topo", "--file", huge.to_str().unwrap()]);
+    assert!(err.contains("larger than the limit"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn usage_errors_exit_2() {
     fails_with_2(&["topo", "--preset", "flat:2", "--file", "x.toml"]);

@@ -31,6 +31,25 @@ pub enum TopologyError {
         #[source]
         source: std::io::Error,
     },
+    /// A topology file is larger than [`crate::MAX_FILE_BYTES`].
+    #[error(
+        "topology file {path} is larger than the limit of {limit} bytes ({} MiB)",
+        limit >> 20
+    )]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// The limit, [`crate::MAX_FILE_BYTES`].
+        limit: u64,
+    },
+    /// A topology file is not a regular file (a device, a FIFO, a directory...).
+    #[error("topology file {path} is not a regular file: it is {kind}")]
+    NotAFile {
+        /// The file.
+        path: String,
+        /// What it is instead ("a character device", "a FIFO", ...).
+        kind: &'static str,
+    },
     /// A preset name or its arguments are not understood.
     #[error("bad preset '{spec}': {reason}")]
     Preset {

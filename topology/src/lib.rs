@@ -28,4 +28,4 @@ pub use error::{Result, TopologyError};
 pub use level::{Level, LinkClass};
 pub use model::{Nic, Rank, Topology, fmt_bandwidth, fmt_seconds};
 pub use preset::{commodity, dgx_h100, frontier, preset_spec};
-pub use spec::TopologySpec;
+pub use spec::{MAX_FILE_BYTES, TopologySpec};

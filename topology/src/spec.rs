@@ -37,6 +37,69 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// The most bytes a topology file may have (64 MiB: a description of a million ranks
+/// is about 60 bytes a rank in TOML).
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads `path` as UTF-8 text: a regular file of at most [`MAX_FILE_BYTES`].
+fn read_bounded(path: &Path) -> Result<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let io = |source| TopologyError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    // O_NONBLOCK: opening a FIFO without a writer must not wait for one (on a regular
+    // file the flag changes nothing).
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io)?;
+    let meta = f.metadata().map_err(io)?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        let kind = if t.is_dir() {
+            "a directory"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "of another kind"
+        };
+        return Err(TopologyError::NotAFile {
+            path: path.display().to_string(),
+            kind,
+        });
+    }
+    let too_large = || TopologyError::TooLarge {
+        path: path.display().to_string(),
+        limit: MAX_FILE_BYTES,
+    };
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_large());
+    }
+    // The size may grow while it is read: read one byte past the limit at most.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large());
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        ))
+    })
+}
+
 /// A topology as written in a file: the serde form of [`Topology`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -349,12 +412,14 @@ impl TopologySpec {
     }
 
     /// Reads a file: `.json` is JSON, anything else TOML (a file that starts with `{` is JSON too).
+    ///
+    /// The file must be a regular file (a link to one is followed) of at most
+    /// [`MAX_FILE_BYTES`]: anything else fails at once with
+    /// [`TopologyError::NotAFile`] or [`TopologyError::TooLarge`], so that
+    /// `--file /dev/zero` or a FIFO neither fills memory nor blocks.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = read_bounded(path)?;
         let is_json =
             path.extension().is_some_and(|e| e == "json") || text.trim_start().starts_with('{');
         let parsed = if is_json {

@@ -612,6 +612,49 @@ fn missing_file_is_io() {
 }
 
 #[test]
+fn devices_and_huge_files_are_refused_before_reading() {
+    match Topology::load("/dev/zero") {
+        Err(e @ TopologyError::NotAFile { .. }) => assert_eq!(
+            e.to_string(),
+            "topology file /dev/zero is not a regular file: it is a character device"
+        ),
+        other => panic!("expected NotAFile, got {other:?}"),
+    }
+    let dir = scratch("huge");
+    match Topology::load(&dir) {
+        Err(TopologyError::NotAFile { kind, .. }) => assert_eq!(kind, "a directory"),
+        other => panic!("expected NotAFile, got {other:?}"),
+    }
+    // Sparse: no real bytes on disk.
+    let path = dir.join("huge.toml");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(1 << 40).unwrap();
+    match Topology::load(&path) {
+        Err(e @ TopologyError::TooLarge { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("huge.toml"), "{msg}");
+            assert!(
+                msg.ends_with("is larger than the limit of 67108864 bytes (64 MiB)"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    // At the limit the file is read (all zero bytes: not TOML).
+    f.set_len(halo_topology::MAX_FILE_BYTES).unwrap();
+    assert!(
+        matches!(Topology::load(&path), Err(TopologyError::Parse { .. })),
+        "a file of exactly the limit is read"
+    );
+    f.set_len(halo_topology::MAX_FILE_BYTES + 1).unwrap();
+    assert!(matches!(
+        Topology::load(&path),
+        Err(TopologyError::TooLarge { .. })
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn parse_errors_from_files_name_the_file() {
     let dir = scratch("parse_file");
     let toml = dir.join("bad.toml");
