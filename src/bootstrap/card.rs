@@ -143,16 +143,13 @@ impl Card {
             }
         };
         let bell = text("bell", 255)?;
-        if let Some(b) = &bell {
-            let ok = b.strip_prefix("/dev/shm/halo-bell-").is_some_and(|rest| {
-                !rest.is_empty() && rest.bytes().all(|c| c.is_ascii_digit() || c == b'-')
-            });
-            if !ok {
-                return Err(bad(
-                    "bell",
-                    "is not a HALO doorbell file (/dev/shm/halo-bell-N-N-N)",
-                ));
-            }
+        if let Some(b) = &bell
+            && !crate::transport::sys::is_shared_name(b, "halo-bell-")
+        {
+            return Err(bad(
+                "bell",
+                "is not a HALO doorbell file (/dev/shm/halo-bell-N-N-N-TAG)",
+            ));
         }
         let shm = text("shm", 255)?;
         if let Some(p) = &shm
@@ -160,7 +157,7 @@ impl Card {
         {
             return Err(bad(
                 "shm",
-                "is not a HALO shared-memory segment (/dev/shm/halo-shm-N-N-N)",
+                "is not a HALO shared-memory segment (/dev/shm/halo-shm-N-N-N-TAG)",
             ));
         }
         let transport = text("transport", 16)?;

@@ -356,7 +356,7 @@ mod tests {
         }
     }
 
-    const SEG: Option<&str> = Some("/dev/shm/halo-shm-1-2-0");
+    const SEG: Option<&str> = Some("/dev/shm/halo-shm-1-2-0-0123456789abcdef");
 
     #[test]
     fn one_host_auto_uses_shm_every_rank_deciding_alike() {

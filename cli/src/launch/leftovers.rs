@@ -2,9 +2,9 @@
 //!
 //! - **Shared memory of dead ranks.** A rank that dies without closing libfabric
 //!   (SIGKILL, `--timeout`, Ctrl-C) leaves the 16 MiB region of the shm provider,
-//!   `/dev/shm/<pid>:<n>:<n>`, HALO's doorbell `/dev/shm/halo-bell-<ns>-<pid>-<n>`,
+//!   `/dev/shm/<pid>:<n>:<n>`, HALO's doorbell `/dev/shm/halo-bell-<ns>-<pid>-<n>-<tag>`,
 //!   and, when the job dies before every rank of a host mapped it, a segment file of
-//!   HALO's shared-memory transport `/dev/shm/halo-shm-<ns>-<pid>-<n>` (every rank
+//!   HALO's shared-memory transport `/dev/shm/halo-shm-<ns>-<pid>-<n>-<tag>` (every rank
 //!   makes one during set-up; the lowest rank of each host keeps its own as the
 //!   host's segment).
 //!   The launcher removes those of every process it started, by pid, once the process
@@ -74,8 +74,9 @@ fn pid_free(pid: i32) -> bool {
 }
 
 /// Whether `name` is a shared-memory file of process `pid`: libfabric's shm region
-/// `<pid>:<n>[:<n>...]`, HALO's bell `halo-bell-<ns>-<pid>-<n>` or the segment of
-/// HALO's shared-memory transport `halo-shm-<ns>-<pid>-<n>` (made by any rank).
+/// `<pid>:<n>[:<n>...]`, HALO's bell `halo-bell-<ns>-<pid>-<n>-<tag>` or the segment
+/// of HALO's shared-memory transport `halo-shm-<ns>-<pid>-<n>-<tag>` (made by any
+/// rank; `<tag>`: 16 random hex digits; names without it are those of older builds).
 fn shm_of(name: &str, pid: i32) -> bool {
     let pid = pid.to_string();
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
@@ -90,7 +91,11 @@ fn shm_of(name: &str, pid: i32) -> bool {
         .or_else(|| name.strip_prefix("halo-shm-"))
     {
         let parts: Vec<&str> = rest.split('-').collect();
-        return parts.len() == 3 && parts.iter().all(|p| digits(p)) && parts[1] == pid;
+        let tag = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        return matches!(parts.len(), 3 | 4)
+            && parts[..3].iter().all(|p| digits(p))
+            && parts[3..].iter().all(|p| tag(p))
+            && parts[1] == pid;
     }
     false
 }
@@ -338,6 +343,13 @@ mod tests {
         assert!(!shm_of("1234", 1234));
         assert!(shm_of("halo-bell-4026531836-1234-0", 1234));
         assert!(shm_of("halo-shm-4026531836-1234-0", 1234));
+        assert!(shm_of("halo-shm-4026531836-1234-0-0123456789abcdef", 1234));
+        assert!(shm_of("halo-bell-4026531836-1234-7-0123456789abcdef", 1234));
+        assert!(!shm_of("halo-bell-4026531836-1234-7-0123456789abcde", 1234));
+        assert!(!shm_of(
+            "halo-bell-4026531836-1234-7-x123456789abcdef",
+            1234
+        ));
         assert!(!shm_of("halo-shm-4026531836-12345-0", 1234));
         assert!(!shm_of("halo-bell-4026531836-12345-0", 1234));
         assert!(!shm_of("halo-bell-1234-77-0", 1234));

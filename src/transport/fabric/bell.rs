@@ -40,10 +40,11 @@ impl std::fmt::Debug for Bell {
 }
 
 impl Bell {
-    /// Creates this rank's bell, `/dev/shm/halo-bell-NS-PID-N` (PID namespace, process,
-    /// count), after removing the files of processes of this namespace that ended
-    /// without removing theirs (killed); `None` (no bell: bounded sleeps) when that
-    /// fails.
+    /// Creates this rank's bell, `/dev/shm/halo-bell-NS-PID-N-TAG` (PID namespace,
+    /// process, count, 64 random bits), private to this user (mode 0600, `O_EXCL`,
+    /// `O_NOFOLLOW`: `sys::create_private`), after removing the files of this user's
+    /// processes of this namespace that ended without removing theirs (killed); `None`
+    /// (no bell: bounded sleeps) when that fails.
     pub(super) fn create() -> Option<Bell> {
         SYS_FUTEX?;
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -68,20 +69,15 @@ impl Bell {
                     continue;
                 };
                 if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                    let _ = std::fs::remove_file(entry.path());
+                    crate::transport::sys::remove_own_file(&entry.path());
                 }
             }
         }
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::path::PathBuf::from(format!("/dev/shm/{prefix}{}-{n}", std::process::id()));
-        // A file of a dead process whose id this one reuses: replace it.
-        let _ = std::fs::remove_file(&path);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .ok()?;
+        let tag = crate::transport::sys::random_tag().ok()?;
+        let path =
+            std::path::PathBuf::from(format!("/dev/shm/{prefix}{}-{n}-{tag}", std::process::id()));
+        let f = crate::transport::sys::create_private(&path).ok()?;
         let bell = f
             .set_len(BELL_LEN as u64)
             .ok()
@@ -95,14 +91,10 @@ impl Bell {
     /// Maps a peer's bell.
     pub(super) fn open(path: &str) -> Option<Bell> {
         SYS_FUTEX?;
-        if !path.starts_with("/dev/shm/halo-bell-") {
+        if !crate::transport::sys::is_shared_name(path, "halo-bell-") {
             return None;
         }
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .ok()?;
+        let f = crate::transport::sys::open_shared(std::path::Path::new(path)).ok()?;
         if f.metadata().ok()?.len() < BELL_LEN as u64 {
             return None;
         }

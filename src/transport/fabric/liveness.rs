@@ -1,6 +1,7 @@
 //! Same-host peers' processes, from `/proc` (to notice one that ended), and the stale
 //! `shm` regions of killed processes in `/dev/shm`.
 
+use std::os::unix::fs::MetadataExt as _;
 use std::time::Duration;
 
 /// A process on this host: its id and its start time (clock ticks after boot, from
@@ -80,10 +81,15 @@ pub(super) fn remove_stale_shm_regions() {
             // dead owner may have written to it after this process started, which moves
             // its mtime; with /dev/shm shared across PID namespaces a live process of
             // another namespace could have this id, and it would map its region).
-            let older = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t < start);
+            // Only a regular file of this user (root must not remove another user's
+            // region that happens to carry this pid).
+            let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+                continue;
+            };
+            if !meta.is_file() || meta.uid() != crate::transport::sys::euid() {
+                continue;
+            }
+            let older = meta.modified().is_ok_and(|t| t < start);
             if older || !mapped_by_any_process(&entry.path()) {
                 match std::fs::remove_file(entry.path()) {
                     Ok(()) => tracing::info!(

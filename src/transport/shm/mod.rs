@@ -5,8 +5,10 @@
 //! One per host: the ranks of a host (all of a one-host job's; in a job across hosts
 //! the others are reached by the fabric, `super::hybrid`) share a segment holding only
 //! their rings, indexed by their place among them. Before the bootstrap exchange every
-//! rank makes an empty file `/dev/shm/halo-shm-NS-PID-N` and publishes its path in its
-//! card; after it the lowest rank of each host sizes its file for the host's ranks and
+//! rank makes an empty file `/dev/shm/halo-shm-NS-PID-N-TAG` (`TAG`: 64 random bits;
+//! mode 0600, created with `O_EXCL | O_NOFOLLOW`: no other user can open it, guess its
+//! name or plant a link there, `super::sys::create_private`) and publishes its path in
+//! its card; after it the lowest rank of each host sizes its file for the host's ranks and
 //! writes the header, and the others remove theirs and map it (waiting until the
 //! header is written; a maker that fails removes its file, one that ends is seen
 //! ending, so nobody waits for the bootstrap timeout). The last rank to map it unlinks

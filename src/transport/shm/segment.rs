@@ -285,21 +285,13 @@ fn pid_ns() -> String {
         .unwrap_or_default()
 }
 
-/// Whether `path` names a segment file (`/dev/shm/halo-shm-N-N-N`).
+/// Whether `path` names a segment file (`/dev/shm/halo-shm-N-N-N-TAG`).
 pub(crate) fn is_segment_path(path: &str) -> bool {
-    path.strip_prefix("/dev/shm/")
-        .and_then(|n| n.strip_prefix(FILE_PREFIX))
-        .is_some_and(|rest| {
-            let parts: Vec<&str> = rest.split('-').collect();
-            parts.len() == 3
-                && parts
-                    .iter()
-                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-        })
+    crate::transport::sys::is_shared_name(path, FILE_PREFIX)
 }
 
 /// Removes the segment files of processes of this PID namespace that ended without
-/// removing theirs (killed during set-up).
+/// removing theirs (killed during set-up): regular files of this user only.
 fn remove_stale(ns: &str) {
     let prefix = format!("{FILE_PREFIX}{ns}-");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
@@ -316,7 +308,7 @@ fn remove_stale(ns: &str) {
             continue;
         };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(entry.path());
+            crate::transport::sys::remove_own_file(&entry.path());
         }
     }
 }
@@ -339,7 +331,7 @@ impl std::fmt::Debug for Reservation {
 }
 
 impl Reservation {
-    /// The file's path (`/dev/shm/halo-shm-NS-PID-N`).
+    /// The file's path (`/dev/shm/halo-shm-NS-PID-N-TAG`).
     pub(crate) fn path(&self) -> String {
         self.path.to_string_lossy().into_owned()
     }
@@ -370,10 +362,7 @@ impl Reservation {
         let (_, _, _, total) = layout(nranks, slots, cell)
             .ok_or_else(|| sys("segment size", format!("too large for {nranks} ranks")))?;
         let path = self.path.clone();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
+        let f = crate::transport::sys::open_shared(&path)
             .map_err(|e| sys(&format!("cannot open {}", path.display()), e))?;
         let meta = f.metadata().map_err(|e| sys("stat", e))?;
         if (meta.dev(), meta.ino()) != (self.dev, self.ino) {
@@ -430,24 +419,22 @@ impl Drop for Reservation {
 }
 
 impl Segment {
-    /// Makes an empty segment file, `/dev/shm/halo-shm-NS-PID-N` (every rank that may
-    /// use the transport does, before the card exchange).
+    /// Makes an empty segment file, `/dev/shm/halo-shm-NS-PID-N-TAG` (every rank that
+    /// may use the transport does, before the card exchange): PID namespace, process,
+    /// count and 64 random bits, so that no other user can guess the name; created
+    /// private to this user (mode 0600, `O_EXCL`, `O_NOFOLLOW`: see
+    /// [`crate::transport::sys::create_private`]).
     pub(crate) fn reserve() -> CResult<Reservation> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let ns = pid_ns();
         remove_stale(&ns);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tag = crate::transport::sys::random_tag().map_err(|e| sys("getrandom", e))?;
         let path = PathBuf::from(format!(
-            "/dev/shm/{FILE_PREFIX}{ns}-{}-{n}",
+            "/dev/shm/{FILE_PREFIX}{ns}-{}-{n}-{tag}",
             std::process::id()
         ));
-        // A file of a dead process whose id this one reuses: replace it.
-        let _ = std::fs::remove_file(&path);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let f = crate::transport::sys::create_private(&path)
             .map_err(|e| sys(&format!("cannot create {}", path.display()), e))?;
         let meta = f.metadata().map_err(|e| sys("stat", e))?;
         Ok(Reservation {
@@ -513,13 +500,10 @@ impl Segment {
     fn open(path: &str, nranks: usize) -> Result<Segment, NotReady> {
         if !is_segment_path(path) {
             return Err(NotReady::Not(CollectiveError::InvalidUsage(format!(
-                "{path:?} is not a HALO shared-memory segment (/dev/shm/{FILE_PREFIX}N-N-N)"
+                "{path:?} is not a HALO shared-memory segment (/dev/shm/{FILE_PREFIX}N-N-N-TAG)"
             ))));
         }
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
+        let f = crate::transport::sys::open_shared(std::path::Path::new(path))
             .map_err(|e| NotReady::Not(sys(&format!("cannot open {path}"), e)))?;
         let size = f
             .metadata()
@@ -787,11 +771,32 @@ mod tests {
 
     #[test]
     fn segment_paths() {
-        assert!(is_segment_path("/dev/shm/halo-shm-4026531836-1234-0"));
+        assert!(is_segment_path(
+            "/dev/shm/halo-shm-4026531836-1234-0-0123456789abcdef"
+        ));
+        // The old name without the random tag, a short or upper-case tag.
+        assert!(!is_segment_path("/dev/shm/halo-shm-4026531836-1234-0"));
+        assert!(!is_segment_path("/dev/shm/halo-shm-1-2-3-0123456789abcde"));
+        assert!(!is_segment_path("/dev/shm/halo-shm-1-2-3-0123456789ABCDEF"));
         assert!(!is_segment_path("/dev/shm/halo-shm-1-2"));
         assert!(!is_segment_path("/dev/shm/halo-shm-1-2-x"));
         assert!(!is_segment_path("/tmp/halo-shm-1-2-3"));
         assert!(!is_segment_path("/dev/shm/../etc/halo-shm-1-2-3"));
+    }
+
+    #[test]
+    fn segment_files_are_private_with_unguessable_names() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let a = Segment::reserve().unwrap();
+        let b = Segment::reserve().unwrap();
+        let (pa, pb) = (a.path(), b.path());
+        assert!(is_segment_path(&pa) && is_segment_path(&pb), "{pa} {pb}");
+        // Same process, consecutive counts: the names still differ in their tags.
+        let tag = |p: &str| p.rsplit('-').next().unwrap().to_string();
+        assert_ne!(tag(&pa), tag(&pb));
+        let meta = std::fs::symlink_metadata(&pa).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{pa}");
+        assert_eq!(meta.uid(), crate::transport::sys::euid());
     }
 
     #[test]
