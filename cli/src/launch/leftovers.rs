@@ -10,19 +10,24 @@
 //!   The launcher removes those of every process it started, by pid, once the process
 //!   is reaped ([`remove_shm_of`]).
 //! - **A launcher that died** (SIGKILL, OOM killer) cannot do that. Each launcher
-//!   therefore keeps a record, `/dev/shm/halo-launch-<pid>-<start>.pids` (its pid and
-//!   start time, then one `pid start` line per process it started), removed when it
-//!   ends. Every launch first reclaims ([`reclaim`]) the records of launchers that are
-//!   no longer alive — the pid runs no process, or runs one with another start time
-//!   (a reused pid) — removing the shared memory of their ranks that are gone, and, as
-//!   root, their emulated hosts: the namespaces `halo-<pid>-<start>-<n>-{h<i>,sw}`
-//!   (deleting the switch namespace destroys the bridge and the veths), after killing
-//!   what still runs inside them, and their scratch directories `$TMPDIR/halo-<pid>-<start>-<n>`.
+//!   therefore keeps a record, `/dev/shm/halo-launch-<pid>-<start>-<tag>.pids` (its pid
+//!   and start time, then one `pid start` line per process it started and one
+//!   `scratch <dir>` line per scratch directory it made), removed when it ends; created
+//!   private (mode 0600, `O_EXCL | O_NOFOLLOW`, 64 random bits in the name) and written
+//!   through that one descriptor. Every launch first reclaims ([`reclaim`]) the records
+//!   of launchers that are no longer alive — the pid runs no process, or runs one with
+//!   another start time (a reused pid) — reading only records that are regular files of
+//!   this user, and removes the shared memory of their ranks that are gone, the scratch
+//!   directories `$TMPDIR/halo-<pid>-<start>-<n>-<tag>` the record names (directories
+//!   of this user, not links), and, as root, their emulated hosts: the namespaces
+//!   `halo-<pid>-<start>-<n>-{h<i>,sw}` (deleting the switch namespace destroys the
+//!   bridge and the veths), after killing what still runs inside them.
 //! - The ranks themselves get a parent-death signal (see `procs`), so that a launcher
 //!   killed with SIGKILL does not leave them running.
 //!
 //! Only files and namespaces whose names carry the pid of a launcher or rank found dead
-//! are touched, and shared-memory files only when owned by this user.
+//! are touched, files and directories only when owned by this user (checked without
+//! following a link), scratch directories only when a record of this user names them.
 
 use super::procs::start_time;
 use std::io::Write as _;
@@ -136,47 +141,124 @@ fn remove_shm_in(dir: &Path, pids: &[i32]) -> Vec<PathBuf> {
     removed
 }
 
-/// This launcher's record of the processes it started; removed on drop.
+/// The most bytes of a record [`reclaim`] reads (a line is about 20 bytes a process).
+const RECORD_MAX: u64 = 1 << 20;
+
+/// 16 lowercase hex digits from the operating system's random source: the part of a
+/// name in a world-writable directory that no other user can guess (and so cannot
+/// take, or plant a link at, before the launcher creates it).
+pub(crate) fn random_tag() -> std::io::Result<String> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// This launcher's record of the processes it started and the scratch directories it
+/// made; removed on drop. The file is created private to this user (mode 0600,
+/// `O_CREAT | O_EXCL | O_NOFOLLOW`: a file or link planted at its name is never
+/// followed or reused) and every line is appended through that one descriptor.
 #[derive(Debug)]
 pub(crate) struct Record {
-    path: Option<PathBuf>,
+    file: Option<(PathBuf, std::fs::File)>,
 }
 
 impl Record {
-    /// Creates the record of this launcher (best effort: without `/dev/shm` there is
-    /// none, and a later launch cannot clean up after this one if it is killed).
+    /// Creates the record of this launcher, `/dev/shm/halo-launch-<pid>-<start>-<tag>.pids`
+    /// (best effort: without `/dev/shm` there is none, and a later launch cannot clean
+    /// up after this one if it is killed).
     pub(crate) fn create() -> Record {
+        Self::create_in(Path::new(SHM))
+    }
+
+    fn create_in(dir: &Path) -> Record {
+        use std::os::unix::fs::OpenOptionsExt as _;
         let me = ProcessId::me();
-        let path = Path::new(SHM).join(format!("halo-launch-{}.pids", me.tag()));
-        match std::fs::write(&path, format!("launcher {} {}\n", me.pid, me.start)) {
-            Ok(()) => Record { path: Some(path) },
+        let made = random_tag().and_then(|tag| {
+            let path = dir.join(format!("halo-launch-{}-{tag}.pids", me.tag()));
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            writeln!(f, "launcher {} {}", me.pid, me.start)?;
+            Ok((path, f))
+        });
+        match made {
+            Ok(file) => Record { file: Some(file) },
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot write the launch record");
-                Record { path: None }
+                tracing::warn!(error = %e, "cannot write the launch record");
+                Record { file: None }
             }
+        }
+    }
+
+    /// Appends one line through the record's own descriptor.
+    fn append(&self, line: &str) {
+        let Some((path, f)) = &self.file else { return };
+        // One write of the whole line (O_APPEND): a reader never sees half of it.
+        if let Err(e) = (&*f).write_all(format!("{line}\n").as_bytes()) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot update the launch record");
         }
     }
 
     /// Adds a process this launcher started.
     pub(crate) fn add(&self, pid: i32) {
-        let Some(path) = &self.path else { return };
         let Some(p) = ProcessId::of(pid) else { return };
-        let res = std::fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .and_then(|mut f| writeln!(f, "{} {}", p.pid, p.start));
-        if let Err(e) = res {
-            tracing::warn!(path = %path.display(), error = %e, "cannot update the launch record");
+        self.append(&format!("{} {}", p.pid, p.start));
+    }
+
+    /// Notes a scratch directory this launcher is about to make in `$TMPDIR`, so that
+    /// a later launch removes it if this one is killed ([`reclaim`]).
+    pub(crate) fn add_scratch(&self, dir: &Path) {
+        if let Some(d) = dir.to_str().filter(|d| !d.contains('\n')) {
+            self.append(&format!("scratch {d}"));
         }
     }
 }
 
 impl Drop for Record {
     fn drop(&mut self) {
-        if let Some(p) = &self.path {
+        if let Some((p, _)) = &self.file {
             let _ = std::fs::remove_file(p);
         }
     }
+}
+
+/// The text of the record at `path` if it is a regular file of this user (opened
+/// without following a link, checked on the open descriptor), at most [`RECORD_MAX`]
+/// bytes of it.
+fn read_own_record(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(RECORD_MAX).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// Removes a scratch directory that the record of the dead launcher `launcher` names:
+/// only a directory directly in `$TMPDIR` named `halo-<pid>-<start>-...` after that
+/// launcher, not a link, owned by this user. Whether it did.
+fn remove_scratch(launcher: ProcessId, dir: &Path) -> bool {
+    let named = dir.parent() == Some(std::env::temp_dir().as_path())
+        && dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(&format!("halo-{}-", launcher.tag())));
+    let own = std::fs::symlink_metadata(dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw());
+    // remove_dir_all does not follow links inside the directory either.
+    named && own && std::fs::remove_dir_all(dir).is_ok()
 }
 
 /// What [`reclaim`] removed.
@@ -186,16 +268,31 @@ pub(crate) struct Reclaimed {
     pub(crate) records: Vec<PathBuf>,
     /// Shared-memory files of their dead ranks.
     pub(crate) shm: Vec<PathBuf>,
+    /// Their scratch directories.
+    pub(crate) scratch: Vec<PathBuf>,
     /// Namespaces of their emulated hosts.
     pub(crate) namespaces: Vec<String>,
 }
 
-/// Parses `halo-launch-<pid>-<start>.pids`.
+/// Parses `halo-launch-<pid>-<start>-<tag>.pids` (and the older
+/// `halo-launch-<pid>-<start>.pids`).
 fn record_name(name: &str) -> Option<ProcessId> {
-    let (pid, start) = name
+    let (pid, rest) = name
         .strip_prefix("halo-launch-")?
         .strip_suffix(".pids")?
         .split_once('-')?;
+    let start = match rest.split_once('-') {
+        Some((start, tag))
+            if tag.len() == 16
+                && tag
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+        {
+            start
+        }
+        Some(_) => return None,
+        None => rest,
+    };
     Some(ProcessId {
         pid: pid.parse().ok()?,
         start: start.parse().ok()?,
@@ -237,7 +334,8 @@ fn launcher_dead(pid: i32, start: Option<u64>) -> bool {
 }
 
 /// Removes what launchers that died left (see the module notes). Best effort: what
-/// cannot be removed is logged and left for the next launch.
+/// cannot be removed is logged and left for the next launch. Only records that are
+/// regular files of this user are read, and only what they name is touched.
 pub(crate) fn reclaim() -> Reclaimed {
     let mut out = Reclaimed::default();
     if let Ok(entries) = std::fs::read_dir(SHM) {
@@ -248,7 +346,9 @@ pub(crate) fn reclaim() -> Reclaimed {
             if launcher.alive() {
                 continue;
             }
-            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let Some(text) = read_own_record(&e.path()) else {
+                continue;
+            };
             let ranks: Vec<ProcessId> = text
                 .lines()
                 .filter_map(|l| {
@@ -267,6 +367,12 @@ pub(crate) fn reclaim() -> Reclaimed {
             }
             let pids: Vec<i32> = ranks.iter().map(|p| p.pid).collect();
             out.shm.extend(remove_shm_of(&pids));
+            for dir in text.lines().filter_map(|l| l.strip_prefix("scratch ")) {
+                let dir = PathBuf::from(dir);
+                if remove_scratch(launcher, &dir) {
+                    out.scratch.push(dir);
+                }
+            }
             if std::fs::remove_file(e.path()).is_ok() {
                 out.records.push(e.path());
             }
@@ -274,7 +380,6 @@ pub(crate) fn reclaim() -> Reclaimed {
     }
     if super::is_root() {
         out.namespaces = reclaim_namespaces();
-        reclaim_scratch();
     }
     if out != Reclaimed::default() {
         tracing::info!(?out, "removed what launchers that died left behind");
@@ -310,26 +415,6 @@ fn reclaim_namespaces() -> Vec<String> {
     removed
 }
 
-/// Removes the mpirun scratch directories (`$TMPDIR/halo-<pid>-<start>-<n>`) of dead
-/// launchers.
-fn reclaim_scratch() {
-    let tmp = std::env::temp_dir();
-    let Ok(entries) = std::fs::read_dir(&tmp) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if let Some((pid, Some(start))) = launcher_of(name)
-            && !name.ends_with("sw")
-            && launcher_dead(pid, Some(start))
-            && e.file_type().is_ok_and(|t| t.is_dir())
-        {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,6 +446,14 @@ mod tests {
             })
         );
         assert_eq!(record_name("halo-launch-77.pids"), None);
+        assert_eq!(
+            record_name("halo-launch-77-123456-0123456789abcdef.pids"),
+            Some(ProcessId {
+                pid: 77,
+                start: 123456
+            })
+        );
+        assert_eq!(record_name("halo-launch-77-123456-xyz.pids"), None);
         assert_eq!(launcher_of("halo-77-5000-0-h3"), Some((77, Some(5000))));
         assert_eq!(launcher_of("halo-77-5000-1-sw"), Some((77, Some(5000))));
         assert_eq!(launcher_of("halo-77-5000-1"), Some((77, Some(5000))));
@@ -369,6 +462,62 @@ mod tests {
         assert_eq!(launcher_of("halo-bell-1-2-3"), None);
         assert_eq!(launcher_of("other-77-1-h0"), None);
         assert_eq!(launcher_of("halo-77-5000-1-eth0"), None);
+    }
+
+    #[test]
+    fn record_is_private_appended_in_place_and_links_are_not_read() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("halo-record-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let rec = Record::create_in(&dir);
+        let (path, _) = rec.file.as_ref().expect("a record");
+        let path = path.clone();
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert_eq!(record_name(name), Some(ProcessId::me()), "{name}");
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        rec.add(std::process::id() as i32);
+        rec.add_scratch(Path::new("/tmp/halo-1-2-3-0123456789abcdef"));
+        let text = read_own_record(&path).unwrap();
+        let me = ProcessId::me();
+        assert_eq!(
+            text,
+            format!(
+                "launcher {0} {1}\n{0} {1}\nscratch /tmp/halo-1-2-3-0123456789abcdef\n",
+                me.pid, me.start
+            )
+        );
+        // A link to a record is not read.
+        let link = dir.join("halo-launch-1-2.pids");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert_eq!(read_own_record(&link), None);
+        drop(rec);
+        assert!(!path.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn scratch_is_removed_only_when_named_after_the_launcher_and_a_real_directory() {
+        let me = ProcessId::me();
+        let tmp = std::env::temp_dir();
+        let dir = tmp.join(format!("halo-{}-7-0123456789abcdef", me.tag()));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("hostfile"), b"x").unwrap();
+        // Another launcher's name, a path outside $TMPDIR, a link: left alone.
+        let other = ProcessId {
+            pid: me.pid,
+            start: me.start + 1,
+        };
+        assert!(!remove_scratch(other, &dir));
+        assert!(!remove_scratch(me, Path::new("/etc")));
+        let link = tmp.join(format!("halo-{}-8-0123456789abcdef", me.tag()));
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(!remove_scratch(me, &link));
+        assert!(dir.join("hostfile").exists());
+        std::fs::remove_file(&link).unwrap();
+        assert!(remove_scratch(me, &dir));
+        assert!(!dir.exists());
     }
 
     #[test]

@@ -563,18 +563,35 @@ fn run_job(job: &mut Job, spec: &LaunchSpec, interrupt: &Interrupt, started: Ins
 struct ScratchDir(PathBuf);
 
 impl ScratchDir {
-    fn create(name: &str) -> Result<ScratchDir, LaunchError> {
-        let dir = std::env::temp_dir().join(name);
-        std::fs::create_dir(&dir)
+    /// Creates `$TMPDIR/NAME-TAG` (`TAG`: 64 random bits), mode 0700 from the moment it
+    /// exists (`mkdir` fails on anything already there, a link included), after noting
+    /// it in the launcher's `record` (a later launch removes it if this one is killed).
+    fn create(name: &str, record: &leftovers::Record) -> Result<ScratchDir, LaunchError> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let tag = leftovers::random_tag()
+            .map_err(|e| LaunchError::io("cannot name a scratch directory", e))?;
+        let dir = std::env::temp_dir().join(format!("{name}-{tag}"));
+        record.add_scratch(&dir);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
             .map_err(|e| LaunchError::io(format!("cannot create {}", dir.display()), e))?;
         Ok(ScratchDir(dir))
     }
 
+    /// Writes a new file `name` with `mode` from the moment it exists (`O_EXCL`,
+    /// `O_NOFOLLOW`).
     fn write(&self, name: &str, text: &str, mode: u32) -> Result<PathBuf, LaunchError> {
-        use std::os::unix::fs::PermissionsExt as _;
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
         let path = self.0.join(name);
-        std::fs::write(&path, text)
-            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)))
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
             .map_err(|e| LaunchError::io(format!("cannot write {}", path.display()), e))?;
         Ok(path)
     }
@@ -636,13 +653,13 @@ fn launch_emulated(
     let _scratch;
     let started = Instant::now();
     if let Some(mpirun) = mpirun {
-        let scratch = ScratchDir::create(cluster.prefix())?;
+        let scratch = ScratchDir::create(cluster.prefix(), job.record())?;
         let agent = scratch.write(
             "rsh-agent",
             &mpi::agent_script(cluster.prefix(), &hosts),
-            0o755,
+            0o700,
         )?;
-        let hostfile = scratch.write("hostfile", &mpi::hostfile(&hosts, placement), 0o644)?;
+        let hostfile = scratch.write("hostfile", &mpi::hostfile(&hosts, placement), 0o600)?;
         _scratch = scratch;
         let exported: Vec<&str> = env.iter().map(|(k, _)| *k).collect();
         let args = mpi::mpirun_args(

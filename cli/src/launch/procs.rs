@@ -108,6 +108,11 @@ impl Job {
         }
     }
 
+    /// The launcher's record of this job (`leftovers`).
+    pub(crate) fn record(&self) -> &Record {
+        &self.record
+    }
+
     /// Starts `cmd` in its own process group, its output forwarded with `label`
     /// (`Some("[3] ")`) in front of each line; `death` is the signal it gets when the
     /// launcher dies.
