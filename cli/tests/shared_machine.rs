@@ -577,10 +577,6 @@ fn other_users_leftover_like_directories_survive_a_launch() {
         .status()
         .unwrap();
     assert!(status.success(), "{status:?}\n{}", output(&dir));
-    assert!(
-        !own.exists() && !record.exists(),
-        "the launch did not reclaim root's own leftovers of a dead launcher"
-    );
     for p in [&old, &new] {
         assert_eq!(
             std::fs::read_to_string(p.join("file")).ok().as_deref(),
@@ -590,4 +586,8 @@ fn other_users_leftover_like_directories_survive_a_launch() {
         );
     }
     assert!(theirs.exists(), "the other user's record was removed");
+    assert!(
+        !own.exists() && !record.exists(),
+        "the launch did not reclaim root's own leftovers of a dead launcher"
+    );
 }
