@@ -22,7 +22,7 @@
 #
 # On the GPU machine (under 5 minutes), it:
 #   1. finds NCCL and the CUDA runtime: HALO_NCCL_LIBRARY / HALO_CUDART_LIBRARY if set,
-#      else the `nvidia-nccl` / `nvidia-cuda-runtime` wheels of python3 (torch's), else
+#      else the wheels of python3 (torch's: HALO_PYTHON_SITE from its sys.path), else
 #      the library search of ffi/rccl-sys; reports the versions;
 #   2. runs a one-rank communicator's haloAllToAll and haloAllToAllv on device buffers
 #      with a stream through the C ABI (1 B, 4 KiB, 1 MiB per peer) and checks the bytes
@@ -96,27 +96,12 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 elif [ ! -e /dev/nvidia0 ] && [ ! -e /dev/kfd ]; then
     echo "gpu-check: no GPU device here (no nvidia-smi, no /dev/nvidia0, no /dev/kfd)" >&2
 fi
-# NCCL and the runtime from python3's wheels (torch's), unless named.
-if command -v python3 >/dev/null 2>&1; then
-    wheel() { python3 - "$1" "$2" 2>/dev/null <<'PY'
-import glob, importlib, os, sys
-try:
-    m = importlib.import_module(sys.argv[1])
-except Exception:
-    sys.exit(1)
-for d in list(getattr(m, "__path__", [])):
-    hits = sorted(glob.glob(os.path.join(d, "lib", sys.argv[2])))
-    if hits:
-        print(hits[-1]); sys.exit(0)
-sys.exit(1)
-PY
-    }
-    if [ -z "${HALO_NCCL_LIBRARY:-}" ] && p=$(wheel nvidia.nccl 'libnccl.so.2'); then
-        export HALO_NCCL_LIBRARY="$p"
-    fi
-    if [ -z "${HALO_CUDART_LIBRARY:-}" ] && p=$(wheel nvidia.cuda_runtime 'libcudart.so.1*'); then
-        export HALO_CUDART_LIBRARY="$p"
-    fi
+# NCCL and the runtime of python3's wheels (torch's): the library's own search looks
+# through the interpreter's sys.path (HALO_PYTHON_SITE, as the Python package sets it):
+# nvidia/cu13/lib (CUDA 13), nvidia/cuda_runtime/lib (CUDA 12), nvidia/nccl/lib, torch/lib.
+if [ -z "${HALO_PYTHON_SITE:-}" ] && command -v python3 >/dev/null 2>&1; then
+    HALO_PYTHON_SITE="$(python3 -c 'import os, sys; print(os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))' 2>/dev/null || true)"
+    export HALO_PYTHON_SITE
 fi
 echo "gpu-check: NCCL ${HALO_NCCL_LIBRARY:-(search)}, CUDA runtime ${HALO_CUDART_LIBRARY:-(search)}" >&2
 

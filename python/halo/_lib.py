@@ -153,6 +153,17 @@ _lock = threading.Lock()
 _loaded = None  # (CDLL, path)
 
 
+def _publish_site() -> None:
+    """Tells libhalo's device path where this interpreter's packages are
+    (``HALO_PYTHON_SITE``: the directories of ``sys.path``), so it finds the CUDA / HIP
+    runtime and NCCL / RCCL of torch's wheels (``nvidia/cu13/lib``,
+    ``nvidia/nccl/lib``, ``torch/lib``) in a virtual environment or user site too."""
+    if os.environ.get("HALO_PYTHON_SITE"):
+        return
+    dirs = [p for p in sys.path if p and os.path.isdir(p)]
+    os.environ["HALO_PYTHON_SITE"] = os.pathsep.join(dict.fromkeys(dirs))
+
+
 def _load():
     """Loads libhalo once per process: HALO_LIBRARY if set (and only it), else the
     first candidate that loads."""
@@ -160,6 +171,7 @@ def _load():
     with _lock:
         if _loaded is not None:
             return _loaded
+        _publish_site()
         tried = []
         env = os.environ.get("HALO_LIBRARY")
         if env:
@@ -214,7 +226,39 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
 
 
+CONFIG_MAGIC = 1212238927
+CONFIG_UNDEF_INT = -(2**31)
+VERSION_CODE = 100
+
+
+class Config(ctypes.Structure):
+    """``haloConfig_t`` (include/halo.h): start from :meth:`initial`
+    (``HALO_CONFIG_INITIALIZER``) and set the fields to change."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
+        ("algorithm", ctypes.c_int32),
+        ("timeoutMs", ctypes.c_int),
+        ("bootstrapTimeoutMs", ctypes.c_int),
+        ("provider", ctypes.c_char_p),
+        ("topology", ctypes.c_char_p),
+    ]
+
+    @classmethod
+    def initial(cls) -> "Config":
+        return cls(
+            ctypes.sizeof(cls), CONFIG_MAGIC, VERSION_CODE,
+            CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None, None,
+        )
+
+
 _PROTOTYPES = {
+    "haloCommInitRankConfig": (
+        _result_t,
+        [ctypes.POINTER(_comm_t), ctypes.c_int, UniqueId, ctypes.c_int, ctypes.POINTER(Config)],
+    ),
     "haloGetErrorString": (ctypes.c_char_p, [_result_t]),
     "haloGetVersion": (_result_t, [_c_int_p]),
     "haloGetUniqueId": (_result_t, [ctypes.POINTER(UniqueId)]),

@@ -2,9 +2,11 @@
 
 Objects with ``__cuda_array_interface__`` (what CuPy, Numba and torch's CUDA tensors
 expose) are device arrays to ``halo``: their pointer and stream go to libhalo, which
-looks the memory up with the CUDA / HIP runtime. These machines have none, so the
-all-to-all calls must raise ``HaloError`` with ``UNHANDLED_DEVICE_ERROR`` naming every
-place libhalo looked, write nothing, and leave the communicator usable; the calls
+looks the memory up with the CUDA / HIP runtime. These machines have no GPU, and either
+no runtime (then the all-to-all calls must raise ``HaloError`` with
+``UNHANDLED_DEVICE_ERROR`` naming every place libhalo looked) or torch's wheel's (then
+the same error carries the runtime's own reason); either way they write nothing and
+leave the communicator usable; the calls
 without a device path refuse device arrays before reaching libhalo. The host memory
 behind the stand-in arrays is never touched by a device (there is none).
 
@@ -16,7 +18,7 @@ it where torch and a GPU are installed).
 import ctypes
 import unittest
 
-from _support import need_numpy
+from _support import REQUIRED, need_numpy
 
 import halo
 from halo._buffers import STREAM_LEGACY, as_buffer
@@ -43,6 +45,22 @@ class FakeDeviceArray:
 
     def bytes(self):
         return bytes(self.mem)
+
+
+def wheel_runtime():
+    """The CUDA runtime of a torch wheel in this interpreter's environment
+    (``nvidia/cu13/lib`` for CUDA 13, ``nvidia/cuda_runtime/lib`` for CUDA 12), if any:
+    libhalo must find it (the package passes ``sys.path`` as ``HALO_PYTHON_SITE``)."""
+    import glob
+    import os
+    import sys
+
+    for d in sys.path:
+        for pattern in ("nvidia/cu13/lib/libcudart.so.1*", "nvidia/cuda_runtime/lib/libcudart.so.1*"):
+            hits = glob.glob(os.path.join(d, pattern))
+            if hits:
+                return sorted(hits)[-1]
+    return None
 
 
 def device_available():
@@ -95,6 +113,12 @@ class OneRankDeviceTest(unittest.TestCase):
             self.assertIn("host memory", str(e))
             return
         self.assertEqual(e.code, halo.Result.UNHANDLED_DEVICE_ERROR, str(e))
+        if wheel_runtime():
+            # torch's wheel brought a CUDA runtime: libhalo loads it, and the runtime
+            # itself says why there is no device (no driver or no GPU here).
+            self.assertNotIn("could be loaded", str(e))
+            self.assertRegex(str(e), r"cuda\w+ failed: .*\(error \d+\)")
+            return
         for place in (
             "no CUDA/HIP runtime library could be loaded",
             "HALO_CUDART_LIBRARY (not set)",
@@ -103,6 +127,20 @@ class OneRankDeviceTest(unittest.TestCase):
             "/usr/local/cuda/lib64/libcudart.so",
         ):
             self.assertIn(place, str(e))
+
+    def test_torchs_own_cuda_runtime_is_found(self):
+        # torch 2.15's CUDA 13 wheels keep libcudart at nvidia/cu13/lib; the search
+        # used to look in nvidia/cuda_runtime/lib only and reported no runtime at all.
+        path = wheel_runtime()
+        if path is None:
+            why = "no torch CUDA wheel in this environment (deps.sh test installs torch)"
+            if REQUIRED:
+                self.fail(why)
+            self.skipTest(why)
+        with self.assertRaises(halo.HaloError) as cm:
+            self.comm.all_to_all_single(FakeDeviceArray(4), FakeDeviceArray(4))
+        if not device_available():
+            self.assertNotIn("no CUDA/HIP runtime library could be loaded", str(cm.exception))
 
     def test_all_to_all_single_on_device_arrays(self):
         out = FakeDeviceArray(8, fill=0xEE)

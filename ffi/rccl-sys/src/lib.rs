@@ -19,9 +19,13 @@
 //! 2. the sonames through the system loader (`LD_LIBRARY_PATH`, the `ldconfig` cache):
 //!    `librccl.so.1`, `libnccl.so.2` — and for the runtime `libamdhip64.so.6`,
 //!    `libamdhip64.so.5`, `libcudart.so.13`, `libcudart.so.12`, `libcudart.so.11.0`;
-//! 3. the wheels of a Python environment (`VIRTUAL_ENV`, `CONDA_PREFIX`, `PYTHONPATH`,
-//!    the interpreters' `site-packages` / `dist-packages` under `/usr` and
-//!    `/usr/local`): `nvidia/nccl/lib/libnccl.so.2`, `nvidia/cuda_runtime/lib/libcudart.so.*`;
+//! 3. the wheels of a Python environment: the running interpreter's `sys.path`
+//!    (`HALO_PYTHON_SITE`, which HALO's Python package sets), `PYTHONPATH`, the
+//!    `site-packages` / `dist-packages` under `VIRTUAL_ENV`, `CONDA_PREFIX`, the running
+//!    program's prefix, `~/.local`, `/usr/local` and `/usr`:
+//!    `nvidia/nccl/lib/libnccl.so.2`, `nvidia/cu13/lib/libcudart.so.13` (CUDA 13 wheels,
+//!    torch 2.15), `nvidia/cuda_runtime/lib/libcudart.so.*` (CUDA 12 and 11), and
+//!    torch's ROCm wheels' `torch/lib/librccl.so*` and `torch/lib/libamdhip64.so*`;
 //! 4. the usual install prefixes (`/opt/rocm/lib`, `/usr/local/cuda/lib64`) and the
 //!    unversioned names (`librccl.so`, `libnccl.so`, `libamdhip64.so`, `libcudart.so`).
 //!
@@ -44,7 +48,9 @@ pub use nccl::{
     MIN_NCCL_VERSION, NCCL_UNIQUE_ID_BYTES, Nccl, NcclComm, NcclUniqueId, NcclVersion, ncclUint8,
 };
 pub use runtime::{MemcpyKind, MemoryKind, Runtime, RuntimeFlavor, RuntimeVersion};
-pub use search::{NCCL_ENV, RUNTIME_ENV, Search, candidates_nccl, candidates_runtime};
+pub use search::{
+    NCCL_ENV, PYTHON_SITE_ENV, RUNTIME_ENV, Search, candidates_nccl, candidates_runtime,
+};
 
 /// An opaque device stream (`cudaStream_t`, `hipStream_t`); NULL is the default stream.
 pub type Stream = *mut std::ffi::c_void;

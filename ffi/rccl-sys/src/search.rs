@@ -8,6 +8,11 @@ use std::path::{Path, PathBuf};
 pub const NCCL_ENV: &str = "HALO_NCCL_LIBRARY";
 /// The environment variable naming the CUDA / HIP runtime library to use.
 pub const RUNTIME_ENV: &str = "HALO_CUDART_LIBRARY";
+/// Directories of the running Python interpreter's packages (`sys.path`, separated by
+/// `:`): HALO's Python package sets it before it loads libhalo, so the wheels of the
+/// interpreter that runs the job (a virtual environment, a user site, pyenv, conda)
+/// are searched whether or not that environment is activated.
+pub const PYTHON_SITE_ENV: &str = "HALO_PYTHON_SITE";
 
 /// What the search looks at: the explicit paths and the Python environments' roots.
 /// [`Search::from_env`] reads the process environment; tests build one by hand.
@@ -38,15 +43,31 @@ impl Search {
                 roots.push(p);
             }
         }
+        // The prefix of the running program (an interpreter at PREFIX/bin/python3),
+        // and the user site of `pip install --user` (~/.local).
+        if let Some(prefix) = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent()?.parent().map(Path::to_path_buf))
+        {
+            roots.push(prefix);
+        }
+        if let Some(home) = path("HOME") {
+            roots.push(home.join(".local"));
+        }
         roots.push(PathBuf::from("/usr/local"));
         roots.push(PathBuf::from("/usr"));
         let mut python_dirs: Vec<PathBuf> = Vec::new();
-        if let Some(pp) = std::env::var_os("PYTHONPATH") {
-            python_dirs.extend(std::env::split_paths(&pp).filter(|p| !p.as_os_str().is_empty()));
+        for var in [PYTHON_SITE_ENV, "PYTHONPATH"] {
+            if let Some(pp) = std::env::var_os(var) {
+                python_dirs
+                    .extend(std::env::split_paths(&pp).filter(|p| !p.as_os_str().is_empty()));
+            }
         }
         for root in roots {
             python_dirs.extend(site_dirs(&root));
         }
+        let mut seen = std::collections::HashSet::new();
+        python_dirs.retain(|d| seen.insert(d.clone()));
         Search {
             nccl: path(NCCL_ENV),
             runtime: path(RUNTIME_ENV),
@@ -91,7 +112,11 @@ pub fn candidates_nccl(search: &Search) -> Vec<String> {
     }
     let mut v: Vec<String> = vec!["librccl.so.1".into(), "libnccl.so.2".into()];
     for d in &search.python_dirs {
+        // NCCL's wheel (torch's CUDA builds depend on it); torch's ROCm wheels carry
+        // RCCL in torch/lib.
         v.push(d.join("nvidia/nccl/lib/libnccl.so.2").display().to_string());
+        v.push(d.join("torch/lib/librccl.so.1").display().to_string());
+        v.push(d.join("torch/lib/librccl.so").display().to_string());
     }
     if search.system {
         v.extend(
@@ -122,6 +147,13 @@ pub fn candidates_runtime(search: &Search) -> Vec<String> {
     .map(String::from)
     .to_vec();
     for d in &search.python_dirs {
+        // CUDA 13 wheels keep the runtime in nvidia/cu13/lib, CUDA 12 and 11 ones in
+        // nvidia/cuda_runtime/lib; torch's ROCm wheels carry HIP in torch/lib.
+        v.push(
+            d.join("nvidia/cu13/lib/libcudart.so.13")
+                .display()
+                .to_string(),
+        );
         for name in ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"] {
             v.push(
                 d.join("nvidia/cuda_runtime/lib")
@@ -129,6 +161,9 @@ pub fn candidates_runtime(search: &Search) -> Vec<String> {
                     .display()
                     .to_string(),
             );
+        }
+        for name in ["libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so"] {
+            v.push(d.join("torch/lib").join(name).display().to_string());
         }
     }
     if search.system {
@@ -247,5 +282,59 @@ mod tests {
                     .to_string()
             )
         );
+    }
+
+    #[test]
+    fn torch_wheels_are_searched_where_they_keep_their_libraries() {
+        let site = "/venv/lib/python3.12/site-packages";
+        let s = Search {
+            python_dirs: vec![site.into()],
+            system: false,
+            ..Search::default()
+        };
+        let r = candidates_runtime(&s);
+        // torch 2.15's CUDA 13 wheels: nvidia/cu13/lib/libcudart.so.13, before CUDA 12's.
+        let cu13 = format!("{site}/nvidia/cu13/lib/libcudart.so.13");
+        let cu12 = format!("{site}/nvidia/cuda_runtime/lib/libcudart.so.12");
+        let at = |x: &str| r.iter().position(|c| c == x).unwrap();
+        assert!(at(&cu13) < at(&cu12), "{r:?}");
+        assert!(r.contains(&format!("{site}/torch/lib/libamdhip64.so.6")));
+        let c = candidates_nccl(&s);
+        assert!(c.contains(&format!("{site}/nvidia/nccl/lib/libnccl.so.2")));
+        assert!(c.contains(&format!("{site}/torch/lib/librccl.so.1")));
+    }
+
+    #[test]
+    fn the_running_interpreters_site_is_searched() {
+        // HALO's Python package sets HALO_PYTHON_SITE; the search reads it. Checked in
+        // a child process so this process's environment stays as it is.
+        if std::env::var_os("HALO_SEARCH_CHILD").is_some() {
+            let s = Search::from_env();
+            assert!(
+                s.python_dirs.contains(&PathBuf::from("/opt/site-a")),
+                "{:?}",
+                s.python_dirs
+            );
+            assert!(s.python_dirs.contains(&PathBuf::from("/opt/site-b")));
+            return;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "search::tests::the_running_interpreters_site_is_searched",
+                "--nocapture",
+            ])
+            .env("HALO_SEARCH_CHILD", "1")
+            .env(PYTHON_SITE_ENV, "/opt/site-a:/opt/site-b")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
     }
 }
