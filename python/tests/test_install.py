@@ -1,5 +1,6 @@
-"""`pip install ./python` works: installed into a scratch directory, the package
-imports from there and finds libhalo."""
+"""`pip install ./python` works: it builds libhalo with cargo and ships it in the
+package; installed into a scratch directory, the package imports from there and loads
+its own libhalo."""
 
 import os
 import shutil
@@ -8,7 +9,7 @@ import sys
 import tempfile
 import unittest
 
-from _support import PYTHON_DIR, child_env
+from _support import PYTHON_DIR, REPO, child_env
 
 
 def _have(module):
@@ -31,7 +32,19 @@ class InstallTest(unittest.TestCase):
             offline = _have("wheel") and _have("setuptools")
             if offline:
                 cmd += ["--no-build-isolation", "--no-index"]
-            env = child_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore"})
+            # The build runs cargo on this checkout (HALO_SOURCE_DIR, as the copy is
+            # elsewhere), in the profile of the library under test, so it is a no-op
+            # when that library is built already.
+            lib = os.environ.get("HALO_LIBRARY", "")
+            profile = "debug" if os.sep + "debug" + os.sep in lib else "release"
+            env = child_env(
+                {
+                    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                    "PIP_ROOT_USER_ACTION": "ignore",
+                    "HALO_SOURCE_DIR": str(REPO),
+                    "HALO_CARGO_PROFILE": profile,
+                }
+            )
             # From a copy, so that setuptools' build/ and *.egg-info stay out of the checkout.
             source = os.path.join(tmp, "python")
             shutil.copytree(
@@ -44,20 +57,28 @@ class InstallTest(unittest.TestCase):
                 self.skipTest("the build backend (setuptools) cannot be fetched from PyPI here")
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             self.assertTrue(os.path.isfile(os.path.join(target, "halo", "torch.py")))
-            import halo  # the checkout's package: where it found libhalo
+            shipped = os.path.join(target, "halo", "libhalo.so")
+            self.assertTrue(os.path.isfile(shipped), os.listdir(os.path.join(target, "halo")))
 
-            env = child_env({"HALO_LIBRARY": halo.library_path()})
+            # No HALO_LIBRARY: the package finds the library it ships.
+            env = child_env()
+            env.pop("HALO_LIBRARY", None)
             env["PYTHONPATH"] = target
             p = subprocess.run(
-                [sys.executable, "-c", "import halo; print(halo.__file__); print(halo.error_string(4))"],
+                [
+                    sys.executable,
+                    "-c",
+                    "import halo; print(halo.__file__); print(halo.library_path()); print(halo.error_string(4))",
+                ],
                 env=env,
                 capture_output=True,
                 text=True,
                 timeout=60,
             )
             self.assertEqual(p.returncode, 0, p.stderr)
-            where, text = p.stdout.splitlines()[:2]
+            where, path, text = p.stdout.splitlines()[:3]
             self.assertTrue(where.startswith(target), where)
+            self.assertEqual(os.path.realpath(path), os.path.realpath(shipped))
             self.assertIn("invalid argument", text)
 
 
