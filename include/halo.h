@@ -249,9 +249,9 @@ typedef enum haloAlgorithm {
 } haloAlgorithm;
 
 /**
- * Reduction operations of `haloAllReduce`, with NCCL's numbers (`ncclSum` = 0,
- * `ncclMax` = 2, `ncclMin` = 3). NCCL's `ncclProd` (1) and `ncclAvg` (4) are not
- * supported yet: their numbers are kept free for them.
+ * Reduction operations of the reducing collectives (`haloAllReduce`,
+ * `haloReduceScatter`), with NCCL's numbers (`ncclSum` = 0, `ncclProd` = 1, `ncclMax`
+ * = 2, `ncclMin` = 3, `ncclAvg` = 4).
  */
 typedef enum haloRedOp {
     /**
@@ -260,6 +260,11 @@ typedef enum haloRedOp {
      */
     haloSum = 0,
     /**
+     * Product (integers wrap around; `haloFloat16` / `haloBfloat16` are multiplied in
+     * `float` and rounded to nearest-even).
+     */
+    haloProd = 1,
+    /**
      * Maximum (a NaN operand gives NaN).
      */
     haloMax = 2,
@@ -267,6 +272,12 @@ typedef enum haloRedOp {
      * Minimum (a NaN operand gives NaN).
      */
     haloMin = 3,
+    /**
+     * Average, as `ncclAvg`: the sum divided by the number of ranks; floats divide in
+     * their own type (`haloFloat16` / `haloBfloat16` through `float`), integers with
+     * truncating division (towards zero) of the wrapped sum.
+     */
+    haloAvg = 4,
 } haloRedOp;
 
 /**
@@ -837,11 +848,12 @@ haloResult_t haloAllGather(const void *sendbuff,
  * recvbuff`. Every rank passes the same `count`, `datatype` and `op`, and gets the
  * same bits. Blocking.
  *
- * Data types: every `haloDataType` except `haloInt8` and `haloUint8`. The buffers must
- * be aligned to their element size (as any C array of that type is).
+ * Data types: every `haloDataType`; operations: every `haloRedOp` (`haloAvg` divides
+ * the sum by the number of ranks). The buffers must be aligned to their element size
+ * (as any C array of that type is).
  *
- * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown or
- * unsupported `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
+ * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+ * `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
  * 0, buffers that overlap without being equal, or a misaligned buffer (all before
  * anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
  * transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,

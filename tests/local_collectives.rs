@@ -318,48 +318,99 @@ fn all_gather_checks_lengths() {
 
 trait TestElem: Reducible + PartialEq + Debug + Send + Sync {
     const NAME: &'static str;
+    /// Unsigned types get inputs shifted to 0..=16, so that max and min compare alike.
+    const UNSIGNED: bool;
     fn from_i64(v: i64) -> Self;
+    /// The average of ranks whose exact sum is `sum`: `sum / n` in the element type.
+    fn avg(sum: i64, n: usize) -> Self;
 }
 
 macro_rules! test_elem {
-    ($t:ty, $name:expr, $conv:expr) => {
+    ($t:ty, $name:expr, $unsigned:expr, $conv:expr, $avg:expr) => {
         impl TestElem for $t {
             const NAME: &'static str = $name;
+            const UNSIGNED: bool = $unsigned;
             fn from_i64(v: i64) -> Self {
                 $conv(v)
+            }
+            fn avg(sum: i64, n: usize) -> Self {
+                $avg(sum, n)
             }
         }
     };
 }
-test_elem!(f32, "f32", |v| v as f32);
-test_elem!(f64, "f64", |v| v as f64);
-test_elem!(i32, "i32", |v| v as i32);
-test_elem!(i64, "i64", |v| v);
-test_elem!(bf16, "bf16", |v| bf16::from_f32(v as f32));
-test_elem!(f16, "f16", |v| f16::from_f32(v as f32));
+test_elem!(f32, "f32", false, |v| v as f32, |s, n| s as f32 / n as f32);
+test_elem!(f64, "f64", false, |v| v as f64, |s, n| s as f64 / n as f64);
+test_elem!(i8, "i8", false, |v| v as i8, |s: i64, n| (s / n as i64)
+    as i8);
+test_elem!(u8, "u8", true, |v| v as u8, |s: i64, n| (s / n as i64)
+    as u8);
+test_elem!(i32, "i32", false, |v| v as i32, |s: i64, n| (s / n as i64)
+    as i32);
+test_elem!(u32, "u32", true, |v| v as u32, |s: i64, n| (s / n as i64)
+    as u32);
+test_elem!(i64, "i64", false, |v| v, |s: i64, n| s / n as i64);
+test_elem!(u64, "u64", true, |v| v as u64, |s: i64, n| (s / n as i64)
+    as u64);
+test_elem!(bf16, "bf16", false, |v| bf16::from_f32(v as f32), |s, n| {
+    bf16::from_f32(s as f32 / n as f32)
+});
+test_elem!(f16, "f16", false, |v| f16::from_f32(v as f32), |s, n| {
+    f16::from_f32(s as f32 / n as f32)
+});
 
-/// Small integers in -8..=8: sums over 8 ranks stay exact even in bf16 (8 bits).
-fn input(rank: usize, i: usize, salt: usize) -> i64 {
-    ((rank * 7 + i * 3 + salt * 5) % 17) as i64 - 8
+/// Small integers in -8..=8: sums over 8 ranks stay exact even in bf16 (8 bits) and
+/// int8. For products, -2..=2 (powers of two: exact in every float type; integer
+/// products wrap alike in i64 and in the element type).
+fn input(rank: usize, i: usize, salt: usize, op: ReduceOp) -> i64 {
+    let h = rank * 7 + i * 3 + salt * 5;
+    match op {
+        ReduceOp::Prod => [1, -1, 2, -2, 1, 2][h % 6],
+        _ => (h % 17) as i64 - 8,
+    }
 }
+
+/// The input of `rank` for element type `E`.
+fn input_for<E: TestElem>(rank: usize, i: usize, salt: usize, op: ReduceOp) -> i64 {
+    let v = input(rank, i, salt, op);
+    if E::UNSIGNED && op != ReduceOp::Prod {
+        v + 8
+    } else {
+        v
+    }
+}
+
+/// The reduction of `op` over every rank's input at element `i`, in the element type.
+fn reference<E: TestElem>(n: usize, i: usize, salt: usize, op: ReduceOp) -> E {
+    let vals = (0..n).map(|r| input_for::<E>(r, i, salt, op));
+    match op {
+        ReduceOp::Sum => E::from_i64(vals.sum()),
+        ReduceOp::Prod => E::from_i64(vals.product()),
+        ReduceOp::Max => E::from_i64(vals.max().unwrap()),
+        ReduceOp::Min => E::from_i64(vals.min().unwrap()),
+        _ => E::avg(vals.sum(), n),
+    }
+}
+
+/// Every operation.
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::Avg,
+];
 
 /// Every op x length for one element type; returns the failures.
 fn reduce_all_ops<E: TestElem>(comm: &mut Communicator, salt: usize) -> halo::Result<Vec<String>> {
     let (me, n) = (comm.rank(), comm.size());
     let mut fails = Vec::new();
-    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+    for op in OPS {
         for len in [0usize, 1, 7, 1000] {
-            let send: Vec<E> = (0..len).map(|i| E::from_i64(input(me, i, salt))).collect();
-            let want: Vec<E> = (0..len)
-                .map(|i| {
-                    let vals = (0..n).map(|r| input(r, i, salt));
-                    E::from_i64(match op {
-                        ReduceOp::Sum => vals.sum(),
-                        ReduceOp::Max => vals.max().unwrap(),
-                        _ => vals.min().unwrap(),
-                    })
-                })
+            let send: Vec<E> = (0..len)
+                .map(|i| E::from_i64(input_for::<E>(me, i, salt, op)))
                 .collect();
+            let want: Vec<E> = (0..len).map(|i| reference::<E>(n, i, salt, op)).collect();
             let mut recv = vec![E::from_i64(99); len];
             comm.all_reduce(&send, &mut recv, op)?;
             if recv != want {
@@ -400,6 +451,10 @@ fn all_reduce_every_type_op_and_size() {
                 f.extend(reduce_all_ops::<i64>(comm, 4)?);
                 f.extend(reduce_all_ops::<bf16>(comm, 5)?);
                 f.extend(reduce_all_ops::<f16>(comm, 6)?);
+                f.extend(reduce_all_ops::<i8>(comm, 7)?);
+                f.extend(reduce_all_ops::<u8>(comm, 8)?);
+                f.extend(reduce_all_ops::<u32>(comm, 9)?);
+                f.extend(reduce_all_ops::<u64>(comm, 10)?);
                 Ok(f)
             });
             let fails: Vec<String> = fails.into_iter().flatten().collect();

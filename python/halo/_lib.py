@@ -69,8 +69,10 @@ class ReduceOp(enum.IntEnum):
     """The C API's reduction operations (``haloRedOp``: NCCL's numbers)."""
 
     SUM = 0
+    PROD = 1
     MAX = 2
     MIN = 3
+    AVG = 4
 
 
 class HaloError(Exception):

@@ -5,7 +5,7 @@
  *   messages with NULL buffers, a message to this rank itself;
  * - haloAllGather out of place and in place (NCCL's layout);
  * - haloAllReduce: sum, max, min over int32, int64, float, double (in place) and
- *   bfloat16, with exact expected values;
+ *   bfloat16, prod over int8, avg over int32 and uint8, with exact expected values;
  * - haloCommSplit by parity with reversed keys (and, from 3 ranks, the last rank
  *   joining none), an all-to-all on the new communicator, then the parent again;
  * - the invalid calls of each, with their codes and messages.
@@ -132,10 +132,32 @@ static void reduce(haloComm_t comm, int n, int me) {
             FAIL("bfloat16 sum [%d] = %g", i, (double)from_bf16(rb[i]));
     }
 
-    EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt8, haloSum, comm, NULL), haloInvalidArgument,
-               "is not supported by haloAllReduce");
-    EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt32, 1, comm, NULL), haloInvalidArgument,
-               "ncclProd");
+    /* int8 product (wraps as int8 does) and int32 / uint8 averages (truncating). */
+    int8_t s8[C], r8[C];
+    uint8_t su8[C], ru8[C];
+    for (int i = 0; i < C; i++) {
+        s8[i] = (int8_t)(i % 3 - 1 + (me == 0 ? 2 : 0)); /* rank 0: i%3+1, others i%3-1 */
+        su8[i] = (uint8_t)(10 * me + i);
+    }
+    CHECK(haloAllReduce(s8, r8, C, haloInt8, haloProd, comm, NULL));
+    CHECK(haloAllReduce(si, ri, C, haloInt32, haloAvg, comm, NULL));
+    CHECK(haloAllReduce(su8, ru8, C, haloUint8, haloAvg, comm, NULL));
+    for (int i = 0; i < C; i++) {
+        int p = i % 3 + 1;
+        for (int q = 1; q < n; q++)
+            p *= i % 3 - 1;
+        if (r8[i] != (int8_t)p)
+            FAIL("int8 prod [%d] = %d, want %d", i, (int)r8[i], (int)(int8_t)p);
+        if (ri[i] != (n * (n - 1) / 2 + n * i) / n)
+            FAIL("int32 avg [%d] = %d", i, (int)ri[i]);
+        int sum8 = 0;
+        for (int q = 0; q < n; q++)
+            sum8 += (uint8_t)(10 * q + i);
+        if (ru8[i] != (uint8_t)((uint8_t)sum8 / n))
+            FAIL("uint8 avg [%d] = %d", i, (int)ru8[i]);
+    }
+    EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt32, 5, comm, NULL), haloInvalidArgument,
+               "op 5 is not a haloRedOp_t");
     EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt32, 9, comm, NULL), haloInvalidArgument,
                "op 9 is not a haloRedOp_t");
     EXPECT_ERR(comm, haloAllReduce((char *)sf + 1, rf, 4, haloFloat32, haloSum, comm, NULL),

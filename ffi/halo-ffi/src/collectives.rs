@@ -11,9 +11,9 @@ use crate::boundary::call_comm;
 use crate::error::{Failure, FfiResult, haloResult_t};
 use crate::handle::haloComm_t;
 use crate::types::{
-    check_stream, haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, haloStream_t,
+    check_stream, haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, haloStream_t, with_elem,
 };
-use halo_rs::{Communicator, Partition, ReduceOp, Reducible, bf16, f16};
+use halo_rs::{Communicator, Partition, ReduceOp, Reducible};
 use std::ffi::{c_int, c_void};
 
 /// `count` elements of `elem` bytes for each of `ranks` ranks, in bytes; an overflow
@@ -472,11 +472,12 @@ unsafe fn reduce_typed<E: Reducible>(
 /// recvbuff`. Every rank passes the same `count`, `datatype` and `op`, and gets the
 /// same bits. Blocking.
 ///
-/// Data types: every `haloDataType` except `haloInt8` and `haloUint8`. The buffers must
-/// be aligned to their element size (as any C array of that type is).
+/// Data types: every `haloDataType`; operations: every `haloRedOp` (`haloAvg` divides
+/// the sum by the number of ranks). The buffers must be aligned to their element size
+/// (as any C array of that type is).
 ///
-/// Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown or
-/// unsupported `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
+/// Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+/// `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
 /// 0, buffers that overlap without being equal, or a misaligned buffer (all before
 /// anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
 /// transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
@@ -514,23 +515,9 @@ pub unsafe extern "C" fn haloAllReduce(
         let mut guard = c.lock()?;
         let comm: &mut Communicator = &mut guard;
         let (s, r) = (sendbuff, recvbuff);
-        // SAFETY: (each arm) non-NULL when `count` > 0, valid for `count` elements,
-        // equal or disjoint: checked above or promised by the contract.
-        unsafe {
-            match dt {
-                haloDataType::haloInt32 => reduce_typed::<i32>(comm, s, r, count, op, &name),
-                haloDataType::haloUint32 => reduce_typed::<u32>(comm, s, r, count, op, &name),
-                haloDataType::haloInt64 => reduce_typed::<i64>(comm, s, r, count, op, &name),
-                haloDataType::haloUint64 => reduce_typed::<u64>(comm, s, r, count, op, &name),
-                haloDataType::haloFloat16 => reduce_typed::<f16>(comm, s, r, count, op, &name),
-                haloDataType::haloFloat32 => reduce_typed::<f32>(comm, s, r, count, op, &name),
-                haloDataType::haloFloat64 => reduce_typed::<f64>(comm, s, r, count, op, &name),
-                haloDataType::haloBfloat16 => reduce_typed::<bf16>(comm, s, r, count, op, &name),
-                haloDataType::haloInt8 | haloDataType::haloUint8 => Err(Failure::invalid(format!(
-                    "datatype {name} is not supported by haloAllReduce (8-bit integers)"
-                ))),
-            }
-        }
+        // SAFETY: non-NULL when `count` > 0, valid for `count` elements, equal or
+        // disjoint: checked above or promised by the contract.
+        with_elem!(dt, E => unsafe { reduce_typed::<E>(comm, s, r, count, op, &name) })
     })
 }
 

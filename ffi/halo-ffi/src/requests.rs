@@ -12,9 +12,9 @@ use crate::boundary::{call, call_borrowed};
 use crate::collectives::{bytes, bytes_mut, check_buffer, counts, peer_index, total_bytes};
 use crate::error::{Failure, FfiResult, c_message, haloResult_t};
 use crate::handle::{haloComm, haloComm_t};
-use crate::types::{haloDataType, haloDataType_t, haloRedOp, haloRedOp_t};
+use crate::types::{haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, with_elem};
 use halo_rs::c_abi::{OpHandle, OpJob};
-use halo_rs::{Communicator, Partition, ReduceOp, Reducible, bf16, f16};
+use halo_rs::{Communicator, Partition, ReduceOp, Reducible};
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -334,21 +334,7 @@ pub unsafe extern "C" fn haloIAllReduce(
                  must be"
             )));
         }
-        let job = match dt {
-            haloDataType::haloInt32 => reduce_job::<i32>(s, r, count, op),
-            haloDataType::haloUint32 => reduce_job::<u32>(s, r, count, op),
-            haloDataType::haloInt64 => reduce_job::<i64>(s, r, count, op),
-            haloDataType::haloUint64 => reduce_job::<u64>(s, r, count, op),
-            haloDataType::haloFloat16 => reduce_job::<f16>(s, r, count, op),
-            haloDataType::haloFloat32 => reduce_job::<f32>(s, r, count, op),
-            haloDataType::haloFloat64 => reduce_job::<f64>(s, r, count, op),
-            haloDataType::haloBfloat16 => reduce_job::<bf16>(s, r, count, op),
-            haloDataType::haloInt8 | haloDataType::haloUint8 => {
-                return Err(Failure::invalid(format!(
-                    "datatype {dt:?} is not supported by haloIAllReduce (8-bit integers)"
-                )));
-            }
-        };
+        let job = with_elem!(dt, E => reduce_job::<E>(s, r, count, op));
         start(c.shared(), "haloIAllReduce", "all_reduce", job, request)
     })
 }
