@@ -873,6 +873,39 @@ haloResult_t haloAllReduce(const void *sendbuff,
                            haloStream_t stream);
 
 /**
+ * Reduce-scatter (as `ncclReduceScatter`): `sendbuff` holds `nranks * recvcount`
+ * elements; this rank's `recvbuff` (`recvcount` elements) becomes block `rank` of
+ * `sendbuff` (elements `rank*recvcount .. (rank+1)*recvcount-1`) combined with `op`
+ * over every rank. In place as in NCCL: when `recvbuff == sendbuff + rank *
+ * recvcount` elements. Every rank passes the same `recvcount`, `datatype` and `op`.
+ * Blocking.
+ *
+ * Data types: every `haloDataType`; operations: every `haloRedOp`. A ring of
+ * `nranks - 1` rounds; each block is reduced in an order fixed by the algorithm, so
+ * the bits are the same from run to run. The buffers must be aligned to their element
+ * size.
+ *
+ * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+ * `datatype` or `op`, a size that overflows, a NULL buffer with `recvcount` > 0,
+ * buffers that overlap other than in place, or a misaligned buffer (all before
+ * anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
+ * transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
+ * `haloAborted`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` is NULL or readable for `nranks *
+ * recvcount` elements and `recvbuff` NULL or writable for `recvcount`; no other thread
+ * accesses them during the call.
+ */
+haloResult_t haloReduceScatter(const void *sendbuff,
+                               void *recvbuff,
+                               size_t recvcount,
+                               haloDataType_t datatype,
+                               haloRedOp_t op,
+                               haloComm_t comm,
+                               haloStream_t stream);
+
+/**
  * Non-blocking `haloAllToAll`: starts the all-to-all and returns at once with a
  * request in `*request`. Arguments are checked as `haloAllToAll` checks them, before
  * anything is queued (a failure queues nothing and leaves `*request` alone).
@@ -965,6 +998,24 @@ haloResult_t haloIAllReduce(const void *sendbuff,
                             haloRedOp_t op,
                             haloComm_t comm,
                             haloRequest_t *request);
+
+/**
+ * Non-blocking `haloReduceScatter` (in place as NCCL's; see `haloIAllToAll` for
+ * requests, buffers and order). Arguments (data type, operation, NULL, overlap,
+ * alignment) are checked at the call.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` NULL or readable for `nranks *
+ * recvcount` elements and `recvbuff` NULL or writable for `recvcount` until the
+ * request completes; `request` NULL or writable.
+ */
+haloResult_t haloIReduceScatter(const void *sendbuff,
+                                void *recvbuff,
+                                size_t recvcount,
+                                haloDataType_t datatype,
+                                haloRedOp_t op,
+                                haloComm_t comm,
+                                haloRequest_t *request);
 
 /**
  * Waits until `request` has completed and returns the operation's result (the codes

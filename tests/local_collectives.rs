@@ -787,3 +787,115 @@ fn split_topology_follows_the_members() {
         Ok(())
     });
 }
+
+// ---------------------------------------------------------------- reduce-scatter
+
+/// Every op x count for one element type; returns the failures.
+fn reduce_scatter_all_ops<E: TestElem>(
+    comm: &mut Communicator,
+    salt: usize,
+) -> halo::Result<Vec<String>> {
+    let (me, n) = (comm.rank(), comm.size());
+    let mut fails = Vec::new();
+    for op in OPS {
+        for count in [0usize, 1, 7, 100] {
+            let send: Vec<E> = (0..n * count)
+                .map(|i| E::from_i64(input_for::<E>(me, i, salt, op)))
+                .collect();
+            let want: Vec<E> = (0..count)
+                .map(|i| reference::<E>(n, me * count + i, salt, op))
+                .collect();
+            let mut recv = vec![E::from_i64(99); count];
+            let before = send.clone();
+            comm.reduce_scatter(&send, &mut recv, op)?;
+            if recv != want {
+                let i = (0..count).find(|&i| recv[i] != want[i]).unwrap();
+                fails.push(format!(
+                    "rank {me}: {} {op:?} count {count}: element {i} is {:?}, want {:?}",
+                    E::NAME,
+                    recv[i],
+                    want[i]
+                ));
+            }
+            assert!(send == before, "reduce_scatter wrote its send buffer");
+        }
+    }
+    Ok(fails)
+}
+
+#[test]
+fn reduce_scatter_every_type_op_and_size() {
+    for n in 1usize..=9 {
+        let fails = run_ok(&flat(n), |comm| {
+            let mut f = reduce_scatter_all_ops::<f32>(comm, 1)?;
+            f.extend(reduce_scatter_all_ops::<f64>(comm, 2)?);
+            f.extend(reduce_scatter_all_ops::<i8>(comm, 3)?);
+            f.extend(reduce_scatter_all_ops::<u8>(comm, 4)?);
+            f.extend(reduce_scatter_all_ops::<i32>(comm, 5)?);
+            f.extend(reduce_scatter_all_ops::<u32>(comm, 6)?);
+            f.extend(reduce_scatter_all_ops::<i64>(comm, 7)?);
+            f.extend(reduce_scatter_all_ops::<u64>(comm, 8)?);
+            f.extend(reduce_scatter_all_ops::<bf16>(comm, 9)?);
+            f.extend(reduce_scatter_all_ops::<f16>(comm, 10)?);
+            Ok(f)
+        });
+        let fails: Vec<String> = fails.into_iter().flatten().collect();
+        assert!(fails.is_empty(), "n={n}:\n{}", fails.join("\n"));
+    }
+}
+
+#[test]
+fn reduce_scatter_checks_lengths() {
+    run_ok(&flat(3), |comm| {
+        let mut recv = [0u32; 2];
+        let e = comm
+            .reduce_scatter(&[1u32; 5], &mut recv, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        assert!(e.to_string().contains("expected 3 ranks x 2"), "{e}");
+        // The failed call took its sequence number on every rank: the next one matches.
+        comm.reduce_scatter(&[1u32; 6], &mut recv, ReduceOp::Sum)?;
+        assert_eq!(recv, [3, 3]);
+        Ok(())
+    });
+}
+
+/// Runs `f` on `n` ranks with a `timeout` and returns every rank's outcome.
+fn run_all<R: Send>(
+    n: usize,
+    timeout: Duration,
+    f: impl Fn(&mut Communicator) -> halo::Result<R> + Sync,
+) -> Vec<halo::Result<R>> {
+    local::run(&flat(n), Emulation::off(), |comm| {
+        comm.set_timeout(timeout);
+        f(comm)
+    })
+}
+
+#[test]
+fn reduce_scatter_count_mismatch_fails_every_rank() {
+    for n in [2usize, 3, 5] {
+        let start = Instant::now();
+        let out = run_all(n, Duration::from_secs(2), |comm| {
+            let count = if comm.rank() == 1 { 3 } else { 2 };
+            let send = vec![1i32; n * count];
+            let mut recv = vec![0i32; count];
+            comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum)
+        });
+        for (r, o) in out.iter().enumerate() {
+            let e = o.as_ref().expect_err("a rank returned normally");
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidUsage { .. } | Error::Timeout { .. } | Error::RemoteError { .. }
+                ),
+                "n={n} rank {r}: {e}"
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "n={n}: took {:?}",
+            start.elapsed()
+        );
+    }
+}

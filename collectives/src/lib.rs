@@ -28,6 +28,7 @@ mod execute;
 mod gather;
 mod layout;
 mod reduce;
+mod reduce_scatter;
 mod schedule;
 mod simulate;
 mod verify;
@@ -47,6 +48,7 @@ pub use reduce::{
     ALL_REDUCE_SMALL, AllReduceAlgorithm, Landing, ReduceReport, ReduceRound, Transfer,
     all_reduce_plan, exchange, verify_all_reduce,
 };
+pub use reduce_scatter::{reduce_scatter_plan, verify_reduce_scatter};
 pub use schedule::{
     Buf, Region, RoutedBlock, Schedule, ScheduleBuilder, ScheduleStats, Step, StepId, TAG_BITS,
 };

@@ -21,6 +21,7 @@ mod moe;
 mod nonblocking;
 mod p2p;
 mod partition;
+mod reduce_scatter;
 mod split;
 mod waves;
 
@@ -491,6 +492,8 @@ pub(crate) struct Ext {
     pub(super) p2p: Vec<((bool, usize, usize), Schedule)>,
     /// All-reduce receive buffer (`u64` words: aligned for every element type).
     pub(super) tmp: Vec<u64>,
+    /// Reduce-scatter accumulator (a copy of the send buffer, `u64` words).
+    pub(super) scatter_acc: Vec<u64>,
     pub(super) gather_scratch: Vec<u8>,
     /// The last all-gather schedule (algorithm, block bytes).
     pub(super) gather: Option<((AllGatherAlgorithm, usize), Schedule)>,

@@ -1,5 +1,5 @@
 //! The collectives: all-to-all, all-to-all-v, barrier, send / receive, all-gather,
-//! all-reduce.
+//! all-reduce, reduce-scatter.
 //!
 //! Each call checks, in this order and before anything is sent: the communicator, the
 //! stream, the data type (and operation), the byte sizes (overflow), the pointers,
@@ -236,7 +236,7 @@ pub unsafe extern "C" fn haloBarrier(comm: haloComm_t) -> haloResult_t {
 }
 
 /// Whether two byte ranges share a byte.
-fn overlaps(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> bool {
+pub(crate) fn overlaps(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> bool {
     let (a, b) = (a as usize, b as usize);
     a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
 }
@@ -518,6 +518,143 @@ pub unsafe extern "C" fn haloAllReduce(
         // SAFETY: non-NULL when `count` > 0, valid for `count` elements, equal or
         // disjoint: checked above or promised by the contract.
         with_elem!(dt, E => unsafe { reduce_typed::<E>(comm, s, r, count, op, &name) })
+    })
+}
+
+/// A reduce-scatter's arguments, checked (`haloReduceScatter`, `haloIReduceScatter`):
+/// the element type and the operation, and whether it is in place.
+pub(crate) struct ReduceScatterArgs {
+    pub(crate) dt: haloDataType,
+    pub(crate) op: ReduceOp,
+    pub(crate) in_place: bool,
+}
+
+/// Checks a reduce-scatter's arguments for a communicator of `n` ranks, this rank
+/// `me`: data type, operation, sizes, NULL, overlap (in place only as NCCL's, `recvbuff
+/// == sendbuff + me * recvcount` elements) and alignment.
+pub(crate) fn check_reduce_scatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: haloDataType_t,
+    op: haloRedOp_t,
+    (n, me): (usize, usize),
+) -> FfiResult<ReduceScatterArgs> {
+    let dt = haloDataType::from_raw(datatype)?;
+    let op = haloRedOp::from_raw(op)?;
+    let elem = dt.size();
+    let block = total_bytes(recvcount, elem, 1, "recvcount")?;
+    let total = total_bytes(recvcount, elem, n, "recvcount")?;
+    check_buffer(sendbuff, total, "sendbuff", recvcount)?;
+    check_buffer(recvbuff, block, "recvbuff", recvcount)?;
+    // `block * me` < `total`, which did not overflow.
+    let own = (sendbuff as usize).wrapping_add(block * me);
+    let in_place = block > 0 && recvbuff as usize == own;
+    if !in_place && overlaps(sendbuff, total, recvbuff.cast_const(), block) {
+        return Err(Failure::invalid(
+            "recvbuff overlaps sendbuff: out-of-place, or in place with recvbuff == \
+             sendbuff + rank * recvcount elements",
+        ));
+    }
+    if block > 0
+        && !((sendbuff as usize).is_multiple_of(elem) && (recvbuff as usize).is_multiple_of(elem))
+    {
+        return Err(Failure::invalid(format!(
+            "sendbuff or recvbuff is not aligned to {elem} bytes, as {dt:?} elements must be"
+        )));
+    }
+    Ok(ReduceScatterArgs { dt, op, in_place })
+}
+
+/// The typed reduce-scatter over the caller's memory (addresses as numbers, so that
+/// the non-blocking form can move them to the worker).
+///
+/// # Safety
+/// `send` is readable for `size * count` and `recv` writable for `count` elements of
+/// `E`, both aligned and non-NULL when `count` > 0, not accessed by anyone else during
+/// the call; they do not overlap unless `in_place` (`recv` is block `rank` of `send`).
+pub(crate) unsafe fn reduce_scatter_typed<E: Reducible>(
+    comm: &mut Communicator,
+    send: usize,
+    recv: usize,
+    count: usize,
+    op: ReduceOp,
+    in_place: bool,
+) -> halo_rs::Result<()> {
+    if count == 0 {
+        return comm.reduce_scatter::<E>(&[], &mut [], op);
+    }
+    let total = count * comm.size();
+    if in_place {
+        // SAFETY: readable, aligned and non-NULL for `total` elements per the contract;
+        // the slice ends with this statement, before the slice over `recv` exists.
+        let copy = unsafe { std::slice::from_raw_parts(send as *const E, total) }.to_vec();
+        // SAFETY: writable, aligned and non-NULL for `count` elements, and the only
+        // slice over that memory now.
+        let r = unsafe { std::slice::from_raw_parts_mut(recv as *mut E, count) };
+        return comm.reduce_scatter(&copy, r, op);
+    }
+    // SAFETY: valid, aligned and non-NULL for their lengths per the contract, and
+    // disjoint (checked by the caller).
+    let (s, r) = unsafe {
+        (
+            std::slice::from_raw_parts(send as *const E, total),
+            std::slice::from_raw_parts_mut(recv as *mut E, count),
+        )
+    };
+    comm.reduce_scatter(s, r, op)
+}
+
+/// Reduce-scatter (as `ncclReduceScatter`): `sendbuff` holds `nranks * recvcount`
+/// elements; this rank's `recvbuff` (`recvcount` elements) becomes block `rank` of
+/// `sendbuff` (elements `rank*recvcount .. (rank+1)*recvcount-1`) combined with `op`
+/// over every rank. In place as in NCCL: when `recvbuff == sendbuff + rank *
+/// recvcount` elements. Every rank passes the same `recvcount`, `datatype` and `op`.
+/// Blocking.
+///
+/// Data types: every `haloDataType`; operations: every `haloRedOp`. A ring of
+/// `nranks - 1` rounds; each block is reduced in an order fixed by the algorithm, so
+/// the bits are the same from run to run. The buffers must be aligned to their element
+/// size.
+///
+/// Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+/// `datatype` or `op`, a size that overflows, a NULL buffer with `recvcount` > 0,
+/// buffers that overlap other than in place, or a misaligned buffer (all before
+/// anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
+/// transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
+/// `haloAborted`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `sendbuff` is NULL or readable for `nranks *
+/// recvcount` elements and `recvbuff` NULL or writable for `recvcount`; no other thread
+/// accesses them during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: haloDataType_t,
+    op: haloRedOp_t,
+    comm: haloComm_t,
+    stream: haloStream_t,
+) -> haloResult_t {
+    call_comm("haloReduceScatter", comm, |c| {
+        check_stream(stream)?;
+        let a = check_reduce_scatter(
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            op,
+            (c.size(), c.rank()),
+        )?;
+        let mut guard = c.lock()?;
+        let (s, r) = (sendbuff as usize, recvbuff as usize);
+        // SAFETY: checked above (NULL, alignment, overlap) or promised by the contract.
+        with_elem!(a.dt, E => unsafe {
+            reduce_scatter_typed::<E>(&mut guard, s, r, recvcount, a.op, a.in_place)
+        })?;
+        Ok(())
     })
 }
 

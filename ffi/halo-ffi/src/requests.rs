@@ -9,7 +9,10 @@
 //! `haloInvalidArgument`, never undefined behaviour.
 
 use crate::boundary::{call, call_borrowed};
-use crate::collectives::{bytes, bytes_mut, check_buffer, counts, peer_index, total_bytes};
+use crate::collectives::{
+    bytes, bytes_mut, check_buffer, check_reduce_scatter, counts, peer_index, reduce_scatter_typed,
+    total_bytes,
+};
 use crate::error::{Failure, FfiResult, c_message, haloResult_t};
 use crate::handle::{haloComm, haloComm_t};
 use crate::types::{haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, with_elem};
@@ -336,6 +339,51 @@ pub unsafe extern "C" fn haloIAllReduce(
         }
         let job = with_elem!(dt, E => reduce_job::<E>(s, r, count, op));
         start(c.shared(), "haloIAllReduce", "all_reduce", job, request)
+    })
+}
+
+/// Non-blocking `haloReduceScatter` (in place as NCCL's; see `haloIAllToAll` for
+/// requests, buffers and order). Arguments (data type, operation, NULL, overlap,
+/// alignment) are checked at the call.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `sendbuff` NULL or readable for `nranks *
+/// recvcount` elements and `recvbuff` NULL or writable for `recvcount` until the
+/// request completes; `request` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: haloDataType_t,
+    op: haloRedOp_t,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed("haloIReduceScatter", comm, |c| {
+        check_request_out(request)?;
+        let a = check_reduce_scatter(
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            op,
+            (c.size(), c.rank()),
+        )?;
+        let (s, r) = (addr(sendbuff), addr(recvbuff));
+        let (op, in_place) = (a.op, a.in_place);
+        let job: OpJob = with_elem!(a.dt, E => Box::new(move |comm: &mut Communicator| {
+            // SAFETY: checked at start (NULL, alignment, overlap); valid and untouched
+            // by the caller until the request completes, after this returns.
+            unsafe { reduce_scatter_typed::<E>(comm, s, r, recvcount, op, in_place) }
+        }));
+        start(
+            c.shared(),
+            "haloIReduceScatter",
+            "reduce_scatter",
+            job,
+            request,
+        )
     })
 }
 
