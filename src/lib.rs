@@ -64,7 +64,9 @@ pub use comm::{
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use halo_collectives as collectives;
-pub use halo_collectives::{AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm};
+pub use halo_collectives::{
+    AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm, BroadcastAlgorithm,
+};
 pub use transport::fabric::{FabricConfig, FabricProgress};
 pub use transport::local;
 pub use transport::local::{Emulation, LocalCluster, Traffic};

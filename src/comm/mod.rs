@@ -14,14 +14,17 @@ mod all_gather;
 mod all_reduce;
 mod all_to_all;
 mod all_to_all_v;
+mod broadcast;
 mod count_hops;
 mod device;
+mod gather;
 mod init;
 mod moe;
 mod nonblocking;
 mod p2p;
 mod partition;
 mod reduce_scatter;
+mod scatter;
 mod split;
 mod waves;
 
@@ -499,6 +502,9 @@ pub(crate) struct Ext {
     pub(super) gather: Option<((AllGatherAlgorithm, usize), Schedule)>,
     pub(super) gather_forced: Option<AllGatherAlgorithm>,
     pub(super) reduce_forced: Option<AllReduceAlgorithm>,
+    pub(super) broadcast_forced: Option<halo_collectives::BroadcastAlgorithm>,
+    /// The last rooted schedule (broadcast, gather, scatter).
+    pub(super) rooted: Option<(broadcast::RootedKey, Schedule)>,
     /// The worker thread of [`Communicator::scope`], once one ran.
     pub(super) pool: Option<Arc<rayon_core::ThreadPool>>,
     /// The device path's last uniform plan (algorithm, block bytes) and its state.
