@@ -58,8 +58,8 @@ pub use bootstrap::UniqueId;
 #[doc(hidden)]
 pub use bootstrap::decode_card_for_fuzzing;
 pub use comm::{
-    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MoeDispatch, MoeExchange,
-    MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request, SPECULATE_V, Scope,
+    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MAX_USER_TAG, MoeDispatch,
+    MoeExchange, MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request, SPECULATE_V, Scope,
 };
 pub use error::{Error, Result};
 pub use half::{bf16, f16};

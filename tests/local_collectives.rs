@@ -1018,3 +1018,109 @@ fn rooted_count_mismatch_is_an_error_never_a_hang() {
         );
     }
 }
+
+// ---------------------------------------------------------------- tagged point-to-point
+
+#[test]
+fn tagged_messages_match_per_tag_in_order() {
+    for n in [2usize, 3, 5] {
+        run_ok(&flat(n), |comm| {
+            let (me, n) = (comm.rank(), comm.size());
+            let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+            // Interleaved tags, each with its own message numbers, and zero-length ones.
+            let plan: [(u32, usize); 6] = [
+                (3, 5),
+                (0, 2),
+                (3, 0),
+                (halo::MAX_USER_TAG, 4),
+                (3, 7),
+                (0, 1),
+            ];
+            for (k, &(tag, len)) in plan.iter().enumerate() {
+                let out = payload(me, next, k, len);
+                let mut got = vec![0u32; len];
+                if me % 2 == 0 {
+                    comm.send_tagged(&out, next, tag)?;
+                    comm.recv_tagged(&mut got, prev, tag)?;
+                } else {
+                    comm.recv_tagged(&mut got, prev, tag)?;
+                    comm.send_tagged(&out, next, tag)?;
+                }
+                assert_eq!(
+                    got,
+                    payload(prev, me, k, len),
+                    "n={n} rank {me} message {k}"
+                );
+            }
+            // A tag out of range is an argument error, before anything is sent.
+            let e = comm
+                .send_tagged(&[1u8], next, halo::MAX_USER_TAG + 1)
+                .unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            assert!(e.to_string().contains("tag 16777216 out of range"), "{e}");
+            let e = comm.recv_tagged(&mut [0u8], prev, u32::MAX).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            // Untagged calls are tag 0: they pair with tagged calls of tag 0.
+            if me % 2 == 0 {
+                comm.send(&[me as u16], next)?;
+                let mut b = [0u16];
+                comm.recv_tagged(&mut b, prev, 0)?;
+                assert_eq!(b[0], prev as u16);
+            } else {
+                let mut b = [0u16];
+                comm.recv_tagged(&mut b, prev, 0)?;
+                comm.send(&[me as u16], next)?;
+                assert_eq!(b[0], prev as u16);
+            }
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn tagged_messages_to_self_match_by_tag() {
+    run_ok(&flat(2), |comm| {
+        let me = comm.rank();
+        comm.send_tagged(&[1u8, 1], me, 1)?;
+        comm.send_tagged(&[2u8], me, 2)?;
+        comm.send_tagged(&[3u8, 3, 3], me, 1)?;
+        let mut b = [0u8];
+        comm.recv_tagged(&mut b, me, 2)?;
+        assert_eq!(b, [2]);
+        let e = comm.recv_tagged(&mut b, me, 5).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage { .. }), "{e}");
+        let mut b = [0u8; 2];
+        comm.recv_tagged(&mut b, me, 1)?;
+        assert_eq!(b, [1, 1]);
+        let mut b = [0u8; 3];
+        comm.recv_tagged(&mut b, me, 1)?;
+        assert_eq!(b, [3, 3, 3]);
+        Ok(())
+    });
+}
+
+#[test]
+fn a_receive_with_another_tag_does_not_take_the_message() {
+    let out = local::run(&flat(2), Emulation::off(), |comm| {
+        comm.set_timeout(Duration::from_secs(10));
+        if comm.rank() == 0 {
+            comm.send_tagged(&[42u32, 43], 1, 8)?;
+            return Ok(None);
+        }
+        comm.set_timeout(Duration::from_millis(300));
+        let mut b = [0u32; 2];
+        let e = comm.recv_tagged(&mut b, 0, 9).unwrap_err();
+        assert_eq!(
+            b,
+            [0, 0],
+            "a message with tag 8 landed in a receive with tag 9"
+        );
+        comm.set_timeout(Duration::from_secs(10));
+        comm.recv_tagged(&mut b, 0, 8)?;
+        assert_eq!(b, [42, 43]);
+        Ok(Some(e))
+    });
+    let e = out[1].as_ref().unwrap().as_ref().unwrap();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(out[0].is_ok(), "{:?}", out[0]);
+}

@@ -34,6 +34,7 @@ pub use init::InitConfig;
 pub use moe::{MoeDispatch, MoeExchange, MoeRouting, MoeStats};
 pub(crate) use nonblocking::{Job, Queue, Slot, Task, serve, with_context};
 pub use nonblocking::{Request, Scope};
+pub use p2p::MAX_USER_TAG;
 pub use partition::Partition;
 
 use crate::error::{Error, Result};
@@ -489,8 +490,10 @@ pub(crate) struct Ext {
     /// Messages sent to / received from each rank (point-to-point).
     pub(super) sent: Vec<u64>,
     pub(super) received: Vec<u64>,
-    /// Point-to-point messages this rank sent itself, in order.
-    pub(super) to_self: VecDeque<Vec<u8>>,
+    /// Point-to-point counts of tags other than 0: (sent, peer, tag) -> messages.
+    pub(super) tagged: HashMap<(bool, usize, u32), u64>,
+    /// Point-to-point messages this rank sent itself, in order, with their tags.
+    pub(super) to_self: VecDeque<(u32, Vec<u8>)>,
     /// One-step schedules of lone sends and receives: (is send, peer, bytes).
     pub(super) p2p: Vec<((bool, usize, usize), Schedule)>,
     /// All-reduce receive buffer (`u64` words: aligned for every element type).
