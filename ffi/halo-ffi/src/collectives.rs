@@ -384,40 +384,88 @@ pub unsafe extern "C" fn haloAllGather(
 ) -> haloResult_t {
     call_comm("haloAllGather", comm, |c| {
         check_stream(stream)?;
-        let elem = haloDataType::from_raw(datatype)?.size();
-        let block = total_bytes(sendcount, elem, 1, "sendcount")?;
-        let total = total_bytes(sendcount, elem, c.size(), "sendcount")?;
-        check_buffer(sendbuff, block, "sendbuff", sendcount)?;
-        check_buffer(recvbuff, total, "recvbuff", sendcount)?;
-        // `block * rank` < `total`, which did not overflow.
-        let own = (recvbuff as usize).wrapping_add(block * c.rank());
-        let in_place = block > 0 && sendbuff as usize == own;
-        if !in_place && overlaps(sendbuff, block, recvbuff.cast_const(), total) {
-            return Err(Failure::invalid(
-                "sendbuff overlaps recvbuff: out-of-place, or in place with sendbuff == \
-                 recvbuff + rank * sendcount elements",
-            ));
-        }
+        let a = check_all_gather(
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            (c.size(), c.rank()),
+        )?;
         let mut guard = c.lock()?;
-        // In place, this rank's block is copied out of `recvbuff` first, so that the
-        // send and receive slices never alias.
-        let mut copy = Vec::new();
-        let send: &[u8] = if in_place {
-            // SAFETY: non-NULL (`block` > 0, checked) and readable per the contract; the
-            // slice ends with this statement, before any slice over `recvbuff` exists.
-            copy.extend_from_slice(unsafe { bytes(sendbuff, block) });
-            &copy
-        } else {
-            // SAFETY: non-NULL when `block` > 0 (checked), readable and unwritten per the
-            // contract, and disjoint from `recvbuff` (checked).
-            unsafe { bytes(sendbuff, block) }
-        };
-        // SAFETY: non-NULL when `total` > 0 (checked), writable for `total` bytes and
-        // accessed by nobody else; `send` is the copy or does not overlap it.
-        let recv = unsafe { bytes_mut(recvbuff, total) };
-        guard.all_gather(send, recv)?;
+        // SAFETY: checked above (NULL, overlap) or promised by the contract.
+        unsafe { run_all_gather(&mut guard, a) }?;
         Ok(())
     })
+}
+
+/// An all-gather's checked arguments: addresses (as numbers, for the worker of the
+/// non-blocking form), the block and total bytes, whether it is in place.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AllGatherArgs {
+    send: usize,
+    recv: usize,
+    block: usize,
+    total: usize,
+    in_place: bool,
+}
+
+/// Checks `haloAllGather`'s arguments (`n` ranks, this rank `me`).
+pub(crate) fn check_all_gather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: haloDataType_t,
+    (n, me): (usize, usize),
+) -> FfiResult<AllGatherArgs> {
+    let elem = haloDataType::from_raw(datatype)?.size();
+    let block = total_bytes(sendcount, elem, 1, "sendcount")?;
+    let total = total_bytes(sendcount, elem, n, "sendcount")?;
+    check_buffer(sendbuff, block, "sendbuff", sendcount)?;
+    check_buffer(recvbuff, total, "recvbuff", sendcount)?;
+    // `block * me` < `total`, which did not overflow.
+    let own = (recvbuff as usize).wrapping_add(block * me);
+    let in_place = block > 0 && sendbuff as usize == own;
+    if !in_place && overlaps(sendbuff, block, recvbuff.cast_const(), total) {
+        return Err(Failure::invalid(
+            "sendbuff overlaps recvbuff: out-of-place, or in place with sendbuff == \
+             recvbuff + rank * sendcount elements",
+        ));
+    }
+    Ok(AllGatherArgs {
+        send: sendbuff as usize,
+        recv: recvbuff as usize,
+        block,
+        total,
+        in_place,
+    })
+}
+
+/// Runs a checked all-gather.
+///
+/// # Safety
+/// The buffers of `a` are valid as `haloAllGather`'s contract says, and nobody else
+/// accesses them during the call.
+pub(crate) unsafe fn run_all_gather(
+    comm: &mut Communicator,
+    a: AllGatherArgs,
+) -> halo_rs::Result<()> {
+    // In place, this rank's block is copied out of `recvbuff` first, so that the
+    // send and receive slices never alias.
+    let copy: Vec<u8>;
+    let send: &[u8] = if a.in_place {
+        // SAFETY: non-NULL (`block` > 0) and readable per the contract; the slice ends
+        // with this statement, before any slice over `recvbuff` exists.
+        copy = unsafe { bytes(a.send as *const c_void, a.block) }.to_vec();
+        &copy
+    } else {
+        // SAFETY: non-NULL when `block` > 0 (checked), readable and unwritten per the
+        // contract, and disjoint from `recvbuff` (checked).
+        unsafe { bytes(a.send as *const c_void, a.block) }
+    };
+    // SAFETY: non-NULL when `total` > 0 (checked), writable for `total` bytes and
+    // accessed by nobody else; `send` is the copy or does not overlap it.
+    let recv = unsafe { bytes_mut(a.recv as *mut c_void, a.total) };
+    comm.all_gather(send, recv)
 }
 
 /// The typed all-reduce over the caller's memory.

@@ -27,6 +27,11 @@ pub const HALO_CONFIG_MAGIC: c_uint = 0x48414c4f;
 /// default) is used.
 pub const HALO_CONFIG_UNDEF_INT: c_int = -2147483647 - 1;
 
+/// The largest user tag of `haloSendTagged` / `haloRecvTagged` and their non-blocking
+/// forms: 2^24 - 1 (tags are `0 .. HALO_MAX_TAG`).
+pub const HALO_MAX_TAG: c_int = 16_777_215;
+const _: () = assert!(HALO_MAX_TAG as u32 == halo_rs::MAX_USER_TAG);
+
 /// `haloCommSplit`'s color for a rank that joins no new communicator.
 pub const HALO_SPLIT_NOCOLOR: c_int = -1;
 
