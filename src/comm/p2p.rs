@@ -19,8 +19,9 @@
 //!   children never match each other's messages.
 //! - **sequence** (10 bits): collectives are called by every rank in the same order, so
 //!   each call takes the next number of a per-communicator counter that all ranks
-//!   advance together (one per call for all-gather, all-reduce and split — an
-//!   all-reduce's rounds are told apart by the schedule tag — three for all-to-all-v).
+//!   advance together (one per call for all-gather, all-reduce, reduce-scatter,
+//!   broadcast, gather, scatter and split — the rounds of a reduction are told apart by
+//!   the schedule tag — three for all-to-all-v).
 //!   It wraps at 1024, far more than ranks of one communicator can drift apart.
 //! - **p2p**: point-to-point calls are made by two ranks only, so they cannot take a
 //!   sequence number. They set this bit (sequence 0) and split the low 48 bits into
