@@ -499,7 +499,7 @@ pub(crate) struct Ext {
     /// All-reduce receive buffer (`u64` words: aligned for every element type).
     pub(super) tmp: Vec<u64>,
     /// Reduce-scatter accumulator (a copy of the send buffer, `u64` words).
-    pub(super) scatter_acc: Vec<u64>,
+    pub(super) reduce_scatter_acc: Vec<u64>,
     pub(super) gather_scratch: Vec<u8>,
     /// The last all-gather schedule (algorithm, block bytes).
     pub(super) gather: Option<((AllGatherAlgorithm, usize), Schedule)>,

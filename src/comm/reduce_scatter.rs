@@ -54,7 +54,7 @@ impl Communicator {
         } else {
             // The accumulator: a pooled copy of `send` (`u64` words: aligned for every
             // element type), lent out of the pool while the rounds borrow the core.
-            let mut words = std::mem::take(&mut self.core.ext.scatter_acc);
+            let mut words = std::mem::take(&mut self.core.ext.reduce_scatter_acc);
             let need = sb.div_ceil(8);
             if words.len() < need {
                 words.resize(need, 0);
@@ -73,7 +73,7 @@ impl Communicator {
             if r.is_ok() {
                 recv.copy_from_slice(&acc[mine]);
             }
-            self.core.ext.scatter_acc = words;
+            self.core.ext.reduce_scatter_acc = words;
             r?;
         }
         E::finish(op, recv, n);
