@@ -111,6 +111,12 @@
 #define HALO_CONFIG_UNDEF_INT (-2147483647 - 1)
 
 /**
+ * The largest user tag of `haloSendTagged` / `haloRecvTagged` and their non-blocking
+ * forms: 2^24 - 1 (tags are `0 .. HALO_MAX_TAG`).
+ */
+#define HALO_MAX_TAG 16777215
+
+/**
  * `haloCommSplit`'s color for a rank that joins no new communicator.
  */
 #define HALO_SPLIT_NOCOLOR -1
@@ -249,9 +255,9 @@ typedef enum haloAlgorithm {
 } haloAlgorithm;
 
 /**
- * Reduction operations of `haloAllReduce`, with NCCL's numbers (`ncclSum` = 0,
- * `ncclMax` = 2, `ncclMin` = 3). NCCL's `ncclProd` (1) and `ncclAvg` (4) are not
- * supported yet: their numbers are kept free for them.
+ * Reduction operations of the reducing collectives (`haloAllReduce`,
+ * `haloReduceScatter`), with NCCL's numbers (`ncclSum` = 0, `ncclProd` = 1, `ncclMax`
+ * = 2, `ncclMin` = 3, `ncclAvg` = 4).
  */
 typedef enum haloRedOp {
     /**
@@ -260,6 +266,11 @@ typedef enum haloRedOp {
      */
     haloSum = 0,
     /**
+     * Product (integers wrap around; `haloFloat16` / `haloBfloat16` are multiplied in
+     * `float` and rounded to nearest-even).
+     */
+    haloProd = 1,
+    /**
      * Maximum (a NaN operand gives NaN).
      */
     haloMax = 2,
@@ -267,6 +278,12 @@ typedef enum haloRedOp {
      * Minimum (a NaN operand gives NaN).
      */
     haloMin = 3,
+    /**
+     * Average, as `ncclAvg`: the sum divided by the number of ranks; floats divide in
+     * their own type (`haloFloat16` / `haloBfloat16` through `float`), integers with
+     * truncating division (towards zero) of the wrapped sum.
+     */
+    haloAvg = 4,
 } haloRedOp;
 
 /**
@@ -837,11 +854,12 @@ haloResult_t haloAllGather(const void *sendbuff,
  * recvbuff`. Every rank passes the same `count`, `datatype` and `op`, and gets the
  * same bits. Blocking.
  *
- * Data types: every `haloDataType` except `haloInt8` and `haloUint8`. The buffers must
- * be aligned to their element size (as any C array of that type is).
+ * Data types: every `haloDataType`; operations: every `haloRedOp` (`haloAvg` divides
+ * the sum by the number of ranks). The buffers must be aligned to their element size
+ * (as any C array of that type is).
  *
- * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown or
- * unsupported `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
+ * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+ * `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
  * 0, buffers that overlap without being equal, or a misaligned buffer (all before
  * anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
  * transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
@@ -859,6 +877,155 @@ haloResult_t haloAllReduce(const void *sendbuff,
                            haloRedOp_t op,
                            haloComm_t comm,
                            haloStream_t stream);
+
+/**
+ * Reduce-scatter (as `ncclReduceScatter`): `sendbuff` holds `nranks * recvcount`
+ * elements; this rank's `recvbuff` (`recvcount` elements) becomes block `rank` of
+ * `sendbuff` (elements `rank*recvcount .. (rank+1)*recvcount-1`) combined with `op`
+ * over every rank. In place as in NCCL: when `recvbuff == sendbuff + rank *
+ * recvcount` elements. Every rank passes the same `recvcount`, `datatype` and `op`.
+ * Blocking.
+ *
+ * Data types: every `haloDataType`; operations: every `haloRedOp`. A ring of
+ * `nranks - 1` rounds; each block is reduced in an order fixed by the algorithm, so
+ * the bits are the same from run to run. The buffers must be aligned to their element
+ * size.
+ *
+ * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+ * `datatype` or `op`, a size that overflows, a NULL buffer with `recvcount` > 0,
+ * buffers that overlap other than in place, or a misaligned buffer (all before
+ * anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
+ * transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
+ * `haloAborted`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` is NULL or readable for `nranks *
+ * recvcount` elements and `recvbuff` NULL or writable for `recvcount`; no other thread
+ * accesses them during the call.
+ */
+haloResult_t haloReduceScatter(const void *sendbuff,
+                               void *recvbuff,
+                               size_t recvcount,
+                               haloDataType_t datatype,
+                               haloRedOp_t op,
+                               haloComm_t comm,
+                               haloStream_t stream);
+
+/**
+ * Broadcast (as `ncclBroadcast`): `count` elements of `sendbuff` on rank `root` land
+ * in `recvbuff` of every rank (the root's included). In place when `sendbuff ==
+ * recvbuff`; `sendbuff` is used only at the root (it may be NULL elsewhere). Every
+ * rank passes the same `count`, `datatype` and `root`. Blocking.
+ *
+ * A binomial tree up to 64 KiB, a pipelined chain of 64 KiB chunks above.
+ *
+ * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+ * `datatype`, a size that overflows, a NULL buffer with `count` > 0 (`sendbuff`: at
+ * the root), `root` out of range, or overlapping buffers at the root other than in
+ * place (all before anything is sent); `haloInvalidUsage` when ranks pass different
+ * counts (on the ranks that exchange with the one that differs; the others complete,
+ * or fail waiting for it) or another thread uses `comm`; `haloTimeout`,
+ * `haloRemoteError`, `haloAborted`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; at the root `sendbuff` is NULL or readable
+ * for `count` elements; `recvbuff` is NULL or writable for `count` elements; no other
+ * thread accesses them during the call.
+ */
+haloResult_t haloBroadcast(const void *sendbuff,
+                           void *recvbuff,
+                           size_t count,
+                           haloDataType_t datatype,
+                           int root,
+                           haloComm_t comm,
+                           haloStream_t stream);
+
+/**
+ * Gather to a root (as `MPI_Gather`): every rank's `sendcount` elements land at
+ * block `r` of `recvbuff` on rank `root` (elements `r*sendcount ..
+ * (r+1)*sendcount-1` for rank `r`), which holds `nranks * sendcount` elements.
+ * `recvbuff` is used only at the root (it may be NULL elsewhere). In place at the
+ * root when `sendbuff == recvbuff + root * sendcount` elements. Every rank passes the
+ * same `sendcount`, `datatype` and `root`. Blocking.
+ *
+ * Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+ * `datatype`, a size that overflows, a NULL buffer with `sendcount` > 0
+ * (`recvbuff`: at the root), `root` out of range, or overlapping buffers at the root
+ * other than in place (all before anything is sent); `haloInvalidUsage` when ranks
+ * pass different counts (at the root and the rank that differs) or another thread
+ * uses `comm`; `haloTimeout`, `haloRemoteError`, `haloAborted`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` is NULL or readable for
+ * `sendcount` elements; at the root `recvbuff` is NULL or writable for `nranks *
+ * sendcount`; no other thread accesses them during the call.
+ */
+haloResult_t haloGather(const void *sendbuff,
+                        void *recvbuff,
+                        size_t sendcount,
+                        haloDataType_t datatype,
+                        int root,
+                        haloComm_t comm,
+                        haloStream_t stream);
+
+/**
+ * Scatter from a root (as `MPI_Scatter`): block `r` of `sendbuff` on rank `root`
+ * (elements `r*recvcount .. (r+1)*recvcount-1`; `nranks * recvcount` in all) lands
+ * in `recvbuff` (`recvcount` elements) of rank `r`. `sendbuff` is used only at the
+ * root (it may be NULL elsewhere). In place at the root when `recvbuff == sendbuff +
+ * root * recvcount` elements. Every rank passes the same `recvcount`, `datatype` and
+ * `root`. Blocking.
+ *
+ * Errors: as `haloGather`, with `sendbuff` checked at the root and `recvbuff` on
+ * every rank.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; at the root `sendbuff` is NULL or readable
+ * for `nranks * recvcount` elements; `recvbuff` is NULL or writable for `recvcount`;
+ * no other thread accesses them during the call.
+ */
+haloResult_t haloScatter(const void *sendbuff,
+                         void *recvbuff,
+                         size_t recvcount,
+                         haloDataType_t datatype,
+                         int root,
+                         haloComm_t comm,
+                         haloStream_t stream);
+
+/**
+ * `haloSend` with a user tag `tag` (`0 .. HALO_MAX_TAG`): it matches the
+ * `haloRecvTagged` at `peer` with the same tag — the k-th send from a to b with tag t
+ * meets the k-th receive at b from a with tag t — and messages with other tags do not
+ * affect it. `haloSend` is tag 0.
+ *
+ * Errors: as `haloSend`; `haloInvalidArgument` for a tag out of range.
+ *
+ * # Safety
+ * As `haloSend`.
+ */
+haloResult_t haloSendTagged(const void *sendbuff,
+                            size_t count,
+                            haloDataType_t datatype,
+                            int peer,
+                            int tag,
+                            haloComm_t comm,
+                            haloStream_t stream);
+
+/**
+ * `haloRecv` with a user tag `tag` (see `haloSendTagged`). `haloRecv` is tag 0.
+ *
+ * Errors: as `haloRecv`; `haloInvalidArgument` for a tag out of range.
+ *
+ * # Safety
+ * As `haloRecv`.
+ */
+haloResult_t haloRecvTagged(void *recvbuff,
+                            size_t count,
+                            haloDataType_t datatype,
+                            int peer,
+                            int tag,
+                            haloComm_t comm,
+                            haloStream_t stream);
 
 /**
  * Non-blocking `haloAllToAll`: starts the all-to-all and returns at once with a
@@ -953,6 +1120,125 @@ haloResult_t haloIAllReduce(const void *sendbuff,
                             haloRedOp_t op,
                             haloComm_t comm,
                             haloRequest_t *request);
+
+/**
+ * Non-blocking `haloReduceScatter` (in place as NCCL's; see `haloIAllToAll` for
+ * requests, buffers and order). Arguments (data type, operation, NULL, overlap,
+ * alignment) are checked at the call.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `sendbuff` NULL or readable for `nranks *
+ * recvcount` elements and `recvbuff` NULL or writable for `recvcount` until the
+ * request completes; `request` NULL or writable.
+ */
+haloResult_t haloIReduceScatter(const void *sendbuff,
+                                void *recvbuff,
+                                size_t recvcount,
+                                haloDataType_t datatype,
+                                haloRedOp_t op,
+                                haloComm_t comm,
+                                haloRequest_t *request);
+
+/**
+ * Non-blocking `haloAllGather` (in place as NCCL's; see `haloIAllToAll` for
+ * requests, buffers and order). Arguments are checked at the call.
+ *
+ * # Safety
+ * As `haloAllGather`, with the buffers valid until the request completes; `request`
+ * is NULL or writable.
+ */
+haloResult_t haloIAllGather(const void *sendbuff,
+                            void *recvbuff,
+                            size_t sendcount,
+                            haloDataType_t datatype,
+                            haloComm_t comm,
+                            haloRequest_t *request);
+
+/**
+ * Non-blocking `haloBarrier`: the request completes once every rank has reached
+ * it (see `haloIAllToAll` for requests and order).
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `request` NULL or writable.
+ */
+haloResult_t haloIBarrier(haloComm_t comm, haloRequest_t *request);
+
+/**
+ * Non-blocking `haloBroadcast` (in place when `sendbuff == recvbuff`; see
+ * `haloIAllToAll` for requests, buffers and order). Arguments are checked at the
+ * call.
+ *
+ * # Safety
+ * As `haloBroadcast`, with the buffers valid until the request completes; `request`
+ * is NULL or writable.
+ */
+haloResult_t haloIBroadcast(const void *sendbuff,
+                            void *recvbuff,
+                            size_t count,
+                            haloDataType_t datatype,
+                            int root,
+                            haloComm_t comm,
+                            haloRequest_t *request);
+
+/**
+ * Non-blocking `haloGather` (see `haloIAllToAll` for requests, buffers and order).
+ * Arguments are checked at the call.
+ *
+ * # Safety
+ * As `haloGather`, with the buffers valid until the request completes; `request` is
+ * NULL or writable.
+ */
+haloResult_t haloIGather(const void *sendbuff,
+                         void *recvbuff,
+                         size_t sendcount,
+                         haloDataType_t datatype,
+                         int root,
+                         haloComm_t comm,
+                         haloRequest_t *request);
+
+/**
+ * Non-blocking `haloScatter` (see `haloIAllToAll` for requests, buffers and order).
+ * Arguments are checked at the call.
+ *
+ * # Safety
+ * As `haloScatter`, with the buffers valid until the request completes; `request` is
+ * NULL or writable.
+ */
+haloResult_t haloIScatter(const void *sendbuff,
+                          void *recvbuff,
+                          size_t recvcount,
+                          haloDataType_t datatype,
+                          int root,
+                          haloComm_t comm,
+                          haloRequest_t *request);
+
+/**
+ * Non-blocking `haloSendTagged` (see `haloISend`).
+ *
+ * # Safety
+ * As `haloISend`.
+ */
+haloResult_t haloISendTagged(const void *sendbuff,
+                             size_t count,
+                             haloDataType_t datatype,
+                             int peer,
+                             int tag,
+                             haloComm_t comm,
+                             haloRequest_t *request);
+
+/**
+ * Non-blocking `haloRecvTagged` (see `haloIRecv`).
+ *
+ * # Safety
+ * As `haloIRecv`.
+ */
+haloResult_t haloIRecvTagged(void *recvbuff,
+                             size_t count,
+                             haloDataType_t datatype,
+                             int peer,
+                             int tag,
+                             haloComm_t comm,
+                             haloRequest_t *request);
 
 /**
  * Waits until `request` has completed and returns the operation's result (the codes

@@ -58,13 +58,15 @@ pub use bootstrap::UniqueId;
 #[doc(hidden)]
 pub use bootstrap::decode_card_for_fuzzing;
 pub use comm::{
-    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MoeDispatch, MoeExchange,
-    MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request, SPECULATE_V, Scope,
+    AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MAX_USER_TAG, MoeDispatch,
+    MoeExchange, MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request, SPECULATE_V, Scope,
 };
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use halo_collectives as collectives;
-pub use halo_collectives::{AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm};
+pub use halo_collectives::{
+    AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm, BroadcastAlgorithm,
+};
 pub use transport::fabric::{FabricConfig, FabricProgress};
 pub use transport::local;
 pub use transport::local::{Emulation, LocalCluster, Traffic};

@@ -318,48 +318,99 @@ fn all_gather_checks_lengths() {
 
 trait TestElem: Reducible + PartialEq + Debug + Send + Sync {
     const NAME: &'static str;
+    /// Unsigned types get inputs shifted to 0..=16, so that max and min compare alike.
+    const UNSIGNED: bool;
     fn from_i64(v: i64) -> Self;
+    /// The average of ranks whose exact sum is `sum`: `sum / n` in the element type.
+    fn avg(sum: i64, n: usize) -> Self;
 }
 
 macro_rules! test_elem {
-    ($t:ty, $name:expr, $conv:expr) => {
+    ($t:ty, $name:expr, $unsigned:expr, $conv:expr, $avg:expr) => {
         impl TestElem for $t {
             const NAME: &'static str = $name;
+            const UNSIGNED: bool = $unsigned;
             fn from_i64(v: i64) -> Self {
                 $conv(v)
+            }
+            fn avg(sum: i64, n: usize) -> Self {
+                $avg(sum, n)
             }
         }
     };
 }
-test_elem!(f32, "f32", |v| v as f32);
-test_elem!(f64, "f64", |v| v as f64);
-test_elem!(i32, "i32", |v| v as i32);
-test_elem!(i64, "i64", |v| v);
-test_elem!(bf16, "bf16", |v| bf16::from_f32(v as f32));
-test_elem!(f16, "f16", |v| f16::from_f32(v as f32));
+test_elem!(f32, "f32", false, |v| v as f32, |s, n| s as f32 / n as f32);
+test_elem!(f64, "f64", false, |v| v as f64, |s, n| s as f64 / n as f64);
+test_elem!(i8, "i8", false, |v| v as i8, |s: i64, n| (s / n as i64)
+    as i8);
+test_elem!(u8, "u8", true, |v| v as u8, |s: i64, n| (s / n as i64)
+    as u8);
+test_elem!(i32, "i32", false, |v| v as i32, |s: i64, n| (s / n as i64)
+    as i32);
+test_elem!(u32, "u32", true, |v| v as u32, |s: i64, n| (s / n as i64)
+    as u32);
+test_elem!(i64, "i64", false, |v| v, |s: i64, n| s / n as i64);
+test_elem!(u64, "u64", true, |v| v as u64, |s: i64, n| (s / n as i64)
+    as u64);
+test_elem!(bf16, "bf16", false, |v| bf16::from_f32(v as f32), |s, n| {
+    bf16::from_f32(s as f32 / n as f32)
+});
+test_elem!(f16, "f16", false, |v| f16::from_f32(v as f32), |s, n| {
+    f16::from_f32(s as f32 / n as f32)
+});
 
-/// Small integers in -8..=8: sums over 8 ranks stay exact even in bf16 (8 bits).
-fn input(rank: usize, i: usize, salt: usize) -> i64 {
-    ((rank * 7 + i * 3 + salt * 5) % 17) as i64 - 8
+/// Small integers in -8..=8: sums over 8 ranks stay exact even in bf16 (8 bits) and
+/// int8. For products, -2..=2 (powers of two: exact in every float type; integer
+/// products wrap alike in i64 and in the element type).
+fn input(rank: usize, i: usize, salt: usize, op: ReduceOp) -> i64 {
+    let h = rank * 7 + i * 3 + salt * 5;
+    match op {
+        ReduceOp::Prod => [1, -1, 2, -2, 1, 2][h % 6],
+        _ => (h % 17) as i64 - 8,
+    }
 }
+
+/// The input of `rank` for element type `E`.
+fn input_for<E: TestElem>(rank: usize, i: usize, salt: usize, op: ReduceOp) -> i64 {
+    let v = input(rank, i, salt, op);
+    if E::UNSIGNED && op != ReduceOp::Prod {
+        v + 8
+    } else {
+        v
+    }
+}
+
+/// The reduction of `op` over every rank's input at element `i`, in the element type.
+fn reference<E: TestElem>(n: usize, i: usize, salt: usize, op: ReduceOp) -> E {
+    let vals = (0..n).map(|r| input_for::<E>(r, i, salt, op));
+    match op {
+        ReduceOp::Sum => E::from_i64(vals.sum()),
+        ReduceOp::Prod => E::from_i64(vals.product()),
+        ReduceOp::Max => E::from_i64(vals.max().unwrap()),
+        ReduceOp::Min => E::from_i64(vals.min().unwrap()),
+        _ => E::avg(vals.sum(), n),
+    }
+}
+
+/// Every operation.
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::Avg,
+];
 
 /// Every op x length for one element type; returns the failures.
 fn reduce_all_ops<E: TestElem>(comm: &mut Communicator, salt: usize) -> halo::Result<Vec<String>> {
     let (me, n) = (comm.rank(), comm.size());
     let mut fails = Vec::new();
-    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+    for op in OPS {
         for len in [0usize, 1, 7, 1000] {
-            let send: Vec<E> = (0..len).map(|i| E::from_i64(input(me, i, salt))).collect();
-            let want: Vec<E> = (0..len)
-                .map(|i| {
-                    let vals = (0..n).map(|r| input(r, i, salt));
-                    E::from_i64(match op {
-                        ReduceOp::Sum => vals.sum(),
-                        ReduceOp::Max => vals.max().unwrap(),
-                        _ => vals.min().unwrap(),
-                    })
-                })
+            let send: Vec<E> = (0..len)
+                .map(|i| E::from_i64(input_for::<E>(me, i, salt, op)))
                 .collect();
+            let want: Vec<E> = (0..len).map(|i| reference::<E>(n, i, salt, op)).collect();
             let mut recv = vec![E::from_i64(99); len];
             comm.all_reduce(&send, &mut recv, op)?;
             if recv != want {
@@ -400,6 +451,10 @@ fn all_reduce_every_type_op_and_size() {
                 f.extend(reduce_all_ops::<i64>(comm, 4)?);
                 f.extend(reduce_all_ops::<bf16>(comm, 5)?);
                 f.extend(reduce_all_ops::<f16>(comm, 6)?);
+                f.extend(reduce_all_ops::<i8>(comm, 7)?);
+                f.extend(reduce_all_ops::<u8>(comm, 8)?);
+                f.extend(reduce_all_ops::<u32>(comm, 9)?);
+                f.extend(reduce_all_ops::<u64>(comm, 10)?);
                 Ok(f)
             });
             let fails: Vec<String> = fails.into_iter().flatten().collect();
@@ -731,4 +786,341 @@ fn split_topology_follows_the_members() {
         assert_eq!(c.topology().meet(0, 3), halo::topology::Level::Node);
         Ok(())
     });
+}
+
+// ---------------------------------------------------------------- reduce-scatter
+
+/// Every op x count for one element type; returns the failures.
+fn reduce_scatter_all_ops<E: TestElem>(
+    comm: &mut Communicator,
+    salt: usize,
+) -> halo::Result<Vec<String>> {
+    let (me, n) = (comm.rank(), comm.size());
+    let mut fails = Vec::new();
+    for op in OPS {
+        for count in [0usize, 1, 7, 100] {
+            let send: Vec<E> = (0..n * count)
+                .map(|i| E::from_i64(input_for::<E>(me, i, salt, op)))
+                .collect();
+            let want: Vec<E> = (0..count)
+                .map(|i| reference::<E>(n, me * count + i, salt, op))
+                .collect();
+            let mut recv = vec![E::from_i64(99); count];
+            let before = send.clone();
+            comm.reduce_scatter(&send, &mut recv, op)?;
+            if recv != want {
+                let i = (0..count).find(|&i| recv[i] != want[i]).unwrap();
+                fails.push(format!(
+                    "rank {me}: {} {op:?} count {count}: element {i} is {:?}, want {:?}",
+                    E::NAME,
+                    recv[i],
+                    want[i]
+                ));
+            }
+            assert!(send == before, "reduce_scatter wrote its send buffer");
+        }
+    }
+    Ok(fails)
+}
+
+#[test]
+fn reduce_scatter_every_type_op_and_size() {
+    for n in 1usize..=9 {
+        let fails = run_ok(&flat(n), |comm| {
+            let mut f = reduce_scatter_all_ops::<f32>(comm, 1)?;
+            f.extend(reduce_scatter_all_ops::<f64>(comm, 2)?);
+            f.extend(reduce_scatter_all_ops::<i8>(comm, 3)?);
+            f.extend(reduce_scatter_all_ops::<u8>(comm, 4)?);
+            f.extend(reduce_scatter_all_ops::<i32>(comm, 5)?);
+            f.extend(reduce_scatter_all_ops::<u32>(comm, 6)?);
+            f.extend(reduce_scatter_all_ops::<i64>(comm, 7)?);
+            f.extend(reduce_scatter_all_ops::<u64>(comm, 8)?);
+            f.extend(reduce_scatter_all_ops::<bf16>(comm, 9)?);
+            f.extend(reduce_scatter_all_ops::<f16>(comm, 10)?);
+            Ok(f)
+        });
+        let fails: Vec<String> = fails.into_iter().flatten().collect();
+        assert!(fails.is_empty(), "n={n}:\n{}", fails.join("\n"));
+    }
+}
+
+#[test]
+fn reduce_scatter_checks_lengths() {
+    run_ok(&flat(3), |comm| {
+        let mut recv = [0u32; 2];
+        let e = comm
+            .reduce_scatter(&[1u32; 5], &mut recv, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        assert!(e.to_string().contains("expected 3 ranks x 2"), "{e}");
+        // The failed call took its sequence number on every rank: the next one matches.
+        comm.reduce_scatter(&[1u32; 6], &mut recv, ReduceOp::Sum)?;
+        assert_eq!(recv, [3, 3]);
+        Ok(())
+    });
+}
+
+/// Runs `f` on `n` ranks with a `timeout` and returns every rank's outcome.
+fn run_all<R: Send>(
+    n: usize,
+    timeout: Duration,
+    f: impl Fn(&mut Communicator) -> halo::Result<R> + Sync,
+) -> Vec<halo::Result<R>> {
+    local::run(&flat(n), Emulation::off(), |comm| {
+        comm.set_timeout(timeout);
+        f(comm)
+    })
+}
+
+#[test]
+fn reduce_scatter_count_mismatch_fails_every_rank() {
+    for n in [2usize, 3, 5] {
+        let start = Instant::now();
+        let out = run_all(n, Duration::from_secs(2), |comm| {
+            let count = if comm.rank() == 1 { 3 } else { 2 };
+            let send = vec![1i32; n * count];
+            let mut recv = vec![0i32; count];
+            comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum)
+        });
+        for (r, o) in out.iter().enumerate() {
+            let e = o.as_ref().expect_err("a rank returned normally");
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidUsage { .. } | Error::Timeout { .. } | Error::RemoteError { .. }
+                ),
+                "n={n} rank {r}: {e}"
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "n={n}: took {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+// ---------------------------------------------------------------- broadcast, gather, scatter
+
+use halo::BroadcastAlgorithm;
+
+#[test]
+fn broadcast_every_root_size_and_algorithm() {
+    for n in 1usize..=9 {
+        for alg in [
+            None,
+            Some(BroadcastAlgorithm::Binomial),
+            Some(BroadcastAlgorithm::Chain),
+        ] {
+            run_ok(&flat(n), |comm| {
+                comm.set_broadcast_algorithm(alg);
+                let me = comm.rank();
+                for root in 0..n {
+                    // 0 bytes, a few, and 80 KB (two chunks of the chain).
+                    for len in [0usize, 1, 7, 20_000] {
+                        let want = payload(root, 99, len % 64, len);
+                        let mut buf = if me == root {
+                            want.clone()
+                        } else {
+                            vec![0xA5A5_A5A5u32; len]
+                        };
+                        comm.broadcast(&mut buf, root)?;
+                        assert!(buf == want, "n={n} {alg:?} root {root} len {len} rank {me}");
+                    }
+                }
+                let e = comm.broadcast(&mut [0u8; 4], n).unwrap_err();
+                assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+                assert!(e.to_string().contains("root"), "{e}");
+                Ok(())
+            });
+        }
+    }
+}
+
+#[test]
+fn gather_and_scatter_every_root_and_size() {
+    for n in 1usize..=9 {
+        run_ok(&flat(n), |comm| {
+            let me = comm.rank();
+            for root in 0..n {
+                for len in [0usize, 1, 5, 3000] {
+                    let send = payload(me, root, 1, len);
+                    let mut recv = if me == root {
+                        vec![0xA5A5_A5A5u32; n * len]
+                    } else {
+                        Vec::new()
+                    };
+                    comm.gather(&send, &mut recv, root)?;
+                    if me == root {
+                        let want: Vec<u32> =
+                            (0..n).flat_map(|q| payload(q, root, 1, len)).collect();
+                        assert!(recv == want, "gather n={n} root {root} len {len}");
+                    }
+                    let send: Vec<u32> = if me == root {
+                        (0..n).flat_map(|q| payload(root, q, 2, len)).collect()
+                    } else {
+                        Vec::new()
+                    };
+                    let mut recv = vec![0xA5A5_A5A5u32; len];
+                    comm.scatter(&send, &mut recv, root)?;
+                    assert!(
+                        recv == payload(root, me, 2, len),
+                        "scatter n={n} root {root} len {len}"
+                    );
+                }
+            }
+            // Wrong sizes at the root (found there only: checked on one rank), a root
+            // out of range (on every rank): argument errors, and the next call matches.
+            if n == 1 {
+                let e = comm.gather(&[1u32; 2], &mut [0u32; 3], 0).unwrap_err();
+                assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+                let e = comm.scatter(&[1u32; 3], &mut [0u32; 2], 0).unwrap_err();
+                assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+                assert!(e.to_string().contains("expected 1 ranks x 8 bytes"), "{e}");
+            }
+            let e = comm.gather(&[1u32], &mut [0u32], n + 3).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            let e = comm.scatter(&[1u32], &mut [0u32], n).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            let mut all = vec![0u32; n];
+            comm.all_gather(&[me as u32], &mut all)?;
+            assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn rooted_count_mismatch_is_an_error_never_a_hang() {
+    for n in [2usize, 3, 5] {
+        let start = Instant::now();
+        let out = run_all(n, Duration::from_secs(2), |comm| {
+            let me = comm.rank();
+            let len = if me == n - 1 { 3 } else { 2 };
+            let mut buf = vec![7u16; len];
+            let b = comm.broadcast(&mut buf, 0);
+            let mut recv = vec![0u16; if me == 0 { n * 2 } else { 0 }];
+            let g = comm.gather(&vec![1u16; len], &mut recv, 0);
+            Ok((b, g))
+        });
+        // The rank that differs and the one it exchanges with fail; nobody hangs.
+        let last = out[n - 1].as_ref().unwrap();
+        assert!(last.0.is_err() && last.1.is_err(), "n={n}: {last:?}");
+        let root = out[0].as_ref().unwrap();
+        assert!(
+            root.1.is_err(),
+            "n={n}: the gather's root returned normally"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "n={n}: {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+// ---------------------------------------------------------------- tagged point-to-point
+
+#[test]
+fn tagged_messages_match_per_tag_in_order() {
+    for n in [2usize, 3, 5] {
+        run_ok(&flat(n), |comm| {
+            let (me, n) = (comm.rank(), comm.size());
+            let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+            // Interleaved tags, each with its own message numbers, and zero-length ones.
+            let plan: [(u32, usize); 6] = [
+                (3, 5),
+                (0, 2),
+                (3, 0),
+                (halo::MAX_USER_TAG, 4),
+                (3, 7),
+                (0, 1),
+            ];
+            for (k, &(tag, len)) in plan.iter().enumerate() {
+                let out = payload(me, next, k, len);
+                let mut got = vec![0u32; len];
+                if me % 2 == 0 {
+                    comm.send_tagged(&out, next, tag)?;
+                    comm.recv_tagged(&mut got, prev, tag)?;
+                } else {
+                    comm.recv_tagged(&mut got, prev, tag)?;
+                    comm.send_tagged(&out, next, tag)?;
+                }
+                assert_eq!(
+                    got,
+                    payload(prev, me, k, len),
+                    "n={n} rank {me} message {k}"
+                );
+            }
+            // A tag out of range is an argument error, before anything is sent.
+            let e = comm
+                .send_tagged(&[1u8], next, halo::MAX_USER_TAG + 1)
+                .unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            assert!(e.to_string().contains("tag 16777216 out of range"), "{e}");
+            let e = comm.recv_tagged(&mut [0u8], prev, u32::MAX).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            // Untagged calls are tag 0: they pair with tagged calls of tag 0.
+            if me % 2 == 0 {
+                comm.send(&[me as u16], next)?;
+                let mut b = [0u16];
+                comm.recv_tagged(&mut b, prev, 0)?;
+                assert_eq!(b[0], prev as u16);
+            } else {
+                let mut b = [0u16];
+                comm.recv_tagged(&mut b, prev, 0)?;
+                comm.send(&[me as u16], next)?;
+                assert_eq!(b[0], prev as u16);
+            }
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn tagged_messages_to_self_match_by_tag() {
+    run_ok(&flat(2), |comm| {
+        let me = comm.rank();
+        comm.send_tagged(&[1u8, 1], me, 1)?;
+        comm.send_tagged(&[2u8], me, 2)?;
+        comm.send_tagged(&[3u8, 3, 3], me, 1)?;
+        let mut b = [0u8];
+        comm.recv_tagged(&mut b, me, 2)?;
+        assert_eq!(b, [2]);
+        let e = comm.recv_tagged(&mut b, me, 5).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage { .. }), "{e}");
+        let mut b = [0u8; 2];
+        comm.recv_tagged(&mut b, me, 1)?;
+        assert_eq!(b, [1, 1]);
+        let mut b = [0u8; 3];
+        comm.recv_tagged(&mut b, me, 1)?;
+        assert_eq!(b, [3, 3, 3]);
+        Ok(())
+    });
+}
+
+#[test]
+fn a_receive_with_another_tag_does_not_take_the_message() {
+    let out = local::run(&flat(2), Emulation::off(), |comm| {
+        comm.set_timeout(Duration::from_secs(10));
+        if comm.rank() == 0 {
+            comm.send_tagged(&[42u32, 43], 1, 8)?;
+            return Ok(None);
+        }
+        comm.set_timeout(Duration::from_millis(300));
+        let mut b = [0u32; 2];
+        let e = comm.recv_tagged(&mut b, 0, 9).unwrap_err();
+        assert_eq!(
+            b,
+            [0, 0],
+            "a message with tag 8 landed in a receive with tag 9"
+        );
+        comm.set_timeout(Duration::from_secs(10));
+        comm.recv_tagged(&mut b, 0, 8)?;
+        assert_eq!(b, [42, 43]);
+        Ok(Some(e))
+    });
+    let e = out[1].as_ref().unwrap().as_ref().unwrap();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(out[0].is_ok(), "{:?}", out[0]);
 }

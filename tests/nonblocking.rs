@@ -2,7 +2,8 @@
 //! real bytes.
 //!
 //! - every operation (all-to-all, all-to-all-v with zero counts, send, recv,
-//!   send_recv, all-reduce in place and out of place, all-gather, barrier), byte-exact,
+//!   send_recv, all-reduce in place and out of place, all-gather, barrier; and
+//!   reduce-scatter, broadcast, gather, scatter, tagged send / recv), byte-exact,
 //!   several in flight at once, over threads (in-process transport) and over processes
 //!   with the libfabric transport (`shm` and `tcp;ofi_rxm`);
 //! - a failing operation followed by queued ones (they fail naming it, same code);
@@ -631,5 +632,79 @@ fn every_operation_byte_exact_on_processes_shm() {
 fn every_operation_byte_exact_on_processes_tcp_rxm() {
     for n in [2, 4] {
         processes(n, Some("tcp;ofi_rxm"));
+    }
+}
+
+#[test]
+fn the_rooted_and_reducing_operations_in_a_scope_are_byte_exact() {
+    for n in [1usize, 2, 3, 5] {
+        let out = run_ok(n, |comm| {
+            let (me, n) = (comm.rank(), comm.size());
+            let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+            let count = 4;
+            let rs_send: Vec<i64> = (0..n * count).map(|i| (me * 100 + i) as i64).collect();
+            let mut rs_recv = vec![0i64; count];
+            let mut bc = if me == n - 1 {
+                vec![7u8, 8, 9]
+            } else {
+                vec![0u8; 3]
+            };
+            let g_send = [me as u16; 2];
+            let mut g_recv = vec![0u16; if me == 0 { 2 * n } else { 0 }];
+            let s_send: Vec<u32> = if me == 0 {
+                (0..2 * n as u32).collect()
+            } else {
+                Vec::new()
+            };
+            let mut s_recv = [0u32; 2];
+            let t_send = [me as f32; 3];
+            let mut t_recv = [0f32; 3];
+            comm.scope(|s| {
+                let rs = s.reduce_scatter(&rs_send, &mut rs_recv, ReduceOp::Avg);
+                let b = s.broadcast(&mut bc, n - 1);
+                let g = s.gather(&g_send, &mut g_recv, 0);
+                let sc = s.scatter(&s_send, &mut s_recv, 0);
+                let tagged = if me % 2 == 0 || n == 1 {
+                    [
+                        s.send_tagged(&t_send, next, 11),
+                        s.recv_tagged(&mut t_recv, prev, 11),
+                    ]
+                } else {
+                    [
+                        s.recv_tagged(&mut t_recv, prev, 11),
+                        s.send_tagged(&t_send, next, 11),
+                    ]
+                };
+                rs.wait()?;
+                b.wait()?;
+                g.wait()?;
+                sc.wait()?;
+                for t in tagged {
+                    t.wait()?;
+                }
+                Ok(())
+            })?;
+            Ok((rs_recv, bc, g_recv, s_recv, t_recv))
+        });
+        for (me, (rs, bc, g, sc, t)) in out.into_iter().enumerate() {
+            let want: Vec<i64> = (0..4)
+                .map(|i| {
+                    let sum: i64 = (0..n).map(|r| (r * 100 + me * 4 + i) as i64).sum();
+                    sum / n as i64
+                })
+                .collect();
+            assert_eq!(rs, want, "n={n} rank {me}: reduce_scatter avg");
+            assert_eq!(bc, [7, 8, 9], "n={n} rank {me}: broadcast");
+            if me == 0 {
+                let want: Vec<u16> = (0..n as u16).flat_map(|q| [q, q]).collect();
+                assert_eq!(g, want, "n={n}: gather");
+            }
+            assert_eq!(
+                sc,
+                [2 * me as u32, 2 * me as u32 + 1],
+                "n={n} rank {me}: scatter"
+            );
+            assert_eq!(t, [((me + n - 1) % n) as f32; 3], "n={n} rank {me}: tagged");
+        }
     }
 }

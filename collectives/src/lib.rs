@@ -23,11 +23,14 @@
 //! ```
 
 mod algo;
+mod broadcast;
 mod error;
 mod execute;
 mod gather;
 mod layout;
 mod reduce;
+mod reduce_scatter;
+mod rooted;
 mod schedule;
 mod simulate;
 mod verify;
@@ -39,6 +42,7 @@ pub use algo::moe::{
     moe_node_of, moe_plans, moe_relay_entries, moe_sends,
 };
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
+pub use broadcast::{BROADCAST_CHUNK, BROADCAST_SMALL, BroadcastAlgorithm, build_broadcast};
 pub use error::{CollectiveError, Result, VerifyError};
 pub use execute::{Buffers, ExecOptions, Idle, Session, Transport, execute};
 pub use gather::{ALL_GATHER_SMALL, AllGatherAlgorithm, build_all_gather};
@@ -47,6 +51,8 @@ pub use reduce::{
     ALL_REDUCE_SMALL, AllReduceAlgorithm, Landing, ReduceReport, ReduceRound, Transfer,
     all_reduce_plan, exchange, verify_all_reduce,
 };
+pub use reduce_scatter::{reduce_scatter_plan, verify_reduce_scatter};
+pub use rooted::{build_gather, build_scatter};
 pub use schedule::{
     Buf, Region, RoutedBlock, Schedule, ScheduleBuilder, ScheduleStats, Step, StepId, TAG_BITS,
 };
@@ -56,6 +62,6 @@ pub use simulate::{
 };
 pub use verify::{
     Expectation, MoeVerifyReport, VerifyReport, WaveReport, verify, verify_all_gather,
-    verify_all_to_all, verify_moe, verify_waves,
+    verify_all_to_all, verify_broadcast, verify_gather, verify_moe, verify_scatter, verify_waves,
 };
 pub use waves::{SessionWaves, Wave, WaveBackend, Waves, execute_waves, group_waves};

@@ -362,7 +362,7 @@ pub struct ReduceReport {
 
 /// An expression: a leaf (a rank's input) or a reduction of two expressions, in order.
 #[derive(Debug, Default)]
-struct Exprs {
+pub(crate) struct Exprs {
     nodes: Vec<(u32, u32)>,
     interned: HashMap<(u32, u32), u32>,
     leaves: u32,
@@ -378,7 +378,7 @@ impl Exprs {
     }
 
     /// How often each rank occurs in expression `e`, memoised.
-    fn counts<'m>(&self, e: u32, memo: &'m mut HashMap<u32, Vec<u32>>) -> &'m [u32] {
+    pub(crate) fn counts<'m>(&self, e: u32, memo: &'m mut HashMap<u32, Vec<u32>>) -> &'m [u32] {
         if !memo.contains_key(&e) {
             let n = self.leaves as usize;
             let v = if e < self.leaves {
@@ -397,7 +397,7 @@ impl Exprs {
     }
 }
 
-fn verr(rank: usize, message: impl Into<String>) -> VerifyError {
+pub(crate) fn verr(rank: usize, message: impl Into<String>) -> VerifyError {
     VerifyError {
         rank,
         step: None,
@@ -420,6 +420,41 @@ pub fn verify_all_reduce(
     plans: &[Vec<ReduceRound>],
     len: usize,
 ) -> std::result::Result<ReduceReport, VerifyError> {
+    let (acc, exprs, report) = replay_rounds(plans, len)?;
+    let n = plans.len();
+    // The same complete expression everywhere.
+    let mut memo = HashMap::new();
+    for (i, &e) in acc[0].iter().enumerate() {
+        if let Some(r) = (1..n).find(|&r| acc[r][i] != e) {
+            return Err(verr(
+                r,
+                format!(
+                    "element {i} is reduced differently than on rank 0 (results could differ in the last bits)"
+                ),
+            ));
+        }
+        if let Some((q, c)) = exprs
+            .counts(e, &mut memo)
+            .iter()
+            .enumerate()
+            .find(|(_, c)| **c != 1)
+        {
+            return Err(verr(
+                0,
+                format!("element {i} holds the input of rank {q} {c} times"),
+            ));
+        }
+    }
+    Ok(report)
+}
+
+/// The symbolic run of one reduce plan per rank over vectors of `len` elements (the
+/// static checks and the matching of [`verify_all_reduce`]): every rank's accumulator
+/// as expressions, the expressions, and the totals.
+pub(crate) fn replay_rounds(
+    plans: &[Vec<ReduceRound>],
+    len: usize,
+) -> std::result::Result<(Vec<Vec<u32>>, Exprs, ReduceReport), VerifyError> {
     let n = plans.len();
     let mut report = ReduceReport::default();
     if n == 0 {
@@ -539,28 +574,5 @@ pub fn verify_all_reduce(
             }
         }
     }
-    // The same complete expression everywhere.
-    let mut memo = HashMap::new();
-    for (i, &e) in acc[0].iter().enumerate() {
-        if let Some(r) = (1..n).find(|&r| acc[r][i] != e) {
-            return Err(verr(
-                r,
-                format!(
-                    "element {i} is reduced differently than on rank 0 (results could differ in the last bits)"
-                ),
-            ));
-        }
-        if let Some((q, c)) = exprs
-            .counts(e, &mut memo)
-            .iter()
-            .enumerate()
-            .find(|(_, c)| **c != 1)
-        {
-            return Err(verr(
-                0,
-                format!("element {i} holds the input of rank {q} {c} times"),
-            ));
-        }
-    }
-    Ok(report)
+    Ok((acc, exprs, report))
 }

@@ -14,6 +14,11 @@ mpirun, srun)::
         comm.all_to_all_single(recv, send, output_split_sizes=recv_splits,
                                input_split_sizes=splits)
 
+The communicator has torch.distributed's collectives (``all_reduce``, ``all_gather``,
+``reduce_scatter``, ``broadcast``, ``gather``, ``scatter``, ``barrier``,
+``all_to_all_single``, ``all_to_all``, ``send`` / ``recv`` / ``isend`` / ``irecv``
+with tags); ``async_op=True`` returns a :class:`Work`.
+
 Arrays are contiguous CPU numpy arrays or torch tensors. Errors that libhalo reports
 raise :class:`HaloError` (``.code``: the C result code, ``.message``: what
 ``haloGetLastError`` said). :mod:`halo.torch` has torch.distributed's signatures for
@@ -26,6 +31,7 @@ next to this package, else in the HALO repository's ``target/release`` and
 
 from ._comm import Communicator, Work, get_unique_id, init, init_rank
 from ._lib import (
+    MAX_TAG,
     DataType,
     HaloError,
     LibraryNotFoundError,
@@ -43,6 +49,7 @@ __all__ = [
     "DataType",
     "HaloError",
     "LibraryNotFoundError",
+    "MAX_TAG",
     "ReduceOp",
     "Result",
     "Work",

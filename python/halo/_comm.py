@@ -69,8 +69,42 @@ def _op(op) -> ReduceOp:
         except KeyError:
             pass
     raise ValueError(
-        f"op {op!r} is not supported by HALO's all-reduce: use 'sum', 'max' or 'min'"
+        f"op {op!r} is not a reduction HALO supports: use 'sum', 'prod', 'max', 'min', "
+        "'avg' or a halo.ReduceOp"
     )
+
+
+def _int_arg(value, what: str) -> int:
+    """An integer argument (an int or anything with ``__index__``), else TypeError."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}") from None
+
+
+def _rank_arg(value, what: str, n: int) -> int:
+    """A rank argument in 0 .. n-1, else TypeError / ValueError naming it."""
+    v = _int_arg(value, what)
+    if not 0 <= v < n:
+        raise ValueError(f"{what} {v} is out of range for {n} ranks (0 .. {n - 1})")
+    return v
+
+
+def _tag_arg(value) -> int:
+    """A user tag in 0 .. MAX_TAG, else TypeError / ValueError."""
+    v = _int_arg(value, "tag")
+    if not 0 <= v <= _lib.MAX_TAG:
+        raise ValueError(f"tag {v} is out of range (0 .. {_lib.MAX_TAG})")
+    return v
+
+
+def _pair(output, input, what_out="output", what_in="input"):
+    """The buffers of an (output, input) pair of one data type."""
+    out = as_buffer(output, what_out, writable=True)
+    inp = as_buffer(input, what_in)
+    if inp.dtype_name != out.dtype_name:
+        raise TypeError(f"{what_in} is {inp.dtype_name} but {what_out} is {out.dtype_name}")
+    return out, inp
 
 
 def _same_dtype(bufs, what: str) -> None:
@@ -164,18 +198,50 @@ class Communicator:
         check(fn(*args, h, ctypes.byref(req)), h)
         return Work(req, h, keep)
 
-    def isend(self, array, dst):
-        """Starts sending ``array`` (contiguous) to rank ``dst`` (``haloISend``,
-        ``torch.distributed.isend``); returns a :class:`Work`. ``array`` must not be
-        written until the work completes (the work object keeps it alive)."""
+    def send(self, array, dst, tag=0):
+        """Sends ``array`` (contiguous) to rank ``dst`` (``haloSendTagged``,
+        ``torch.distributed.send``), blocking until libhalo is done with it. Messages
+        between two ranks with the same ``tag`` (``0 .. halo.MAX_TAG``) match in call
+        order; other tags are independent. Returns ``None``."""
+        h = self._h()
+        dst = _rank_arg(dst, "dst", self._size)
+        tag = _tag_arg(tag)
         b = as_buffer(array, "array")
-        return self._start(library().haloISend, b.ptr, b.numel, b.dtype, int(dst), keep=(array,))
+        check(library().haloSendTagged(b.ptr, b.numel, b.dtype, dst, tag, h, None), h)
 
-    def irecv(self, array, src):
-        """Starts receiving ``array.size`` elements from rank ``src`` into ``array``
-        (``haloIRecv``, ``torch.distributed.irecv``); returns a :class:`Work`."""
+    def recv(self, array, src, tag=0):
+        """Receives ``array.size`` elements from rank ``src`` with ``tag`` into
+        ``array`` (``haloRecvTagged``, ``torch.distributed.recv``); returns ``array``.
+        The sender's size must match (else ``HaloError`` ``INVALID_USAGE``)."""
+        h = self._h()
+        src = _rank_arg(src, "src", self._size)
+        tag = _tag_arg(tag)
         b = as_buffer(array, "array", writable=True)
-        return self._start(library().haloIRecv, b.ptr, b.numel, b.dtype, int(src), keep=(array,))
+        check(library().haloRecvTagged(b.ptr, b.numel, b.dtype, src, tag, h, None), h)
+        return array
+
+    def isend(self, array, dst, tag=0):
+        """Starts sending ``array`` (contiguous) to rank ``dst`` with ``tag``
+        (``haloISendTagged``, ``torch.distributed.isend``); returns a :class:`Work`.
+        ``array`` must not be written until the work completes (the work object keeps
+        it alive)."""
+        dst = _rank_arg(dst, "dst", self._size)
+        tag = _tag_arg(tag)
+        b = as_buffer(array, "array")
+        return self._start(
+            library().haloISendTagged, b.ptr, b.numel, b.dtype, dst, tag, keep=(array,)
+        )
+
+    def irecv(self, array, src, tag=0):
+        """Starts receiving ``array.size`` elements from rank ``src`` with ``tag`` into
+        ``array`` (``haloIRecvTagged``, ``torch.distributed.irecv``); returns a
+        :class:`Work`."""
+        src = _rank_arg(src, "src", self._size)
+        tag = _tag_arg(tag)
+        b = as_buffer(array, "array", writable=True)
+        return self._start(
+            library().haloIRecvTagged, b.ptr, b.numel, b.dtype, src, tag, keep=(array,)
+        )
 
     def all_to_all_single(
         self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False
@@ -338,10 +404,11 @@ class Communicator:
 
     def all_reduce(self, array, op="sum", async_op=False):
         """All-reduce in place (``torch.distributed.all_reduce``): every element becomes
-        the ``op`` ('sum', 'max' or 'min', or a :class:`ReduceOp`) of that element over
-        all ranks; every rank gets the same bits. int8 and uint8 are not supported by
-        libhalo's all-reduce (``HaloError`` with ``INVALID_ARGUMENT``). Returns
-        ``array``, or with ``async_op=True`` a :class:`Work` (``haloIAllReduce``)."""
+        the ``op`` ('sum', 'prod', 'max', 'min', 'avg', or a :class:`ReduceOp`) of that
+        element over all ranks; every rank gets the same bits. Every data type
+        (int8 and uint8, float16 and bfloat16 included; 'avg' truncates integers).
+        Returns ``array``, or with ``async_op=True`` a :class:`Work`
+        (``haloIAllReduce``)."""
         h = self._h()
         op = _op(op)
         b = as_buffer(array, "array", writable=True)
@@ -352,9 +419,128 @@ class Communicator:
         check(library().haloAllReduce(b.ptr, b.ptr, b.numel, b.dtype, op, h, None), h)
         return array
 
-    def barrier(self) -> None:
-        """Waits until every rank has called ``barrier``."""
+    def all_gather(self, output, input, async_op=False):
+        """All-gather (``torch.distributed.all_gather_into_tensor``): ``output`` (any
+        shape, ``size * input.size`` elements of ``input``'s data type) gets rank
+        ``r``'s ``input`` at element offset ``r * input.size``. Returns ``output``, or
+        with ``async_op=True`` a :class:`Work` (``haloIAllGather``)."""
         h = self._h()
+        out, inp = _pair(output, input)
+        if out.numel != self._size * inp.numel:
+            raise ValueError(
+                f"output has {out.numel} elements; all_gather needs size x input = "
+                f"{self._size} x {inp.numel}"
+            )
+        lib = library()
+        if async_op:
+            return self._start(
+                lib.haloIAllGather, inp.ptr, out.ptr, inp.numel, inp.dtype, keep=(output, input)
+            )
+        check(lib.haloAllGather(inp.ptr, out.ptr, inp.numel, inp.dtype, h, None), h)
+        return output
+
+    def reduce_scatter(self, output, input, op="sum", async_op=False):
+        """Reduce-scatter (``torch.distributed.reduce_scatter_tensor``): ``input``
+        holds ``size * output.size`` elements; this rank's ``output`` becomes block
+        ``rank`` of ``input`` (elements ``rank * output.size ..``) combined with ``op``
+        (as :meth:`all_reduce`) over all ranks. Returns ``output``, or with
+        ``async_op=True`` a :class:`Work` (``haloIReduceScatter``)."""
+        h = self._h()
+        op = _op(op)
+        out, inp = _pair(output, input)
+        if inp.numel != self._size * out.numel:
+            raise ValueError(
+                f"input has {inp.numel} elements; reduce_scatter needs size x output = "
+                f"{self._size} x {out.numel}"
+            )
+        lib = library()
+        if async_op:
+            return self._start(
+                lib.haloIReduceScatter, inp.ptr, out.ptr, out.numel, out.dtype, op,
+                keep=(output, input),
+            )
+        check(lib.haloReduceScatter(inp.ptr, out.ptr, out.numel, out.dtype, op, h, None), h)
+        return output
+
+    def broadcast(self, array, root, async_op=False):
+        """Broadcast in place (``torch.distributed.broadcast``): ``array`` of rank
+        ``root`` is copied into ``array`` of every rank. Returns ``array``, or with
+        ``async_op=True`` a :class:`Work` (``haloIBroadcast``)."""
+        h = self._h()
+        root = _rank_arg(root, "root", self._size)
+        b = as_buffer(array, "array", writable=True)
+        lib = library()
+        if async_op:
+            return self._start(
+                lib.haloIBroadcast, b.ptr, b.ptr, b.numel, b.dtype, root, keep=(array,)
+            )
+        check(lib.haloBroadcast(b.ptr, b.ptr, b.numel, b.dtype, root, h, None), h)
+        return array
+
+    def gather(self, output, input, root, async_op=False):
+        """Gather to ``root`` (``torch.distributed.gather`` into one array): at the
+        root, ``output`` (any shape, ``size * input.size`` elements of ``input``'s
+        data type) gets rank ``r``'s ``input`` at element offset ``r * input.size``;
+        elsewhere ``output`` is not used and may be ``None``. Returns ``output``, or
+        with ``async_op=True`` a :class:`Work` (``haloIGather``)."""
+        h = self._h()
+        root = _rank_arg(root, "root", self._size)
+        inp = as_buffer(input, "input")
+        out_ptr = None
+        if self._rank == root:
+            if output is None:
+                raise ValueError("output is None at the root of gather")
+            out, inp = _pair(output, input)
+            if out.numel != self._size * inp.numel:
+                raise ValueError(
+                    f"output has {out.numel} elements; gather needs size x input = "
+                    f"{self._size} x {inp.numel} at the root"
+                )
+            out_ptr = out.ptr
+        lib = library()
+        if async_op:
+            return self._start(
+                lib.haloIGather, inp.ptr, out_ptr, inp.numel, inp.dtype, root,
+                keep=(output, input),
+            )
+        check(lib.haloGather(inp.ptr, out_ptr, inp.numel, inp.dtype, root, h, None), h)
+        return output
+
+    def scatter(self, output, input, root, async_op=False):
+        """Scatter from ``root`` (``torch.distributed.scatter`` from one array): at the
+        root ``input`` holds ``size * output.size`` elements of ``output``'s data type,
+        and block ``r`` (elements ``r * output.size ..``) lands in ``output`` of rank
+        ``r``; elsewhere ``input`` is not used and may be ``None``. Returns ``output``,
+        or with ``async_op=True`` a :class:`Work` (``haloIScatter``)."""
+        h = self._h()
+        root = _rank_arg(root, "root", self._size)
+        out = as_buffer(output, "output", writable=True)
+        in_ptr = None
+        if self._rank == root:
+            if input is None:
+                raise ValueError("input is None at the root of scatter")
+            out, inp = _pair(output, input)
+            if inp.numel != self._size * out.numel:
+                raise ValueError(
+                    f"input has {inp.numel} elements; scatter needs size x output = "
+                    f"{self._size} x {out.numel} at the root"
+                )
+            in_ptr = inp.ptr
+        lib = library()
+        if async_op:
+            return self._start(
+                lib.haloIScatter, in_ptr, out.ptr, out.numel, out.dtype, root,
+                keep=(output, input),
+            )
+        check(lib.haloScatter(in_ptr, out.ptr, out.numel, out.dtype, root, h, None), h)
+        return output
+
+    def barrier(self, async_op=False):
+        """Waits until every rank has called ``barrier``; with ``async_op=True``
+        returns a :class:`Work` at once (``haloIBarrier``)."""
+        h = self._h()
+        if async_op:
+            return self._start(library().haloIBarrier)
         check(library().haloBarrier(h), h)
 
     # -- communicators ------------------------------------------------------------

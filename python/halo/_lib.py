@@ -69,8 +69,10 @@ class ReduceOp(enum.IntEnum):
     """The C API's reduction operations (``haloRedOp``: NCCL's numbers)."""
 
     SUM = 0
+    PROD = 1
     MAX = 2
     MIN = 3
+    AVG = 4
 
 
 class HaloError(Exception):
@@ -215,9 +217,12 @@ _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 _comm_t = ctypes.c_void_p
 _c_void_pp = ctypes.POINTER(ctypes.c_void_p)
 _result_t = ctypes.c_int32
+# Shorthands for the collectives' prototypes.
+_vp, _sz, _i32, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_int
 
 UNIQUE_ID_BYTES = 128
 SPLIT_NOCOLOR = -1
+MAX_TAG = 16777215  # HALO_MAX_TAG: user tags of send / recv are 0 .. MAX_TAG
 
 
 class UniqueId(ctypes.Structure):
@@ -331,6 +336,21 @@ _PROTOTYPES = {
             _c_void_pp,
         ],
     ),
+    "haloIAllGather": (_result_t, [_vp, _vp, _sz, _i32, _comm_t, _c_void_pp]),
+    "haloIReduceScatter": (_result_t, [_vp, _vp, _sz, _i32, _i32, _comm_t, _c_void_pp]),
+    "haloIBroadcast": (_result_t, [_vp, _vp, _sz, _i32, _int, _comm_t, _c_void_pp]),
+    "haloIGather": (_result_t, [_vp, _vp, _sz, _i32, _int, _comm_t, _c_void_pp]),
+    "haloIScatter": (_result_t, [_vp, _vp, _sz, _i32, _int, _comm_t, _c_void_pp]),
+    "haloIBarrier": (_result_t, [_comm_t, _c_void_pp]),
+    "haloISendTagged": (_result_t, [_vp, _sz, _i32, _int, _int, _comm_t, _c_void_pp]),
+    "haloIRecvTagged": (_result_t, [_vp, _sz, _i32, _int, _int, _comm_t, _c_void_pp]),
+    "haloAllGather": (_result_t, [_vp, _vp, _sz, _i32, _comm_t, _vp]),
+    "haloReduceScatter": (_result_t, [_vp, _vp, _sz, _i32, _i32, _comm_t, _vp]),
+    "haloBroadcast": (_result_t, [_vp, _vp, _sz, _i32, _int, _comm_t, _vp]),
+    "haloGather": (_result_t, [_vp, _vp, _sz, _i32, _int, _comm_t, _vp]),
+    "haloScatter": (_result_t, [_vp, _vp, _sz, _i32, _int, _comm_t, _vp]),
+    "haloSendTagged": (_result_t, [_vp, _sz, _i32, _int, _int, _comm_t, _vp]),
+    "haloRecvTagged": (_result_t, [_vp, _sz, _i32, _int, _int, _comm_t, _vp]),
     "haloWait": (_result_t, [ctypes.c_void_p]),
     "haloTest": (_result_t, [ctypes.c_void_p, _c_int_p]),
     "haloAllReduce": (

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import unittest
 
-from _support import HAVE_NUMPY, HEADER, child_env, header_define, header_enum, need_numpy
+from _support import HAVE_NUMPY, HEADER, WORKERS, child_env, header_define, header_enum, launch, need_numpy
 
 import halo
 from halo import _comm, _lib
@@ -46,6 +46,8 @@ class HeaderTest(unittest.TestCase):
         self.assertEqual(_lib.UNIQUE_ID_BYTES, header_define("HALO_UNIQUE_ID_BYTES"))
         self.assertEqual(ctypes.sizeof(_lib.UniqueId), header_define("HALO_UNIQUE_ID_BYTES"))
         self.assertEqual(_lib.SPLIT_NOCOLOR, header_define("HALO_SPLIT_NOCOLOR"))
+        self.assertEqual(_lib.MAX_TAG, header_define("HALO_MAX_TAG"))
+        self.assertEqual(halo.MAX_TAG, _lib.MAX_TAG)
         self.assertEqual((_lib._API_MAJOR, _lib._API_MINOR), (header_define("HALO_MAJOR"), header_define("HALO_MINOR")))
 
     def test_prototypes_have_the_headers_arity(self):
@@ -261,6 +263,43 @@ class OneRankTest(unittest.TestCase):
             self.assertEqual((sub.rank, sub.size), (0, 1))
         self.assertIsNone(self.comm.split(None))
 
+    def test_the_new_collectives_on_one_rank(self):
+        c = self.comm
+        a = np.array([3, -4, 7], dtype=np.int8)
+        for op in ("sum", "prod", "max", "min", "avg", halo.ReduceOp.AVG):
+            np.testing.assert_array_equal(c.all_reduce(a.copy(), op), a)
+        out = np.zeros((1, 3), np.int8)
+        self.assertIs(c.all_gather(out, a), out)
+        np.testing.assert_array_equal(out[0], a)
+        out = np.zeros(3, np.int8)
+        self.assertIs(c.reduce_scatter(out, a, "min"), out)
+        np.testing.assert_array_equal(out, a)
+        b = a.copy()
+        self.assertIs(c.broadcast(b, 0), b)
+        out = np.zeros(3, np.int8)
+        c.gather(out, a, 0)
+        np.testing.assert_array_equal(out, a)
+        out = np.zeros(3, np.int8)
+        c.scatter(out, a, 0, async_op=True).wait()
+        np.testing.assert_array_equal(out, a)
+        c.barrier(async_op=True).wait()
+        c.send(a, 0, tag=4)
+        c.send(a[:1], 0, tag=5)
+        got = np.zeros(1, np.int8)
+        c.recv(got, 0, tag=5)
+        self.assertEqual(got[0], 3)
+        got = np.zeros(3, np.int8)
+        c.irecv(got, 0, tag=4).wait()
+        np.testing.assert_array_equal(got, a)
+        with self.assertRaisesRegex(ValueError, "root 1 is out of range for 1 ranks"):
+            c.broadcast(b, 1)
+        with self.assertRaisesRegex(ValueError, "tag 16777216 is out of range"):
+            c.isend(a, 0, tag=halo.MAX_TAG + 1)
+        with self.assertRaisesRegex(TypeError, "dst must be an int, not float"):
+            c.send(a, 0.0)
+        with self.assertRaisesRegex(ValueError, "'xor' is not a reduction"):
+            c.all_reduce(a, "xor")
+
     def test_split_names_a_wrong_color_or_key(self):
         with self.assertRaisesRegex(TypeError, "split: color must be an int or None, not object"):
             self.comm.split(object())
@@ -274,6 +313,33 @@ class OneRankTest(unittest.TestCase):
     def test_bad_unique_id(self):
         with self.assertRaisesRegex(ValueError, "128 bytes"):
             halo.init_rank(1, b"short", 0)
+
+
+@need_numpy
+class OpsTest(unittest.TestCase):
+    """The torch.distributed-shaped collectives on real processes (`halo launch`),
+    byte-exact against numpy references (workers/ops.py), on a power of two and not."""
+
+    def assert_job_ok(self, job, n, ok_line):
+        self.assertEqual(job.code, 0, job.describe())
+        for r in range(n):
+            lines = job.rank_lines(r)
+            self.assertTrue(
+                any(l.startswith(ok_line) for l in lines),
+                f"rank {r} did not report {ok_line!r}\n{job.describe()}",
+            )
+
+    def test_ops_on_3_ranks(self):
+        self.assert_job_ok(launch(self, 3, [WORKERS / "ops.py"]), 3, "ops ok")
+
+    def test_ops_on_4_ranks(self):
+        self.assert_job_ok(launch(self, 4, [WORKERS / "ops.py"]), 4, "ops ok")
+
+    def test_mismatched_counts_raise_on_every_rank(self):
+        for op in ("all_reduce", "all_gather", "reduce_scatter"):
+            with self.subTest(op=op):
+                job = launch(self, 3, [WORKERS / "ops.py", "mismatch", op], {"HALO_TIMEOUT_MS": "5000"}, timeout=90)
+                self.assert_job_ok(job, 3, "mismatch ok")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 //! (`halo_collectives::reduce`) with a local reduction between rounds, and the
 //! element types and operations it reduces.
 
-use super::{Communicator, exec_options, overlaps};
+use super::{Communicator, Core, exec_options, overlaps};
 use crate::error::{Error, Result};
 use halo_collectives::{
-    AllReduceAlgorithm, Buf, Buffers, Landing, Region, all_reduce_plan, exchange,
+    AllReduceAlgorithm, Buf, Buffers, Landing, ReduceRound, Region, all_reduce_plan, exchange,
 };
 use std::time::Instant;
 
@@ -20,6 +20,13 @@ pub enum ReduceOp {
     Max,
     /// Minimum (a NaN operand gives NaN).
     Min,
+    /// Product (integers wrap around; `bf16`/`f16` are multiplied in `f32` and rounded
+    /// to nearest-even).
+    Prod,
+    /// Average: the sum (as [`ReduceOp::Sum`]) divided by the number of ranks, as
+    /// NCCL's `ncclAvg`: floats divide in their own type (`bf16`/`f16` through `f32`),
+    /// integers with truncating division (towards zero) of the wrapped sum.
+    Avg,
 }
 
 mod sealed {
@@ -28,13 +35,18 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// Element types [`Communicator::all_reduce`] can reduce: `f32`, `f64`, `i32`, `i64`,
-/// `u32`, `u64`, [`half::bf16`] and [`half::f16`], with every [`ReduceOp`].
+/// Element types [`Communicator::all_reduce`] can reduce: `f32`, `f64`, `i8`, `u8`,
+/// `i32`, `i64`, `u32`, `u64`, [`half::bf16`] and [`half::f16`], with every [`ReduceOp`].
 pub trait Reducible: bytemuck::Pod + sealed::Sealed {
     /// Combines `other` into `acc` element by element: `acc[i] = other[i] ⊕ acc[i]` when
     /// `other_first`, else `acc[i] ⊕ other[i]`. The operand order is fixed by the
-    /// algorithm, so every rank computes the same bits.
+    /// algorithm, so every rank computes the same bits. [`ReduceOp::Avg`] combines as
+    /// [`ReduceOp::Sum`]; [`Reducible::finish`] divides at the end.
     fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self], other_first: bool);
+
+    /// Finishes a reduction over `ranks` ranks: [`ReduceOp::Avg`] divides every
+    /// element by `ranks`; the other operations leave `acc` as it is.
+    fn finish(op: ReduceOp, acc: &mut [Self], ranks: usize);
 }
 
 fn combine<T: Copy>(acc: &mut [T], other: &[T], other_first: bool, f: impl Fn(T, T) -> T) {
@@ -55,15 +67,29 @@ macro_rules! int_reducible {
         impl Reducible for $t {
             fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self], other_first: bool) {
                 match op {
-                    ReduceOp::Sum => combine(acc, other, other_first, <$t>::wrapping_add),
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        combine(acc, other, other_first, <$t>::wrapping_add)
+                    }
+                    ReduceOp::Prod => combine(acc, other, other_first, <$t>::wrapping_mul),
                     ReduceOp::Max => combine(acc, other, other_first, <$t>::max),
                     ReduceOp::Min => combine(acc, other, other_first, <$t>::min),
+                }
+            }
+
+            fn finish(op: ReduceOp, acc: &mut [Self], ranks: usize) {
+                if op == ReduceOp::Avg && ranks > 1 {
+                    // In i128 every value of every integer type and every rank count
+                    // fit; `/` truncates towards zero, as C's (and NCCL's) division.
+                    let n = ranks as i128;
+                    for a in acc {
+                        *a = (i128::from(*a) / n) as $t;
+                    }
                 }
             }
         }
     )*};
 }
-int_reducible!(i32, i64, u32, u64);
+int_reducible!(i8, u8, i32, i64, u32, u64);
 
 /// Max (`>`) or min (`<`) of two floats: `a` when it wins or is NaN, else `b`, so a NaN
 /// on either side gives NaN.
@@ -79,9 +105,19 @@ macro_rules! float_reducible {
         impl Reducible for $t {
             fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self], other_first: bool) {
                 match op {
-                    ReduceOp::Sum => combine(acc, other, other_first, |a, b| a + b),
+                    ReduceOp::Sum | ReduceOp::Avg => combine(acc, other, other_first, |a, b| a + b),
+                    ReduceOp::Prod => combine(acc, other, other_first, |a, b| a * b),
                     ReduceOp::Max => combine(acc, other, other_first, pick!($t, >)),
                     ReduceOp::Min => combine(acc, other, other_first, pick!($t, <)),
+                }
+            }
+
+            fn finish(op: ReduceOp, acc: &mut [Self], ranks: usize) {
+                if op == ReduceOp::Avg && ranks > 1 {
+                    let n = ranks as $t;
+                    for a in acc {
+                        *a /= n;
+                    }
                 }
             }
         }
@@ -98,9 +134,21 @@ macro_rules! half_reducible {
                     move |a: $t, b: $t| <$t>::from_f32(f(a.to_f32(), b.to_f32()))
                 };
                 match op {
-                    ReduceOp::Sum => combine(acc, other, other_first, via(|a, b| a + b)),
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        combine(acc, other, other_first, via(|a, b| a + b))
+                    }
+                    ReduceOp::Prod => combine(acc, other, other_first, via(|a, b| a * b)),
                     ReduceOp::Max => combine(acc, other, other_first, via(pick!(f32, >))),
                     ReduceOp::Min => combine(acc, other, other_first, via(pick!(f32, <))),
+                }
+            }
+
+            fn finish(op: ReduceOp, acc: &mut [Self], ranks: usize) {
+                if op == ReduceOp::Avg && ranks > 1 {
+                    let n = ranks as f32;
+                    for a in acc {
+                        *a = <$t>::from_f32(a.to_f32() / n);
+                    }
                 }
             }
         }
@@ -190,121 +238,132 @@ impl Communicator {
             .reduce_forced
             .unwrap_or_else(|| AllReduceAlgorithm::auto(n, len, len * es));
         let plan = all_reduce_plan(algorithm, me, n, len)?;
-        let bytes = |r: &std::ops::Range<usize>| r.start * es..r.end * es;
-        for round in &plan {
-            let opts = exec_options(core.timeout.saturating_sub(start.elapsed()), &core.abort);
-            let send = round.send.as_ref().map(|t| (t.peer, bytes(&t.range)));
-            let region =
-                |buf: Buf, at: usize, r: &std::ops::Range<usize>| Region::new(buf, at, r.len());
-            let acc_bytes: &mut [u8] = bytemuck::cast_slice_mut(acc);
-            match (&round.recv, round.landing) {
-                (Some(v), Landing::Reduce { peer_first }) => {
-                    let r = bytes(&v.range);
-                    let words = r.len().div_ceil(8);
-                    if core.ext.tmp.len() < words {
-                        core.ext.tmp.resize(words, 0);
-                    }
-                    let tmp =
-                        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut core.ext.tmp)[..r.len()];
-                    let schedule = exchange(
-                        me,
-                        n,
-                        "all-reduce",
-                        round.tag,
-                        send.map(|(p, s)| (p, region(Buf::Send, s.start, &s))),
-                        Some((v.peer, region(Buf::Recv, 0, &r))),
-                    );
-                    core.backend.run(
-                        &schedule,
-                        tag_base,
-                        Buffers {
-                            send: acc_bytes,
-                            recv: tmp,
-                            scratch: &mut [],
-                            block: None,
-                        },
-                        &opts,
-                    )?;
-                    let other: &[E] = bytemuck::cast_slice(
-                        &bytemuck::cast_slice::<u64, u8>(&core.ext.tmp)[..r.len()],
-                    );
-                    E::reduce(op, &mut acc[v.range.clone()], other, peer_first);
-                }
-                (Some(v), Landing::Replace) => {
-                    let r = bytes(&v.range);
-                    // The received range and the sent range are disjoint parts of the
-                    // accumulator: split it so both can be lent to the transport.
-                    let (send_buf, recv_buf, s_region, r_region): (&[u8], &mut [u8], _, _) =
-                        match &send {
-                            None => (&[], acc_bytes, None, region(Buf::Recv, r.start, &r)),
-                            Some((p, s)) if s.end <= r.start => {
-                                let (lo, hi) = acc_bytes.split_at_mut(r.start);
-                                (
-                                    &*lo,
-                                    hi,
-                                    Some((*p, region(Buf::Send, s.start, s))),
-                                    region(Buf::Recv, 0, &r),
-                                )
-                            }
-                            Some((p, s)) if r.end <= s.start => {
-                                let (lo, hi) = acc_bytes.split_at_mut(s.start);
-                                (
-                                    &*hi,
-                                    lo,
-                                    Some((*p, region(Buf::Send, 0, s))),
-                                    region(Buf::Recv, r.start, &r),
-                                )
-                            }
-                            Some(_) => {
-                                return Err(Error::internal(format!(
-                                    "all-reduce round {} receives into the range it sends",
-                                    round.tag
-                                )));
-                            }
-                        };
-                    let schedule = exchange(
-                        me,
-                        n,
-                        "all-reduce",
-                        round.tag,
-                        s_region,
-                        Some((v.peer, r_region)),
-                    );
-                    core.backend.run(
-                        &schedule,
-                        tag_base,
-                        Buffers {
-                            send: send_buf,
-                            recv: recv_buf,
-                            scratch: &mut [],
-                            block: None,
-                        },
-                        &opts,
-                    )?;
-                }
-                (None, _) => {
-                    let schedule = exchange(
-                        me,
-                        n,
-                        "all-reduce",
-                        round.tag,
-                        send.map(|(p, s)| (p, region(Buf::Send, s.start, &s))),
-                        None,
-                    );
-                    core.backend.run(
-                        &schedule,
-                        tag_base,
-                        Buffers {
-                            send: acc_bytes,
-                            recv: &mut [],
-                            scratch: &mut [],
-                            block: None,
-                        },
-                        &opts,
-                    )?;
-                }
-            }
-        }
+        run_rounds(core, tag_base, &plan, acc, op, "all-reduce", start)?;
+        E::finish(op, acc, n);
         Ok(())
     }
+}
+
+/// Runs a plan of exchange rounds (`halo_collectives::reduce`) over the accumulator
+/// `acc`: each round one small [`exchange`] schedule, received elements reduced with
+/// `op` or landed in place. The whole plan honours the timeout counted from `start`.
+pub(super) fn run_rounds<E: Reducible>(
+    core: &mut Core,
+    tag_base: u64,
+    plan: &[ReduceRound],
+    acc: &mut [E],
+    op: ReduceOp,
+    name: &'static str,
+    start: Instant,
+) -> Result<()> {
+    let (n, me) = (core.size, core.rank);
+    let es = std::mem::size_of::<E>();
+    let bytes = |r: &std::ops::Range<usize>| r.start * es..r.end * es;
+    for round in plan {
+        let opts = exec_options(core.timeout.saturating_sub(start.elapsed()), &core.abort);
+        let send = round.send.as_ref().map(|t| (t.peer, bytes(&t.range)));
+        let region =
+            |buf: Buf, at: usize, r: &std::ops::Range<usize>| Region::new(buf, at, r.len());
+        let acc_bytes: &mut [u8] = bytemuck::cast_slice_mut(acc);
+        match (&round.recv, round.landing) {
+            (Some(v), Landing::Reduce { peer_first }) => {
+                let r = bytes(&v.range);
+                let words = r.len().div_ceil(8);
+                if core.ext.tmp.len() < words {
+                    core.ext.tmp.resize(words, 0);
+                }
+                let tmp = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut core.ext.tmp)[..r.len()];
+                let schedule = exchange(
+                    me,
+                    n,
+                    name,
+                    round.tag,
+                    send.map(|(p, s)| (p, region(Buf::Send, s.start, &s))),
+                    Some((v.peer, region(Buf::Recv, 0, &r))),
+                );
+                core.backend.run(
+                    &schedule,
+                    tag_base,
+                    Buffers {
+                        send: acc_bytes,
+                        recv: tmp,
+                        scratch: &mut [],
+                        block: None,
+                    },
+                    &opts,
+                )?;
+                let other: &[E] = bytemuck::cast_slice(
+                    &bytemuck::cast_slice::<u64, u8>(&core.ext.tmp)[..r.len()],
+                );
+                E::reduce(op, &mut acc[v.range.clone()], other, peer_first);
+            }
+            (Some(v), Landing::Replace) => {
+                let r = bytes(&v.range);
+                // The received range and the sent range are disjoint parts of the
+                // accumulator: split it so both can be lent to the transport.
+                let (send_buf, recv_buf, s_region, r_region): (&[u8], &mut [u8], _, _) = match &send
+                {
+                    None => (&[], acc_bytes, None, region(Buf::Recv, r.start, &r)),
+                    Some((p, s)) if s.end <= r.start => {
+                        let (lo, hi) = acc_bytes.split_at_mut(r.start);
+                        (
+                            &*lo,
+                            hi,
+                            Some((*p, region(Buf::Send, s.start, s))),
+                            region(Buf::Recv, 0, &r),
+                        )
+                    }
+                    Some((p, s)) if r.end <= s.start => {
+                        let (lo, hi) = acc_bytes.split_at_mut(s.start);
+                        (
+                            &*hi,
+                            lo,
+                            Some((*p, region(Buf::Send, 0, s))),
+                            region(Buf::Recv, r.start, &r),
+                        )
+                    }
+                    Some(_) => {
+                        return Err(Error::internal(format!(
+                            "{name} round {} receives into the range it sends",
+                            round.tag
+                        )));
+                    }
+                };
+                let schedule = exchange(me, n, name, round.tag, s_region, Some((v.peer, r_region)));
+                core.backend.run(
+                    &schedule,
+                    tag_base,
+                    Buffers {
+                        send: send_buf,
+                        recv: recv_buf,
+                        scratch: &mut [],
+                        block: None,
+                    },
+                    &opts,
+                )?;
+            }
+            (None, _) => {
+                let schedule = exchange(
+                    me,
+                    n,
+                    name,
+                    round.tag,
+                    send.map(|(p, s)| (p, region(Buf::Send, s.start, &s))),
+                    None,
+                );
+                core.backend.run(
+                    &schedule,
+                    tag_base,
+                    Buffers {
+                        send: acc_bytes,
+                        recv: &mut [],
+                        scratch: &mut [],
+                        block: None,
+                    },
+                    &opts,
+                )?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -14,13 +14,17 @@ mod all_gather;
 mod all_reduce;
 mod all_to_all;
 mod all_to_all_v;
+mod broadcast;
 mod count_hops;
 mod device;
+mod gather;
 mod init;
 mod moe;
 mod nonblocking;
 mod p2p;
 mod partition;
+mod reduce_scatter;
+mod scatter;
 mod split;
 mod waves;
 
@@ -30,6 +34,7 @@ pub use init::InitConfig;
 pub use moe::{MoeDispatch, MoeExchange, MoeRouting, MoeStats};
 pub(crate) use nonblocking::{Job, Queue, Slot, Task, serve, with_context};
 pub use nonblocking::{Request, Scope};
+pub use p2p::MAX_USER_TAG;
 pub use partition::Partition;
 
 use crate::error::{Error, Result};
@@ -485,17 +490,24 @@ pub(crate) struct Ext {
     /// Messages sent to / received from each rank (point-to-point).
     pub(super) sent: Vec<u64>,
     pub(super) received: Vec<u64>,
-    /// Point-to-point messages this rank sent itself, in order.
-    pub(super) to_self: VecDeque<Vec<u8>>,
+    /// Point-to-point counts of tags other than 0: (sent, peer, tag) -> messages.
+    pub(super) tagged: HashMap<(bool, usize, u32), u64>,
+    /// Point-to-point messages this rank sent itself, in order, with their tags.
+    pub(super) to_self: VecDeque<(u32, Vec<u8>)>,
     /// One-step schedules of lone sends and receives: (is send, peer, bytes).
     pub(super) p2p: Vec<((bool, usize, usize), Schedule)>,
     /// All-reduce receive buffer (`u64` words: aligned for every element type).
     pub(super) tmp: Vec<u64>,
+    /// Reduce-scatter accumulator (a copy of the send buffer, `u64` words).
+    pub(super) reduce_scatter_acc: Vec<u64>,
     pub(super) gather_scratch: Vec<u8>,
     /// The last all-gather schedule (algorithm, block bytes).
     pub(super) gather: Option<((AllGatherAlgorithm, usize), Schedule)>,
     pub(super) gather_forced: Option<AllGatherAlgorithm>,
     pub(super) reduce_forced: Option<AllReduceAlgorithm>,
+    pub(super) broadcast_forced: Option<halo_collectives::BroadcastAlgorithm>,
+    /// The last rooted schedule (broadcast, gather, scatter).
+    pub(super) rooted: Option<(broadcast::RootedKey, Schedule)>,
     /// The worker thread of [`Communicator::scope`], once one ran.
     pub(super) pool: Option<Arc<rayon_core::ThreadPool>>,
     /// The device path's last uniform plan (algorithm, block bytes) and its state.

@@ -512,6 +512,83 @@ impl<'env> Scope<'env> {
     pub fn barrier(&self) -> Request<'_> {
         self.start("barrier", Box::new(move |c: &mut Communicator| c.barrier()))
     }
+
+    /// Starts [`Communicator::send_tagged`].
+    pub fn send_tagged<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        buf: &'env [E],
+        peer: usize,
+        tag: u32,
+    ) -> Request<'_> {
+        self.start(
+            "send",
+            Box::new(move |c: &mut Communicator| c.send_tagged(buf, peer, tag)),
+        )
+    }
+
+    /// Starts [`Communicator::recv_tagged`].
+    pub fn recv_tagged<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        buf: &'env mut [E],
+        peer: usize,
+        tag: u32,
+    ) -> Request<'_> {
+        self.start(
+            "recv",
+            Box::new(move |c: &mut Communicator| c.recv_tagged(buf, peer, tag)),
+        )
+    }
+
+    /// Starts [`Communicator::reduce_scatter`].
+    pub fn reduce_scatter<E: Reducible + Send + Sync>(
+        &self,
+        send: &'env [E],
+        recv: &'env mut [E],
+        op: ReduceOp,
+    ) -> Request<'_> {
+        self.start(
+            "reduce_scatter",
+            Box::new(move |c: &mut Communicator| c.reduce_scatter(send, recv, op)),
+        )
+    }
+
+    /// Starts [`Communicator::broadcast`].
+    pub fn broadcast<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        buf: &'env mut [E],
+        root: usize,
+    ) -> Request<'_> {
+        self.start(
+            "broadcast",
+            Box::new(move |c: &mut Communicator| c.broadcast(buf, root)),
+        )
+    }
+
+    /// Starts [`Communicator::gather`].
+    pub fn gather<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        send: &'env [E],
+        recv: &'env mut [E],
+        root: usize,
+    ) -> Request<'_> {
+        self.start(
+            "gather",
+            Box::new(move |c: &mut Communicator| c.gather(send, recv, root)),
+        )
+    }
+
+    /// Starts [`Communicator::scatter`].
+    pub fn scatter<E: bytemuck::Pod + Send + Sync>(
+        &self,
+        send: &'env [E],
+        recv: &'env mut [E],
+        root: usize,
+    ) -> Request<'_> {
+        self.start(
+            "scatter",
+            Box::new(move |c: &mut Communicator| c.scatter(send, recv, root)),
+        )
+    }
 }
 
 impl Communicator {

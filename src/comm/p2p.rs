@@ -19,15 +19,28 @@
 //!   children never match each other's messages.
 //! - **sequence** (10 bits): collectives are called by every rank in the same order, so
 //!   each call takes the next number of a per-communicator counter that all ranks
-//!   advance together (one per call for all-gather, all-reduce and split — an
-//!   all-reduce's rounds are told apart by the schedule tag — three for all-to-all-v).
+//!   advance together (one per call for all-gather, all-reduce, reduce-scatter,
+//!   broadcast, gather, scatter and split — the rounds of a reduction are told apart by
+//!   the schedule tag — three for all-to-all-v).
 //!   It wraps at 1024, far more than ranks of one communicator can drift apart.
 //! - **p2p**: point-to-point calls are made by two ranks only, so they cannot take a
-//!   sequence number. They set this bit (sequence 0) and number their messages per
-//!   ordered pair: the k-th `send` from a to b carries k in the low 48 bits and
-//!   matches the k-th `recv` at b from a, whatever the transport's ordering. A count
-//!   advances only when its call succeeds, so a failed call, retried on both sides,
-//!   matches again.
+//!   sequence number. They set this bit (sequence 0) and split the low 48 bits into
+//!   the user's tag and a message number per ordered pair and tag:
+//!
+//!   ```text
+//!    47                 24 23                  0
+//!   +---------------------+---------------------+
+//!   | user tag (24 bits)  | message number      |
+//!   +---------------------+---------------------+
+//!   ```
+//!
+//!   The k-th send from a to b with tag t carries (t, k) and matches the k-th receive
+//!   at b from a with tag t, whatever the transport's ordering; messages with other
+//!   tags are independent of it. User tags are `0 ..= `[`MAX_USER_TAG`] (2^24 - 1; a
+//!   larger one is [`Error::InvalidArgument`]); [`Communicator::send`] and
+//!   [`Communicator::recv`] use tag 0. Message numbers wrap at 2^24, far more than
+//!   can be outstanding between two ranks. A count advances only when its call
+//!   succeeds, so a failed call, retried on both sides, matches again.
 
 use super::{Communicator, Core, SEQ_BITS, exec_options, overlaps};
 use crate::error::{Error, Result};
@@ -39,8 +52,29 @@ const P2P_FLAG: u64 = 1 << (TAG_BITS + SEQ_BITS);
 /// Where the communicator id starts.
 pub(super) const COMM_SHIFT: u32 = TAG_BITS + SEQ_BITS + 1;
 const _: () = assert!(1u64 << (64 - COMM_SHIFT) == MAX_COMMS as u64);
-/// Point-to-point message numbers wrap at 2^48.
-const P2P_COUNT_MASK: u64 = (1 << TAG_BITS) - 1;
+/// Bits of a point-to-point message number (below the user tag).
+const P2P_COUNT_BITS: u32 = 24;
+/// Point-to-point message numbers wrap at 2^24.
+const P2P_COUNT_MASK: u64 = (1 << P2P_COUNT_BITS) - 1;
+/// The largest user tag of [`Communicator::send_tagged`] and
+/// [`Communicator::recv_tagged`]: 2^24 - 1 (the bits of a tag between the message
+/// number and [`TAG_BITS`]).
+pub const MAX_USER_TAG: u32 = (1 << (TAG_BITS - P2P_COUNT_BITS)) - 1;
+
+/// The low 48 bits of a point-to-point message's tag: user tag and message number.
+fn p2p_tag(user: u32, count: u64) -> u64 {
+    u64::from(user) << P2P_COUNT_BITS | (count & P2P_COUNT_MASK)
+}
+
+/// Refuses a user tag above [`MAX_USER_TAG`].
+fn check_tag(tag: u32, what: &str) -> Result<()> {
+    if tag > MAX_USER_TAG {
+        return Err(Error::invalid_argument(format!(
+            "{what}: tag {tag} out of range (0 ..= {MAX_USER_TAG})"
+        )));
+    }
+    Ok(())
+}
 
 impl Core {
     fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
@@ -58,6 +92,25 @@ impl Core {
 const P2P_CACHED: usize = 4;
 
 impl super::Ext {
+    /// Messages sent to (`sent`) or received from `peer` with user tag `tag` so far.
+    fn count(&self, sent: bool, peer: usize, tag: u32) -> u64 {
+        match (tag, sent) {
+            (0, true) => self.sent[peer],
+            (0, false) => self.received[peer],
+            _ => self.tagged.get(&(sent, peer, tag)).copied().unwrap_or(0),
+        }
+    }
+
+    /// Counts one more message of [`Self::count`]'s kind.
+    fn advance(&mut self, sent: bool, peer: usize, tag: u32) {
+        let c = match (tag, sent) {
+            (0, true) => &mut self.sent[peer],
+            (0, false) => &mut self.received[peer],
+            _ => self.tagged.entry((sent, peer, tag)).or_insert(0),
+        };
+        *c = c.wrapping_add(1);
+    }
+
     /// The one-step schedule of a lone send (`key.0`) or receive of `key.2` bytes with
     /// rank `key.1`, tag 0; built once, then kept among the last [`P2P_CACHED`].
     fn p2p_schedule(
@@ -109,7 +162,41 @@ impl Communicator {
     /// it does not receive within the communicator's timeout; [`Error::Aborted`],
     /// [`Error::RemoteError`] as they happen.
     pub fn send<E: bytemuck::Pod>(&mut self, buf: &[E], peer: usize) -> Result<()> {
-        self.p2p(Some((bytemuck::cast_slice(buf), peer)), None)
+        self.p2p(Some((bytemuck::cast_slice(buf), peer)), None, 0)
+    }
+
+    /// [`Communicator::send`] with a user tag (`MPI_Send`'s, torch's `send(tag=)`):
+    /// it matches the receive at `peer` with the same tag, the k-th send with tag t
+    /// the k-th receive with tag t; messages with other tags do not affect it.
+    /// [`Communicator::send`] is tag 0.
+    ///
+    /// # Errors
+    /// As [`Communicator::send`]; [`Error::InvalidArgument`] when `tag` is above
+    /// [`MAX_USER_TAG`].
+    pub fn send_tagged<E: bytemuck::Pod>(
+        &mut self,
+        buf: &[E],
+        peer: usize,
+        tag: u32,
+    ) -> Result<()> {
+        check_tag(tag, "send")?;
+        self.p2p(Some((bytemuck::cast_slice(buf), peer)), None, tag)
+    }
+
+    /// [`Communicator::recv`] with a user tag: it takes the oldest unreceived message
+    /// from `peer` with the same tag (see [`Communicator::send_tagged`]).
+    ///
+    /// # Errors
+    /// As [`Communicator::recv`]; [`Error::InvalidArgument`] when `tag` is above
+    /// [`MAX_USER_TAG`].
+    pub fn recv_tagged<E: bytemuck::Pod>(
+        &mut self,
+        buf: &mut [E],
+        peer: usize,
+        tag: u32,
+    ) -> Result<()> {
+        check_tag(tag, "recv")?;
+        self.p2p(None, Some((bytemuck::cast_slice_mut(buf), peer)), tag)
     }
 
     /// Receives exactly `buf.len()` elements from rank `peer` (NCCL's `ncclRecv`),
@@ -120,7 +207,7 @@ impl Communicator {
     /// # Errors
     /// As [`Communicator::send`]; [`Error::Timeout`] names `peer` when nothing arrives.
     pub fn recv<E: bytemuck::Pod>(&mut self, buf: &mut [E], peer: usize) -> Result<()> {
-        self.p2p(None, Some((bytemuck::cast_slice_mut(buf), peer)))
+        self.p2p(None, Some((bytemuck::cast_slice_mut(buf), peer)), 0)
     }
 
     /// Sends `send` to `dst` and receives `recv` from `src` at the same time
@@ -145,13 +232,14 @@ impl Communicator {
                 "send_recv: send and receive buffers overlap",
             ));
         }
-        self.p2p(Some((send, dst)), Some((recv, src)))
+        self.p2p(Some((send, dst)), Some((recv, src)), 0)
     }
 
     fn p2p(
         &mut self,
         send: Option<(&[u8], usize)>,
         recv: Option<(&mut [u8], usize)>,
+        tag: u32,
     ) -> Result<()> {
         let core = &mut self.core;
         core.check_aborted()?;
@@ -170,24 +258,25 @@ impl Communicator {
         // Messages to itself go through a queue: the transports reach only other ranks.
         let send = match send {
             Some((bytes, peer)) if peer == me => {
-                ext.to_self.push_back(bytes.to_vec());
+                ext.to_self.push_back((tag, bytes.to_vec()));
                 None
             }
             other => other,
         };
         let recv = match recv {
             Some((buf, peer)) if peer == me => {
-                let Some(msg) = ext.to_self.pop_front() else {
+                let Some(at) = ext.to_self.iter().position(|(t, _)| *t == tag) else {
                     return Err(Error::InvalidUsage {
                         peer: Some(me),
                         message: format!(
-                            "recv: rank {me} receives from itself but sent itself nothing"
+                            "recv: rank {me} receives from itself (tag {tag}) but sent itself \
+                             nothing with that tag"
                         ),
                     });
                 };
+                let msg = &ext.to_self[at].1;
                 if msg.len() != buf.len() {
                     let got = msg.len();
-                    ext.to_self.push_front(msg);
                     return Err(Error::InvalidUsage {
                         peer: Some(me),
                         message: format!(
@@ -196,7 +285,8 @@ impl Communicator {
                         ),
                     });
                 }
-                buf.copy_from_slice(&msg);
+                buf.copy_from_slice(msg);
+                ext.to_self.remove(at);
                 None
             }
             other => other,
@@ -209,10 +299,10 @@ impl Communicator {
         };
         let recv_tag = recv
             .as_ref()
-            .map(|(_, peer)| ext.received[*peer] & P2P_COUNT_MASK);
+            .map(|(_, peer)| p2p_tag(tag, ext.count(false, *peer, tag)));
         let send_tag = send
             .as_ref()
-            .map(|(_, peer)| ext.sent[*peer] & P2P_COUNT_MASK);
+            .map(|(_, peer)| p2p_tag(tag, ext.count(true, *peer, tag)));
         // A lone send or receive (the common case, and every ping-pong) runs a cached
         // one-step schedule whose tag is 0, the message number going into the tag base
         // instead (the same tag on the wire): no schedule is built per message.
@@ -250,10 +340,10 @@ impl Communicator {
         core.backend
             .run(schedule, core.comm_tag | P2P_FLAG | tag_base, bufs, &opts)?;
         if let Some(d) = dst {
-            core.ext.sent[d] = core.ext.sent[d].wrapping_add(1);
+            core.ext.advance(true, d, tag);
         }
         if let Some(s) = src {
-            core.ext.received[s] = core.ext.received[s].wrapping_add(1);
+            core.ext.advance(false, s, tag);
         }
         Ok(())
     }

@@ -5,7 +5,10 @@
  *   messages with NULL buffers, a message to this rank itself;
  * - haloAllGather out of place and in place (NCCL's layout);
  * - haloAllReduce: sum, max, min over int32, int64, float, double (in place) and
- *   bfloat16, with exact expected values;
+ *   bfloat16, prod over int8, avg over int32 and uint8, with exact expected values;
+ * - haloReduceScatter (in place too), haloBroadcast from every root (the chain
+ *   too), haloGather / haloScatter out of place and in place, haloSendTagged /
+ *   haloRecvTagged with interleaved tags;
  * - haloCommSplit by parity with reversed keys (and, from 3 ranks, the last rank
  *   joining none), an all-to-all on the new communicator, then the parent again;
  * - the invalid calls of each, with their codes and messages.
@@ -132,10 +135,32 @@ static void reduce(haloComm_t comm, int n, int me) {
             FAIL("bfloat16 sum [%d] = %g", i, (double)from_bf16(rb[i]));
     }
 
-    EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt8, haloSum, comm, NULL), haloInvalidArgument,
-               "is not supported by haloAllReduce");
-    EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt32, 1, comm, NULL), haloInvalidArgument,
-               "ncclProd");
+    /* int8 product (wraps as int8 does) and int32 / uint8 averages (truncating). */
+    int8_t s8[C], r8[C];
+    uint8_t su8[C], ru8[C];
+    for (int i = 0; i < C; i++) {
+        s8[i] = (int8_t)(i % 3 - 1 + (me == 0 ? 2 : 0)); /* rank 0: i%3+1, others i%3-1 */
+        su8[i] = (uint8_t)(10 * me + i);
+    }
+    CHECK(haloAllReduce(s8, r8, C, haloInt8, haloProd, comm, NULL));
+    CHECK(haloAllReduce(si, ri, C, haloInt32, haloAvg, comm, NULL));
+    CHECK(haloAllReduce(su8, ru8, C, haloUint8, haloAvg, comm, NULL));
+    for (int i = 0; i < C; i++) {
+        int p = i % 3 + 1;
+        for (int q = 1; q < n; q++)
+            p *= i % 3 - 1;
+        if (r8[i] != (int8_t)p)
+            FAIL("int8 prod [%d] = %d, want %d", i, (int)r8[i], (int)(int8_t)p);
+        if (ri[i] != (n * (n - 1) / 2 + n * i) / n)
+            FAIL("int32 avg [%d] = %d", i, (int)ri[i]);
+        int sum8 = 0;
+        for (int q = 0; q < n; q++)
+            sum8 += (uint8_t)(10 * q + i);
+        if (ru8[i] != (uint8_t)((uint8_t)sum8 / n))
+            FAIL("uint8 avg [%d] = %d", i, (int)ru8[i]);
+    }
+    EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt32, 5, comm, NULL), haloInvalidArgument,
+               "op 5 is not a haloRedOp_t");
     EXPECT_ERR(comm, haloAllReduce(si, ri, C, haloInt32, 9, comm, NULL), haloInvalidArgument,
                "op 9 is not a haloRedOp_t");
     EXPECT_ERR(comm, haloAllReduce((char *)sf + 1, rf, 4, haloFloat32, haloSum, comm, NULL),
@@ -144,6 +169,133 @@ static void reduce(haloComm_t comm, int n, int me) {
                haloInvalidArgument, "overlap");
     EXPECT_ERR(comm, haloAllReduce(si, NULL, 4, haloInt32, haloSum, comm, NULL),
                haloInvalidArgument, "recvbuff is NULL but count is 4");
+}
+
+/* A byte that names its origin rank, a block and a position. */
+static uint8_t mark(int rank, int block, size_t i) {
+    return (uint8_t)(rank * 37 + block * 11 + (int)i * 3 + 1);
+}
+
+static void rooted(haloComm_t comm, int n, int me) {
+    enum { C = 21 };
+    /* Reduce-scatter: int32 sum out of place, float avg in place (NCCL's layout). */
+    int32_t *rs = malloc((size_t)n * C * sizeof(int32_t));
+    float *rf = malloc((size_t)n * C * sizeof(float));
+    int32_t rr[C];
+    if (!rs || !rf)
+        FAIL("out of memory");
+    for (int i = 0; i < n * C; i++) {
+        rs[i] = me * 1000 + i;
+        rf[i] = (float)(me + i);
+    }
+    CHECK(haloReduceScatter(rs, rr, C, haloInt32, haloSum, comm, NULL));
+    CHECK(haloReduceScatter(rf, rf + (size_t)me * C, C, haloFloat32, haloAvg, comm, NULL));
+    for (int i = 0; i < C; i++) {
+        int at = me * C + i;
+        if (rr[i] != 1000 * n * (n - 1) / 2 + n * at)
+            FAIL("reduce-scatter int32 sum [%d] = %d", i, (int)rr[i]);
+        float want = (float)(n * (n - 1) / 2 + n * at) / (float)n;
+        if (rf[at] != want)
+            FAIL("reduce-scatter float avg in place [%d] = %g, want %g", i, (double)rf[at],
+                 (double)want);
+    }
+    CHECK(haloReduceScatter(NULL, NULL, 0, haloInt8, haloProd, comm, NULL));
+    EXPECT_ERR(comm, haloReduceScatter(rs, rs + 1, C, haloInt32, haloSum, comm, NULL),
+               haloInvalidArgument, "recvbuff overlaps sendbuff");
+    EXPECT_ERR(comm, haloReduceScatter(rs, rr, C, haloInt32, 7, comm, NULL), haloInvalidArgument,
+               "op 7 is not a haloRedOp_t");
+
+    /* Broadcast from every root: out of place, in place, and a NULL sendbuff off root. */
+    uint8_t *b = malloc(70000), *bs = malloc(70000);
+    if (!b || !bs)
+        FAIL("out of memory");
+    for (int root = 0; root < n; root++) {
+        size_t len = root == 1 ? 70000 : 13; /* 70000: the chain, in two chunks */
+        for (size_t i = 0; i < len; i++) {
+            bs[i] = mark(me, root, i);
+            b[i] = 0xA5;
+        }
+        CHECK(haloBroadcast(me == root ? bs : NULL, b, len, haloUint8, root, comm, NULL));
+        for (size_t i = 0; i < len; i++)
+            if (b[i] != mark(root, root, i))
+                FAIL("broadcast root %d [%zu] = %d", root, i, (int)b[i]);
+        CHECK(haloBroadcast(bs, bs, len, haloUint8, root, comm, NULL)); /* in place */
+        for (size_t i = 0; i < len; i++)
+            if (bs[i] != mark(root, root, i))
+                FAIL("in-place broadcast root %d [%zu] = %d", root, i, (int)bs[i]);
+    }
+    EXPECT_ERR(comm, haloBroadcast(b, b, 4, haloUint8, n, comm, NULL), haloInvalidArgument,
+               "is out of range for");
+
+    /* Gather and scatter to / from the last rank, out of place and in place. */
+    int root = n - 1;
+    uint16_t gs[C], *g = malloc((size_t)n * C * sizeof(uint16_t));
+    if (!g)
+        FAIL("out of memory");
+    for (int i = 0; i < C; i++)
+        gs[i] = (uint16_t)(me * 100 + i);
+    CHECK(haloGather(gs, me == root ? g : NULL, C, haloFloat16, root, comm, NULL));
+    if (me == root)
+        for (int i = 0; i < n * C; i++)
+            if (g[i] != (uint16_t)((i / C) * 100 + i % C))
+                FAIL("gather [%d] = %d", i, (int)g[i]);
+    if (me == root) {
+        memset(g, 0, (size_t)n * C * sizeof(uint16_t));
+        memcpy(g + (size_t)root * C, gs, sizeof gs);
+        CHECK(haloGather(g + (size_t)root * C, g, C, haloFloat16, root, comm, NULL));
+        for (int i = 0; i < n * C; i++)
+            if (g[i] != (uint16_t)((i / C) * 100 + i % C))
+                FAIL("in-place gather [%d] = %d", i, (int)g[i]);
+    } else {
+        CHECK(haloGather(gs, NULL, C, haloFloat16, root, comm, NULL));
+    }
+    uint16_t sr[C];
+    if (me == root)
+        for (int i = 0; i < n * C; i++)
+            g[i] = (uint16_t)(7 + i);
+    CHECK(haloScatter(me == root ? g : NULL, sr, C, haloBfloat16, root, comm, NULL));
+    for (int i = 0; i < C; i++)
+        if (sr[i] != (uint16_t)(7 + me * C + i))
+            FAIL("scatter [%d] = %d", i, (int)sr[i]);
+    CHECK(haloScatter(g, me == root ? g + (size_t)root * C : sr, C, haloBfloat16, root, comm,
+                      NULL)); /* in place at the root */
+    if (me != root)
+        for (int i = 0; i < C; i++)
+            if (sr[i] != (uint16_t)(7 + me * C + i))
+                FAIL("scatter (root in place) [%d] = %d", i, (int)sr[i]);
+    EXPECT_ERR(comm, haloGather(gs, g, C, haloFloat16, -1, comm, NULL), haloInvalidArgument,
+               "root -1 is out of range");
+    if (me == root)
+        EXPECT_ERR(comm, haloScatter(NULL, sr, C, haloBfloat16, root, comm, NULL),
+                   haloInvalidArgument, "sendbuff is NULL but count is 21");
+
+    /* Tagged messages around the ring: two tags interleaved, each in its own order. */
+    int next = (me + 1) % n, prev = (me + n - 1) % n;
+    int32_t out[3], in[3];
+    for (int k = 0; k < 4; k++) {
+        int tag = k % 2 ? HALO_MAX_TAG : 5;
+        for (int i = 0; i < 3; i++)
+            out[i] = me * 100 + k * 10 + i;
+        if (me % 2 == 0) {
+            CHECK(haloSendTagged(out, 3, haloInt32, next, tag, comm, NULL));
+            CHECK(haloRecvTagged(in, 3, haloInt32, prev, tag, comm, NULL));
+        } else {
+            CHECK(haloRecvTagged(in, 3, haloInt32, prev, tag, comm, NULL));
+            CHECK(haloSendTagged(out, 3, haloInt32, next, tag, comm, NULL));
+        }
+        for (int i = 0; i < 3; i++)
+            if (in[i] != prev * 100 + k * 10 + i)
+                FAIL("tagged message %d [%d] = %d", k, i, (int)in[i]);
+    }
+    EXPECT_ERR(comm, haloSendTagged(out, 3, haloInt32, next, HALO_MAX_TAG + 1, comm, NULL),
+               haloInvalidArgument, "tag 16777216 is out of range");
+    EXPECT_ERR(comm, haloRecvTagged(in, 3, haloInt32, prev, -2, comm, NULL), haloInvalidArgument,
+               "tag -2 is out of range");
+    free(rs);
+    free(rf);
+    free(b);
+    free(bs);
+    free(g);
 }
 
 static void split(haloComm_t comm, int n, int me) {
@@ -209,6 +361,7 @@ int main(void) {
     p2p(comm, n, me);
     gather(comm, n, me);
     reduce(comm, n, me);
+    rooted(comm, n, me);
     split(comm, n, me);
     CHECK(haloCommDestroy(comm));
     printf("collectives ok (rank %d of %d, %d invalid calls checked)\n", me, n, checked_errors);

@@ -5,6 +5,9 @@
  *   haloISend / haloIRecv around a ring (an empty message among them),
  *   haloIAllReduce in place and out of place, all started before any is waited
  *   for; completed by haloWait, haloTest (polled until done) and haloWaitAll;
+ * - haloIAllGather, haloIReduceScatter, haloIBroadcast (in place), haloIGather,
+ *   haloIScatter, haloIBarrier, haloISendTagged / haloIRecvTagged, all started
+ *   before haloWaitAll, and their argument errors at start;
  * - a blocking haloAllToAll called while requests are outstanding runs after them
  *   (stream order) and is byte-exact;
  * - errors: a stale (already waited) request and a double haloWaitAll are
@@ -158,6 +161,69 @@ static void everything(haloComm_t comm, int n, int me) {
 /* Rank 0 receives 8 bytes from rank 1 where rank 1 sends 16: the receive fails
  * (haloInvalidUsage, a size mismatch), and the all-reduce rank 0 queued after it
  * is not run: it fails with the same code, naming the failed receive. */
+/* The newer non-blocking collectives, all started before any is waited for. */
+static void more(haloComm_t comm, int n, int me) {
+    enum { C = 9 };
+    int root = n / 2, next = (me + 1) % n, prev = (me + n - 1) % n;
+    int32_t ag_send[C], *ag = malloc((size_t)n * C * sizeof(int32_t));
+    int64_t *rs = malloc((size_t)n * C * sizeof(int64_t)), rr[C];
+    uint8_t bc[C], *ga = malloc((size_t)n * C), sc_src[64 * C], sc[C];
+    float out[2] = {(float)me, 0.5f}, in[2] = {0, 0};
+    if (!ag || !rs || !ga)
+        FAIL("out of memory");
+    for (int i = 0; i < C; i++) {
+        ag_send[i] = me * 10 + i;
+        bc[i] = me == root ? (uint8_t)(200 + i) : 0;
+    }
+    for (int i = 0; i < n * C; i++) {
+        rs[i] = (int64_t)me * i;
+        sc_src[i] = (uint8_t)(i * 3);
+    }
+    haloRequest_t reqs[8];
+    CHECK(haloIAllGather(ag_send, ag, C, haloInt32, comm, &reqs[0]));
+    CHECK(haloIReduceScatter(rs, rr, C, haloInt64, haloMax, comm, &reqs[1]));
+    CHECK(haloIBroadcast(bc, bc, C, haloUint8, root, comm, &reqs[2]));
+    CHECK(haloIGather(bc, ga, C, haloUint8, 0, comm, &reqs[3]));
+    CHECK(haloIScatter(sc_src, sc, C, haloInt8, root, comm, &reqs[4]));
+    CHECK(haloIBarrier(comm, &reqs[5]));
+    if (me % 2 == 0) {
+        CHECK(haloISendTagged(out, 2, haloFloat32, next, 77, comm, &reqs[6]));
+        CHECK(haloIRecvTagged(in, 2, haloFloat32, prev, 77, comm, &reqs[7]));
+    } else {
+        CHECK(haloIRecvTagged(in, 2, haloFloat32, prev, 77, comm, &reqs[6]));
+        CHECK(haloISendTagged(out, 2, haloFloat32, next, 77, comm, &reqs[7]));
+    }
+    CHECK(haloWaitAll(8, reqs));
+    for (int i = 0; i < n * C; i++)
+        if (ag[i] != (i / C) * 10 + i % C)
+            FAIL("iallgather [%d] = %d", i, (int)ag[i]);
+    for (int i = 0; i < C; i++) {
+        if (rr[i] != (int64_t)(n - 1) * (me * C + i))
+            FAIL("ireduce-scatter max [%d] = %" PRId64, i, rr[i]);
+        if (bc[i] != (uint8_t)(200 + i))
+            FAIL("ibroadcast [%d] = %d", i, (int)bc[i]);
+        if (sc[i] != (uint8_t)((me * C + i) * 3))
+            FAIL("iscatter [%d] = %d", i, (int)sc[i]);
+    }
+    if (me == 0)
+        for (int i = 0; i < n * C; i++)
+            if (ga[i] != (uint8_t)(200 + i % C))
+                FAIL("igather [%d] = %d", i, (int)ga[i]);
+    if (in[0] != (float)prev || in[1] != 0.5f)
+        FAIL("itagged: %g %g", (double)in[0], (double)in[1]);
+    haloRequest_t untouched = (haloRequest_t)&root;
+    EXPECT_ERR(comm, haloIBroadcast(bc, bc, C, haloUint8, n, comm, &untouched),
+               haloInvalidArgument, "root");
+    EXPECT_ERR(comm, haloISendTagged(out, 2, haloFloat32, next, -1, comm, &untouched),
+               haloInvalidArgument, "tag -1 is out of range");
+    EXPECT_ERR(comm, haloIBarrier(comm, NULL), haloInvalidArgument, "request is NULL");
+    if (untouched != (haloRequest_t)&root)
+        FAIL("a failed start wrote *request");
+    free(ag);
+    free(rs);
+    free(ga);
+}
+
 static void failure(haloComm_t comm, int me) {
     if (me > 1)
         return;
@@ -253,6 +319,7 @@ int main(int argc, char **argv) {
         printf("nonblocking ok (rank %d of %d, failure case)\n", me, n);
         return 0;
     }
+    more(comm, n, me);
     /* Destroy with a request outstanding: it completes first. */
     int64_t v[3] = {me, me, me};
     haloRequest_t last;

@@ -140,6 +140,82 @@ impl Expectation {
         }
     }
 
+    /// Broadcast from `root`: the root's send buffer is one block of `len` bytes, and
+    /// every other rank receives it at 0 of its receive buffer; the root has no
+    /// receive buffer. The same bytes are meant for every rank.
+    pub fn broadcast(n: usize, root: usize, len: usize) -> Self {
+        let cell = |yes: bool| if yes { (0, len) } else { (0, 0) };
+        Expectation {
+            n,
+            send: (0..n)
+                .map(|r| (0..n).map(|q| cell(r == root && q == root)).collect())
+                .collect(),
+            recv: (0..n)
+                .map(|r| (0..n).map(|q| cell(r != root && q == root)).collect())
+                .collect(),
+            any_dst: true,
+        }
+    }
+
+    /// Gather to `root`: every rank's send buffer is its block of `block` bytes for
+    /// the root, which receives the block of rank `q` at `q * block`; the other ranks
+    /// have no receive buffer.
+    pub fn gather(n: usize, root: usize, block: usize) -> Self {
+        Expectation {
+            n,
+            send: (0..n)
+                .map(|_| {
+                    (0..n)
+                        .map(|q| if q == root { (0, block) } else { (0, 0) })
+                        .collect()
+                })
+                .collect(),
+            recv: (0..n)
+                .map(|r| {
+                    (0..n)
+                        .map(|q| {
+                            if r == root {
+                                (q * block, block)
+                            } else {
+                                (0, 0)
+                            }
+                        })
+                        .collect()
+                })
+                .collect(),
+            any_dst: false,
+        }
+    }
+
+    /// Scatter from `root`: block `q` of the root's send buffer (at `q * block`) goes
+    /// to rank `q`, which receives it at 0; the other ranks have no send buffer.
+    pub fn scatter(n: usize, root: usize, block: usize) -> Self {
+        Expectation {
+            n,
+            send: (0..n)
+                .map(|r| {
+                    (0..n)
+                        .map(|q| {
+                            if r == root {
+                                (q * block, block)
+                            } else {
+                                (0, 0)
+                            }
+                        })
+                        .collect()
+                })
+                .collect(),
+            recv: (0..n)
+                .map(|_| {
+                    (0..n)
+                        .map(|q| if q == root { (0, block) } else { (0, 0) })
+                        .collect()
+                })
+                .collect(),
+            any_dst: false,
+        }
+    }
+
     fn buf_len(&self, rank: usize, buf: Buf, scratch: usize) -> usize {
         let end = |v: &Vec<(usize, usize)>| v.iter().map(|(o, l)| o + l).max().unwrap_or(0);
         match buf {
@@ -195,6 +271,39 @@ pub fn verify_all_gather(
     block: usize,
 ) -> Result<VerifyReport, VerifyError> {
     let expect = Expectation::all_gather(topology.size(), block);
+    verify(schedules, topology, &expect, &UniformSizes(block))
+}
+
+/// Verifies a broadcast of `len` bytes from `root` ([`Expectation::broadcast`]).
+pub fn verify_broadcast(
+    schedules: &[Schedule],
+    topology: &Topology,
+    root: usize,
+    len: usize,
+) -> Result<VerifyReport, VerifyError> {
+    let expect = Expectation::broadcast(topology.size(), root, len);
+    verify(schedules, topology, &expect, &UniformSizes(len))
+}
+
+/// Verifies a gather of `block` bytes per rank to `root` ([`Expectation::gather`]).
+pub fn verify_gather(
+    schedules: &[Schedule],
+    topology: &Topology,
+    root: usize,
+    block: usize,
+) -> Result<VerifyReport, VerifyError> {
+    let expect = Expectation::gather(topology.size(), root, block);
+    verify(schedules, topology, &expect, &UniformSizes(block))
+}
+
+/// Verifies a scatter of `block` bytes per rank from `root` ([`Expectation::scatter`]).
+pub fn verify_scatter(
+    schedules: &[Schedule],
+    topology: &Topology,
+    root: usize,
+    block: usize,
+) -> Result<VerifyReport, VerifyError> {
+    let expect = Expectation::scatter(topology.size(), root, block);
     verify(schedules, topology, &expect, &UniformSizes(block))
 }
 

@@ -1,5 +1,5 @@
 //! The collectives: all-to-all, all-to-all-v, barrier, send / receive, all-gather,
-//! all-reduce.
+//! all-reduce, reduce-scatter.
 //!
 //! Each call checks, in this order and before anything is sent: the communicator, the
 //! stream, the data type (and operation), the byte sizes (overflow), the pointers,
@@ -11,9 +11,9 @@ use crate::boundary::call_comm;
 use crate::error::{Failure, FfiResult, haloResult_t};
 use crate::handle::haloComm_t;
 use crate::types::{
-    check_stream, haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, haloStream_t,
+    check_stream, haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, haloStream_t, with_elem,
 };
-use halo_rs::{Communicator, Partition, ReduceOp, Reducible, bf16, f16};
+use halo_rs::{Communicator, Partition, ReduceOp, Reducible};
 use std::ffi::{c_int, c_void};
 
 /// `count` elements of `elem` bytes for each of `ranks` ranks, in bytes; an overflow
@@ -236,7 +236,7 @@ pub unsafe extern "C" fn haloBarrier(comm: haloComm_t) -> haloResult_t {
 }
 
 /// Whether two byte ranges share a byte.
-fn overlaps(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> bool {
+pub(crate) fn overlaps(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> bool {
     let (a, b) = (a as usize, b as usize);
     a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
 }
@@ -384,40 +384,88 @@ pub unsafe extern "C" fn haloAllGather(
 ) -> haloResult_t {
     call_comm("haloAllGather", comm, |c| {
         check_stream(stream)?;
-        let elem = haloDataType::from_raw(datatype)?.size();
-        let block = total_bytes(sendcount, elem, 1, "sendcount")?;
-        let total = total_bytes(sendcount, elem, c.size(), "sendcount")?;
-        check_buffer(sendbuff, block, "sendbuff", sendcount)?;
-        check_buffer(recvbuff, total, "recvbuff", sendcount)?;
-        // `block * rank` < `total`, which did not overflow.
-        let own = (recvbuff as usize).wrapping_add(block * c.rank());
-        let in_place = block > 0 && sendbuff as usize == own;
-        if !in_place && overlaps(sendbuff, block, recvbuff.cast_const(), total) {
-            return Err(Failure::invalid(
-                "sendbuff overlaps recvbuff: out-of-place, or in place with sendbuff == \
-                 recvbuff + rank * sendcount elements",
-            ));
-        }
+        let a = check_all_gather(
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            (c.size(), c.rank()),
+        )?;
         let mut guard = c.lock()?;
-        // In place, this rank's block is copied out of `recvbuff` first, so that the
-        // send and receive slices never alias.
-        let mut copy = Vec::new();
-        let send: &[u8] = if in_place {
-            // SAFETY: non-NULL (`block` > 0, checked) and readable per the contract; the
-            // slice ends with this statement, before any slice over `recvbuff` exists.
-            copy.extend_from_slice(unsafe { bytes(sendbuff, block) });
-            &copy
-        } else {
-            // SAFETY: non-NULL when `block` > 0 (checked), readable and unwritten per the
-            // contract, and disjoint from `recvbuff` (checked).
-            unsafe { bytes(sendbuff, block) }
-        };
-        // SAFETY: non-NULL when `total` > 0 (checked), writable for `total` bytes and
-        // accessed by nobody else; `send` is the copy or does not overlap it.
-        let recv = unsafe { bytes_mut(recvbuff, total) };
-        guard.all_gather(send, recv)?;
+        // SAFETY: checked above (NULL, overlap) or promised by the contract.
+        unsafe { run_all_gather(&mut guard, a) }?;
         Ok(())
     })
+}
+
+/// An all-gather's checked arguments: addresses (as numbers, for the worker of the
+/// non-blocking form), the block and total bytes, whether it is in place.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AllGatherArgs {
+    send: usize,
+    recv: usize,
+    block: usize,
+    total: usize,
+    in_place: bool,
+}
+
+/// Checks `haloAllGather`'s arguments (`n` ranks, this rank `me`).
+pub(crate) fn check_all_gather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: haloDataType_t,
+    (n, me): (usize, usize),
+) -> FfiResult<AllGatherArgs> {
+    let elem = haloDataType::from_raw(datatype)?.size();
+    let block = total_bytes(sendcount, elem, 1, "sendcount")?;
+    let total = total_bytes(sendcount, elem, n, "sendcount")?;
+    check_buffer(sendbuff, block, "sendbuff", sendcount)?;
+    check_buffer(recvbuff, total, "recvbuff", sendcount)?;
+    // `block * me` < `total`, which did not overflow.
+    let own = (recvbuff as usize).wrapping_add(block * me);
+    let in_place = block > 0 && sendbuff as usize == own;
+    if !in_place && overlaps(sendbuff, block, recvbuff.cast_const(), total) {
+        return Err(Failure::invalid(
+            "sendbuff overlaps recvbuff: out-of-place, or in place with sendbuff == \
+             recvbuff + rank * sendcount elements",
+        ));
+    }
+    Ok(AllGatherArgs {
+        send: sendbuff as usize,
+        recv: recvbuff as usize,
+        block,
+        total,
+        in_place,
+    })
+}
+
+/// Runs a checked all-gather.
+///
+/// # Safety
+/// The buffers of `a` are valid as `haloAllGather`'s contract says, and nobody else
+/// accesses them during the call.
+pub(crate) unsafe fn run_all_gather(
+    comm: &mut Communicator,
+    a: AllGatherArgs,
+) -> halo_rs::Result<()> {
+    // In place, this rank's block is copied out of `recvbuff` first, so that the
+    // send and receive slices never alias.
+    let copy: Vec<u8>;
+    let send: &[u8] = if a.in_place {
+        // SAFETY: non-NULL (`block` > 0) and readable per the contract; the slice ends
+        // with this statement, before any slice over `recvbuff` exists.
+        copy = unsafe { bytes(a.send as *const c_void, a.block) }.to_vec();
+        &copy
+    } else {
+        // SAFETY: non-NULL when `block` > 0 (checked), readable and unwritten per the
+        // contract, and disjoint from `recvbuff` (checked).
+        unsafe { bytes(a.send as *const c_void, a.block) }
+    };
+    // SAFETY: non-NULL when `total` > 0 (checked), writable for `total` bytes and
+    // accessed by nobody else; `send` is the copy or does not overlap it.
+    let recv = unsafe { bytes_mut(a.recv as *mut c_void, a.total) };
+    comm.all_gather(send, recv)
 }
 
 /// The typed all-reduce over the caller's memory.
@@ -472,11 +520,12 @@ unsafe fn reduce_typed<E: Reducible>(
 /// recvbuff`. Every rank passes the same `count`, `datatype` and `op`, and gets the
 /// same bits. Blocking.
 ///
-/// Data types: every `haloDataType` except `haloInt8` and `haloUint8`. The buffers must
-/// be aligned to their element size (as any C array of that type is).
+/// Data types: every `haloDataType`; operations: every `haloRedOp` (`haloAvg` divides
+/// the sum by the number of ranks). The buffers must be aligned to their element size
+/// (as any C array of that type is).
 ///
-/// Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown or
-/// unsupported `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
+/// Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+/// `datatype` or `op`, a size that overflows, a NULL buffer with `count` >
 /// 0, buffers that overlap without being equal, or a misaligned buffer (all before
 /// anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
 /// transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
@@ -514,23 +563,146 @@ pub unsafe extern "C" fn haloAllReduce(
         let mut guard = c.lock()?;
         let comm: &mut Communicator = &mut guard;
         let (s, r) = (sendbuff, recvbuff);
-        // SAFETY: (each arm) non-NULL when `count` > 0, valid for `count` elements,
-        // equal or disjoint: checked above or promised by the contract.
-        unsafe {
-            match dt {
-                haloDataType::haloInt32 => reduce_typed::<i32>(comm, s, r, count, op, &name),
-                haloDataType::haloUint32 => reduce_typed::<u32>(comm, s, r, count, op, &name),
-                haloDataType::haloInt64 => reduce_typed::<i64>(comm, s, r, count, op, &name),
-                haloDataType::haloUint64 => reduce_typed::<u64>(comm, s, r, count, op, &name),
-                haloDataType::haloFloat16 => reduce_typed::<f16>(comm, s, r, count, op, &name),
-                haloDataType::haloFloat32 => reduce_typed::<f32>(comm, s, r, count, op, &name),
-                haloDataType::haloFloat64 => reduce_typed::<f64>(comm, s, r, count, op, &name),
-                haloDataType::haloBfloat16 => reduce_typed::<bf16>(comm, s, r, count, op, &name),
-                haloDataType::haloInt8 | haloDataType::haloUint8 => Err(Failure::invalid(format!(
-                    "datatype {name} is not supported by haloAllReduce (8-bit integers)"
-                ))),
-            }
-        }
+        // SAFETY: non-NULL when `count` > 0, valid for `count` elements, equal or
+        // disjoint: checked above or promised by the contract.
+        with_elem!(dt, E => unsafe { reduce_typed::<E>(comm, s, r, count, op, &name) })
+    })
+}
+
+/// A reduce-scatter's arguments, checked (`haloReduceScatter`, `haloIReduceScatter`):
+/// the element type and the operation, and whether it is in place.
+pub(crate) struct ReduceScatterArgs {
+    pub(crate) dt: haloDataType,
+    pub(crate) op: ReduceOp,
+    pub(crate) in_place: bool,
+}
+
+/// Checks a reduce-scatter's arguments for a communicator of `n` ranks, this rank
+/// `me`: data type, operation, sizes, NULL, overlap (in place only as NCCL's, `recvbuff
+/// == sendbuff + me * recvcount` elements) and alignment.
+pub(crate) fn check_reduce_scatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: haloDataType_t,
+    op: haloRedOp_t,
+    (n, me): (usize, usize),
+) -> FfiResult<ReduceScatterArgs> {
+    let dt = haloDataType::from_raw(datatype)?;
+    let op = haloRedOp::from_raw(op)?;
+    let elem = dt.size();
+    let block = total_bytes(recvcount, elem, 1, "recvcount")?;
+    let total = total_bytes(recvcount, elem, n, "recvcount")?;
+    check_buffer(sendbuff, total, "sendbuff", recvcount)?;
+    check_buffer(recvbuff, block, "recvbuff", recvcount)?;
+    // `block * me` < `total`, which did not overflow.
+    let own = (sendbuff as usize).wrapping_add(block * me);
+    let in_place = block > 0 && recvbuff as usize == own;
+    if !in_place && overlaps(sendbuff, total, recvbuff.cast_const(), block) {
+        return Err(Failure::invalid(
+            "recvbuff overlaps sendbuff: out-of-place, or in place with recvbuff == \
+             sendbuff + rank * recvcount elements",
+        ));
+    }
+    if block > 0
+        && !((sendbuff as usize).is_multiple_of(elem) && (recvbuff as usize).is_multiple_of(elem))
+    {
+        return Err(Failure::invalid(format!(
+            "sendbuff or recvbuff is not aligned to {elem} bytes, as {dt:?} elements must be"
+        )));
+    }
+    Ok(ReduceScatterArgs { dt, op, in_place })
+}
+
+/// The typed reduce-scatter over the caller's memory (addresses as numbers, so that
+/// the non-blocking form can move them to the worker).
+///
+/// # Safety
+/// `send` is readable for `size * count` and `recv` writable for `count` elements of
+/// `E`, both aligned and non-NULL when `count` > 0, not accessed by anyone else during
+/// the call; they do not overlap unless `in_place` (`recv` is block `rank` of `send`).
+pub(crate) unsafe fn reduce_scatter_typed<E: Reducible>(
+    comm: &mut Communicator,
+    send: usize,
+    recv: usize,
+    count: usize,
+    op: ReduceOp,
+    in_place: bool,
+) -> halo_rs::Result<()> {
+    if count == 0 {
+        return comm.reduce_scatter::<E>(&[], &mut [], op);
+    }
+    let total = count * comm.size();
+    if in_place {
+        // SAFETY: readable, aligned and non-NULL for `total` elements per the contract;
+        // the slice ends with this statement, before the slice over `recv` exists.
+        let copy = unsafe { std::slice::from_raw_parts(send as *const E, total) }.to_vec();
+        // SAFETY: writable, aligned and non-NULL for `count` elements, and the only
+        // slice over that memory now.
+        let r = unsafe { std::slice::from_raw_parts_mut(recv as *mut E, count) };
+        return comm.reduce_scatter(&copy, r, op);
+    }
+    // SAFETY: valid, aligned and non-NULL for their lengths per the contract, and
+    // disjoint (checked by the caller).
+    let (s, r) = unsafe {
+        (
+            std::slice::from_raw_parts(send as *const E, total),
+            std::slice::from_raw_parts_mut(recv as *mut E, count),
+        )
+    };
+    comm.reduce_scatter(s, r, op)
+}
+
+/// Reduce-scatter (as `ncclReduceScatter`): `sendbuff` holds `nranks * recvcount`
+/// elements; this rank's `recvbuff` (`recvcount` elements) becomes block `rank` of
+/// `sendbuff` (elements `rank*recvcount .. (rank+1)*recvcount-1`) combined with `op`
+/// over every rank. In place as in NCCL: when `recvbuff == sendbuff + rank *
+/// recvcount` elements. Every rank passes the same `recvcount`, `datatype` and `op`.
+/// Blocking.
+///
+/// Data types: every `haloDataType`; operations: every `haloRedOp`. A ring of
+/// `nranks - 1` rounds; each block is reduced in an order fixed by the algorithm, so
+/// the bits are the same from run to run. The buffers must be aligned to their element
+/// size.
+///
+/// Errors: `haloInvalidArgument` for a NULL `comm`, a non-NULL `stream`, an unknown
+/// `datatype` or `op`, a size that overflows, a NULL buffer with `recvcount` > 0,
+/// buffers that overlap other than in place, or a misaligned buffer (all before
+/// anything is sent); `haloInvalidUsage` when ranks pass different counts (where the
+/// transport sees it) or another thread uses `comm`; `haloTimeout`, `haloRemoteError`,
+/// `haloAborted`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `sendbuff` is NULL or readable for `nranks *
+/// recvcount` elements and `recvbuff` NULL or writable for `recvcount`; no other thread
+/// accesses them during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: haloDataType_t,
+    op: haloRedOp_t,
+    comm: haloComm_t,
+    stream: haloStream_t,
+) -> haloResult_t {
+    call_comm("haloReduceScatter", comm, |c| {
+        check_stream(stream)?;
+        let a = check_reduce_scatter(
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            op,
+            (c.size(), c.rank()),
+        )?;
+        let mut guard = c.lock()?;
+        let (s, r) = (sendbuff as usize, recvbuff as usize);
+        // SAFETY: checked above (NULL, alignment, overlap) or promised by the contract.
+        with_elem!(a.dt, E => unsafe {
+            reduce_scatter_typed::<E>(&mut guard, s, r, recvcount, a.op, a.in_place)
+        })?;
+        Ok(())
     })
 }
 

@@ -41,6 +41,8 @@ mod comm;
 
 mod collectives;
 
+mod rooted;
+
 mod requests;
 
 mod boundary;
@@ -53,4 +55,5 @@ pub use comm::*;
 pub use error::*;
 pub use handle::{haloComm, haloComm_t};
 pub use requests::*;
+pub use rooted::*;
 pub use types::*;

@@ -1,6 +1,8 @@
 //! Non-blocking operations with request handles, MPI-style: `haloIAllToAll`,
-//! `haloIAllToAllv`, `haloISend`, `haloIRecv`, `haloIAllReduce` start an operation and
-//! return a `haloRequest_t`; `haloWait`, `haloTest` and `haloWaitAll` complete it.
+//! `haloIAllToAllv`, `haloISend`, `haloIRecv`, `haloISendTagged`, `haloIRecvTagged`,
+//! `haloIAllReduce`, `haloIReduceScatter`, `haloIAllGather`, `haloIBroadcast`,
+//! `haloIGather`, `haloIScatter` and `haloIBarrier` start an operation and return a
+//! `haloRequest_t`; `haloWait`, `haloTest` and `haloWaitAll` complete it.
 //!
 //! The operations of a communicator run on one worker thread per communicator, in
 //! the order they were started (the same model as the Rust API's
@@ -9,12 +11,18 @@
 //! `haloInvalidArgument`, never undefined behaviour.
 
 use crate::boundary::{call, call_borrowed};
-use crate::collectives::{bytes, bytes_mut, check_buffer, counts, peer_index, total_bytes};
+use crate::collectives::{
+    bytes, bytes_mut, check_all_gather, check_buffer, check_reduce_scatter, counts, peer_index,
+    reduce_scatter_typed, run_all_gather, total_bytes,
+};
 use crate::error::{Failure, FfiResult, c_message, haloResult_t};
 use crate::handle::{haloComm, haloComm_t};
-use crate::types::{haloDataType, haloDataType_t, haloRedOp, haloRedOp_t};
+use crate::rooted::{
+    check_broadcast, check_gather, check_scatter, run_broadcast, run_gather, run_scatter, tag_value,
+};
+use crate::types::{haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, with_elem};
 use halo_rs::c_abi::{OpHandle, OpJob};
-use halo_rs::{Communicator, Partition, ReduceOp, Reducible, bf16, f16};
+use halo_rs::{Communicator, Partition, ReduceOp, Reducible};
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -334,22 +342,273 @@ pub unsafe extern "C" fn haloIAllReduce(
                  must be"
             )));
         }
-        let job = match dt {
-            haloDataType::haloInt32 => reduce_job::<i32>(s, r, count, op),
-            haloDataType::haloUint32 => reduce_job::<u32>(s, r, count, op),
-            haloDataType::haloInt64 => reduce_job::<i64>(s, r, count, op),
-            haloDataType::haloUint64 => reduce_job::<u64>(s, r, count, op),
-            haloDataType::haloFloat16 => reduce_job::<f16>(s, r, count, op),
-            haloDataType::haloFloat32 => reduce_job::<f32>(s, r, count, op),
-            haloDataType::haloFloat64 => reduce_job::<f64>(s, r, count, op),
-            haloDataType::haloBfloat16 => reduce_job::<bf16>(s, r, count, op),
-            haloDataType::haloInt8 | haloDataType::haloUint8 => {
-                return Err(Failure::invalid(format!(
-                    "datatype {dt:?} is not supported by haloIAllReduce (8-bit integers)"
-                )));
-            }
-        };
+        let job = with_elem!(dt, E => reduce_job::<E>(s, r, count, op));
         start(c.shared(), "haloIAllReduce", "all_reduce", job, request)
+    })
+}
+
+/// Non-blocking `haloReduceScatter` (in place as NCCL's; see `haloIAllToAll` for
+/// requests, buffers and order). Arguments (data type, operation, NULL, overlap,
+/// alignment) are checked at the call.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `sendbuff` NULL or readable for `nranks *
+/// recvcount` elements and `recvbuff` NULL or writable for `recvcount` until the
+/// request completes; `request` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: haloDataType_t,
+    op: haloRedOp_t,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed("haloIReduceScatter", comm, |c| {
+        check_request_out(request)?;
+        let a = check_reduce_scatter(
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            op,
+            (c.size(), c.rank()),
+        )?;
+        let (s, r) = (addr(sendbuff), addr(recvbuff));
+        let (op, in_place) = (a.op, a.in_place);
+        let job: OpJob = with_elem!(a.dt, E => Box::new(move |comm: &mut Communicator| {
+            // SAFETY: checked at start (NULL, alignment, overlap); valid and untouched
+            // by the caller until the request completes, after this returns.
+            unsafe { reduce_scatter_typed::<E>(comm, s, r, recvcount, op, in_place) }
+        }));
+        start(
+            c.shared(),
+            "haloIReduceScatter",
+            "reduce_scatter",
+            job,
+            request,
+        )
+    })
+}
+
+/// Non-blocking `haloAllGather` (in place as NCCL's; see `haloIAllToAll` for
+/// requests, buffers and order). Arguments are checked at the call.
+///
+/// # Safety
+/// As `haloAllGather`, with the buffers valid until the request completes; `request`
+/// is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: haloDataType_t,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed("haloIAllGather", comm, |c| {
+        check_request_out(request)?;
+        let a = check_all_gather(
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            (c.size(), c.rank()),
+        )?;
+        let job: OpJob = Box::new(move |comm: &mut Communicator| {
+            // SAFETY: checked at start (NULL, overlap); valid and untouched by the
+            // caller until the request completes, after this returns.
+            unsafe { run_all_gather(comm, a) }
+        });
+        start(c.shared(), "haloIAllGather", "all_gather", job, request)
+    })
+}
+
+/// Non-blocking `haloBarrier`: the request completes once every rank has reached
+/// it (see `haloIAllToAll` for requests and order).
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `request` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIBarrier(
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed("haloIBarrier", comm, |c| {
+        check_request_out(request)?;
+        let job: OpJob = Box::new(|comm: &mut Communicator| comm.barrier());
+        start(c.shared(), "haloIBarrier", "barrier", job, request)
+    })
+}
+
+/// Non-blocking `haloBroadcast` (in place when `sendbuff == recvbuff`; see
+/// `haloIAllToAll` for requests, buffers and order). Arguments are checked at the
+/// call.
+///
+/// # Safety
+/// As `haloBroadcast`, with the buffers valid until the request completes; `request`
+/// is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: haloDataType_t,
+    root: c_int,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed("haloIBroadcast", comm, |c| {
+        check_request_out(request)?;
+        let a = check_broadcast(
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            root,
+            (c.size(), c.rank()),
+        )?;
+        let job: OpJob = Box::new(move |comm: &mut Communicator| {
+            // SAFETY: checked at start (NULL, overlap); valid and untouched by the
+            // caller until the request completes, after this returns.
+            unsafe { run_broadcast(comm, a) }
+        });
+        start(c.shared(), "haloIBroadcast", "broadcast", job, request)
+    })
+}
+
+/// Non-blocking `haloGather` (see `haloIAllToAll` for requests, buffers and order).
+/// Arguments are checked at the call.
+///
+/// # Safety
+/// As `haloGather`, with the buffers valid until the request completes; `request` is
+/// NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: haloDataType_t,
+    root: c_int,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed("haloIGather", comm, |c| {
+        check_request_out(request)?;
+        let a = check_gather(
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            root,
+            (c.size(), c.rank()),
+        )?;
+        let job: OpJob = Box::new(move |comm: &mut Communicator| {
+            // SAFETY: checked at start (NULL, overlap); valid and untouched by the
+            // caller until the request completes, after this returns.
+            unsafe { run_gather(comm, a) }
+        });
+        start(c.shared(), "haloIGather", "gather", job, request)
+    })
+}
+
+/// Non-blocking `haloScatter` (see `haloIAllToAll` for requests, buffers and order).
+/// Arguments are checked at the call.
+///
+/// # Safety
+/// As `haloScatter`, with the buffers valid until the request completes; `request` is
+/// NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: haloDataType_t,
+    root: c_int,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed("haloIScatter", comm, |c| {
+        check_request_out(request)?;
+        let a = check_scatter(
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            root,
+            (c.size(), c.rank()),
+        )?;
+        let job: OpJob = Box::new(move |comm: &mut Communicator| {
+            // SAFETY: checked at start (NULL, overlap); valid and untouched by the
+            // caller until the request completes, after this returns.
+            unsafe { run_scatter(comm, a) }
+        });
+        start(c.shared(), "haloIScatter", "scatter", job, request)
+    })
+}
+
+/// Non-blocking `haloSendTagged` (see `haloISend`).
+///
+/// # Safety
+/// As `haloISend`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloISendTagged(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: haloDataType_t,
+    peer: c_int,
+    tag: c_int,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed("haloISendTagged", comm, |c| {
+        check_request_out(request)?;
+        let elem = haloDataType::from_raw(datatype)?.size();
+        let len = total_bytes(count, elem, 1, "count")?;
+        check_buffer(sendbuff, len, "sendbuff", count)?;
+        let peer = peer_index(peer, c.size())?;
+        let tag = tag_value(tag)?;
+        let s = addr(sendbuff);
+        let job: OpJob = Box::new(move |comm: &mut Communicator| {
+            // SAFETY: non-NULL when `len` > 0 (checked at start), readable and unwritten
+            // until the request completes (after this returns) per the contract.
+            let send = unsafe { bytes(s as *const c_void, len) };
+            comm.send_tagged(send, peer, tag)
+        });
+        start(c.shared(), "haloISendTagged", "send", job, request)
+    })
+}
+
+/// Non-blocking `haloRecvTagged` (see `haloIRecv`).
+///
+/// # Safety
+/// As `haloIRecv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIRecvTagged(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: haloDataType_t,
+    peer: c_int,
+    tag: c_int,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed("haloIRecvTagged", comm, |c| {
+        check_request_out(request)?;
+        let elem = haloDataType::from_raw(datatype)?.size();
+        let len = total_bytes(count, elem, 1, "count")?;
+        check_buffer(recvbuff, len, "recvbuff", count)?;
+        let peer = peer_index(peer, c.size())?;
+        let tag = tag_value(tag)?;
+        let r = addr(recvbuff);
+        let job: OpJob = Box::new(move |comm: &mut Communicator| {
+            // SAFETY: non-NULL when `len` > 0 (checked at start), writable and accessed
+            // by nobody else until the request completes (after this returns).
+            let recv = unsafe { bytes_mut(r as *mut c_void, len) };
+            comm.recv_tagged(recv, peer, tag)
+        });
+        start(c.shared(), "haloIRecvTagged", "recv", job, request)
     })
 }
 

@@ -27,6 +27,11 @@ pub const HALO_CONFIG_MAGIC: c_uint = 0x48414c4f;
 /// default) is used.
 pub const HALO_CONFIG_UNDEF_INT: c_int = -2147483647 - 1;
 
+/// The largest user tag of `haloSendTagged` / `haloRecvTagged` and their non-blocking
+/// forms: 2^24 - 1 (tags are `0 .. HALO_MAX_TAG`).
+pub const HALO_MAX_TAG: c_int = 16_777_215;
+const _: () = assert!(HALO_MAX_TAG as u32 == halo_rs::MAX_USER_TAG);
+
 /// `haloCommSplit`'s color for a rank that joins no new communicator.
 pub const HALO_SPLIT_NOCOLOR: c_int = -1;
 
@@ -98,6 +103,56 @@ impl haloDataType {
     }
 }
 
+/// Runs `$body` with `$E` the Rust element type of the `haloDataType` `$dt` (every
+/// one is `Reducible`).
+macro_rules! with_elem {
+    ($dt:expr, $E:ident => $body:expr) => {
+        match $dt {
+            $crate::types::haloDataType::haloInt8 => {
+                type $E = i8;
+                $body
+            }
+            $crate::types::haloDataType::haloUint8 => {
+                type $E = u8;
+                $body
+            }
+            $crate::types::haloDataType::haloInt32 => {
+                type $E = i32;
+                $body
+            }
+            $crate::types::haloDataType::haloUint32 => {
+                type $E = u32;
+                $body
+            }
+            $crate::types::haloDataType::haloInt64 => {
+                type $E = i64;
+                $body
+            }
+            $crate::types::haloDataType::haloUint64 => {
+                type $E = u64;
+                $body
+            }
+            $crate::types::haloDataType::haloFloat16 => {
+                type $E = halo_rs::f16;
+                $body
+            }
+            $crate::types::haloDataType::haloFloat32 => {
+                type $E = f32;
+                $body
+            }
+            $crate::types::haloDataType::haloFloat64 => {
+                type $E = f64;
+                $body
+            }
+            $crate::types::haloDataType::haloBfloat16 => {
+                type $E = halo_rs::bf16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_elem;
+
 /// The all-to-all algorithms (`haloConfig_t.algorithm`, like `HALO_ALGO`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,19 +193,26 @@ impl haloAlgorithm {
     }
 }
 
-/// Reduction operations of `haloAllReduce`, with NCCL's numbers (`ncclSum` = 0,
-/// `ncclMax` = 2, `ncclMin` = 3). NCCL's `ncclProd` (1) and `ncclAvg` (4) are not
-/// supported yet: their numbers are kept free for them.
+/// Reduction operations of the reducing collectives (`haloAllReduce`,
+/// `haloReduceScatter`), with NCCL's numbers (`ncclSum` = 0, `ncclProd` = 1, `ncclMax`
+/// = 2, `ncclMin` = 3, `ncclAvg` = 4).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum haloRedOp {
     /// Sum (integers wrap around; `haloFloat16` / `haloBfloat16` are added in `float`
     /// and rounded to nearest-even).
     haloSum = 0,
+    /// Product (integers wrap around; `haloFloat16` / `haloBfloat16` are multiplied in
+    /// `float` and rounded to nearest-even).
+    haloProd = 1,
     /// Maximum (a NaN operand gives NaN).
     haloMax = 2,
     /// Minimum (a NaN operand gives NaN).
     haloMin = 3,
+    /// Average, as `ncclAvg`: the sum divided by the number of ranks; floats divide in
+    /// their own type (`haloFloat16` / `haloBfloat16` through `float`), integers with
+    /// truncating division (towards zero) of the wrapped sum.
+    haloAvg = 4,
 }
 
 /// A `haloRedOp` value (an `int32_t`, checked like `haloDataType_t`).
@@ -161,14 +223,13 @@ impl haloRedOp {
     pub(crate) fn from_raw(raw: haloRedOp_t) -> FfiResult<ReduceOp> {
         match raw {
             0 => Ok(ReduceOp::Sum),
+            1 => Ok(ReduceOp::Prod),
             2 => Ok(ReduceOp::Max),
             3 => Ok(ReduceOp::Min),
-            1 | 4 => Err(Failure::invalid(format!(
-                "op {raw} (NCCL's {}) is not supported yet: use haloSum, haloMax or haloMin",
-                if raw == 1 { "ncclProd" } else { "ncclAvg" }
-            ))),
+            4 => Ok(ReduceOp::Avg),
             _ => Err(Failure::invalid(format!(
-                "op {raw} is not a haloRedOp_t (haloSum = 0, haloMax = 2, haloMin = 3)"
+                "op {raw} is not a haloRedOp_t (haloSum = 0, haloProd = 1, haloMax = 2, \
+                 haloMin = 3, haloAvg = 4)"
             ))),
         }
     }

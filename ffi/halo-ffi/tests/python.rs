@@ -4,7 +4,10 @@
 //! (`HALO_BIN`):
 //!
 //! - `test_api.py`: the constants against include/halo.h, finding the library, the
-//!   errors, the argument checks, a one-rank communicator;
+//!   errors, the argument checks, a one-rank communicator, and (`workers/ops.py` under
+//!   `halo launch`, 3 and 4 ranks) all-reduce with every op and dtype, all-gather,
+//!   reduce-scatter, broadcast, gather, scatter, tagged send / recv, blocking and
+//!   async, byte-exact, and mismatched counts raising `HaloError` on every rank;
 //! - `test_launch.py`: `halo launch -n 4 -- python3 WORKER` (and 3 ranks): byte-exact
 //!   all-to-all with uneven splits that include zeros, all-to-all of lists,
 //!   all-reduce, barrier, split, the error path with the header's codes, the example
