@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages HALO needs.
 #   bash scripts/deps.sh        # to build and run (the main job)
-#   bash scripts/deps.sh test   # to run the tests as well (adds numpy for the python3 on PATH)
+#   bash scripts/deps.sh test   # to run the tests as well (adds numpy, torch and expecttest
+#                               # for the python3 on PATH)
 # As root it runs apt-get (and pip); otherwise it prints the exact command to run.
 set -euo pipefail
 
@@ -26,20 +27,30 @@ if [ "${1:-}" = "test" ]; then
   )
 fi
 
-# numpy for the python3 on PATH (a pyenv or venv python, or Debian's own, which needs
-# --break-system-packages): the Python tests need it; torch is optional (its tests skip).
+# For the python3 on PATH (a pyenv or venv python, or Debian's own, which needs
+# --break-system-packages), the Python tests need numpy, PyTorch (the "halo"
+# torch.distributed backend's tests, about 2 minutes and 5.4 GB from the registry: its
+# CUDA wheels come with it; it runs on CPU) and expecttest (torch's own distributed
+# test suite, which ships in the torch wheel, imports it).
+TORCH_VERSION="${HALO_TORCH_VERSION:-2.15.0}"
 python_deps() {
   [ "${1:-}" = "test" ] || return 0
-  python3 -c 'import numpy' 2>/dev/null && return 0
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "The Python tests need numpy for $(command -v python3)." >&2
-    echo "Run: python3 -m pip install numpy" >&2
+  local want=()
+  python3 -c 'import numpy' 2>/dev/null || want+=(numpy)
+  python3 -c 'import torch' 2>/dev/null || want+=("torch==$TORCH_VERSION")
+  python3 -c 'import expecttest' 2>/dev/null || want+=(expecttest)
+  [ ${#want[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ] && [ -z "${VIRTUAL_ENV:-}" ]; then
+    echo "The Python tests need ${want[*]} for $(command -v python3)." >&2
+    echo "Run: python3 -m pip install ${want[*]}" >&2
     exit 1
   fi
-  echo "installing numpy for $(command -v python3)" >&2
-  python3 -m pip install -q numpy 2>/dev/null \
-    || python3 -m pip install -q --break-system-packages numpy
-  python3 -c 'import numpy' || { echo "numpy did not install for python3" >&2; exit 1; }
+  echo "installing ${want[*]} for $(command -v python3)" >&2
+  export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+  python3 -m pip install -q "${want[@]}" 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages "${want[@]}"
+  python3 -c 'import numpy, torch, expecttest' \
+    || { echo "numpy, torch or expecttest did not install for python3" >&2; exit 1; }
 }
 
 missing=()

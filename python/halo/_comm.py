@@ -335,7 +335,7 @@ class Communicator:
         )
         return output
 
-    def all_to_all(self, output_list, input_list):
+    def all_to_all(self, output_list, input_list, async_op=False):
         """All-to-all of lists (``torch.distributed.all_to_all``): ``input_list[q]``
         goes to rank ``q``, and what rank ``q`` sends lands in ``output_list[q]``.
 
@@ -343,8 +343,9 @@ class Communicator:
         zero, and ``output_list[q]`` has as many elements as rank ``q``'s
         ``input_list[me]``. Arrays that lie back to back in memory (the pieces of one
         array split along dim 0) are used in place; otherwise they are staged through
-        one contiguous buffer (one copy each way). Returns ``output_list``. Errors as
-        :meth:`all_to_all_single`.
+        one contiguous buffer (one copy each way). Returns ``output_list``, or with
+        ``async_op=True`` a :class:`Work` (``haloIAllToAllv``; staged results are copied
+        into ``output_list`` by its ``wait()``). Errors as :meth:`all_to_all_single`.
         """
         h = self._h()
         n = self._size
@@ -383,23 +384,33 @@ class Communicator:
         if recv_ptr is None:
             staged_recv = (ctypes.c_ubyte * (rtotal * itemsize))()
             recv_ptr = ctypes.addressof(staged_recv)
-        check(
-            library().haloAllToAllv(
-                send_ptr or None,
-                _size_array(sc),
-                _size_array(sd),
-                recv_ptr or None,
-                _size_array(rc),
-                _size_array(rd),
-                dtype,
-                h,
-                stream,
-            ),
-            h,
+        args = (
+            send_ptr or None,
+            _size_array(sc),
+            _size_array(sd),
+            recv_ptr or None,
+            _size_array(rc),
+            _size_array(rd),
+            dtype,
         )
-        if staged_recv is not None:
-            for b, d in zip(ob, rd):
-                ctypes.memmove(b.ptr, recv_ptr + d * itemsize, b.nbytes)
+
+        def copy_out():
+            if staged_recv is not None:
+                for b, d in zip(ob, rd):
+                    ctypes.memmove(b.ptr, recv_ptr + d * itemsize, b.nbytes)
+
+        if async_op:
+            if stream is not None:
+                raise ValueError("all_to_all of device arrays with async_op=True is not supported")
+            work = self._start(
+                library().haloIAllToAllv,
+                *args,
+                keep=(output_list, input_list, staged_send, staged_recv, args),
+            )
+            work._after = copy_out
+            return work
+        check(library().haloAllToAllv(*args, h, stream), h)
+        copy_out()
         return output_list
 
     def all_reduce(self, array, op="sum", async_op=False):
@@ -611,6 +622,8 @@ class Work:
         self._req = request
         self._comm = comm
         self._keep = keep
+        # Runs once, after the operation succeeded (copies staged results out).
+        self._after = None
 
     def wait(self, timeout=None) -> bool:
         """Blocks until the operation has completed (each operation is bounded by the
@@ -621,8 +634,12 @@ class Work:
             return True
         try:
             check(library().haloWait(req), self._comm)
+            after, self._after = self._after, None
+            if after is not None:
+                after()
         finally:
             self._keep = None
+            self._after = None
         return True
 
     def is_completed(self) -> bool:
@@ -634,7 +651,12 @@ class Work:
         code = library().haloTest(self._req, ctypes.byref(done))
         if done.value or code != 0:
             self._req = None
-            self._keep = None
+            after, self._after = self._after, None
+            try:
+                if code == 0 and after is not None:
+                    after()
+            finally:
+                self._keep = None
         check(code, self._comm)
         return bool(done.value)
 
@@ -666,15 +688,31 @@ def get_unique_id() -> bytes:
     return bytes(ctypes.string_at(ctypes.addressof(uid), _lib.UNIQUE_ID_BYTES))
 
 
-def init_rank(nranks: int, unique_id: bytes, rank: int) -> Communicator:
+def init_rank(nranks: int, unique_id: bytes, rank: int, timeout_ms: int | None = None) -> Communicator:
     """Rank ``rank`` of ``nranks`` joins the job of ``unique_id``
-    (``haloCommInitRank``); every rank calls it."""
+    (``haloCommInitRank``); every rank calls it. ``timeout_ms``: how long one
+    collective, and joining, may take (``haloCommInitRankConfig``'s ``timeoutMs`` and
+    ``bootstrapTimeoutMs``; default: ``HALO_TIMEOUT_MS`` or 60 s, and 120 s to join)."""
     unique_id = bytes(unique_id)
     if len(unique_id) != _lib.UNIQUE_ID_BYTES:
         raise ValueError(f"a unique id has {_lib.UNIQUE_ID_BYTES} bytes, not {len(unique_id)}")
     uid = _lib.UniqueId()
     ctypes.memmove(ctypes.addressof(uid), unique_id, _lib.UNIQUE_ID_BYTES)
     handle = ctypes.c_void_p()
-    check(library().haloCommInitRank(ctypes.byref(handle), int(nranks), uid, int(rank)), None)
+    if timeout_ms is None:
+        check(library().haloCommInitRank(ctypes.byref(handle), int(nranks), uid, int(rank)), None)
+    else:
+        ms = operator.index(timeout_ms)
+        if not 0 < ms < 2**31:
+            raise ValueError(f"timeout_ms is {ms}; it must be in 1..{2**31 - 1}")
+        config = _lib.Config.initial()
+        config.timeoutMs = ms
+        config.bootstrapTimeoutMs = ms
+        check(
+            library().haloCommInitRankConfig(
+                ctypes.byref(handle), int(nranks), uid, int(rank), ctypes.byref(config)
+            ),
+            None,
+        )
     return Communicator(handle)
 

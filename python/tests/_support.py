@@ -39,7 +39,41 @@ try:
 except ImportError:
     HAVE_TORCH = False
 
-TORCH_REASON = "torch is not installed (optional: pip install torch)"
+TORCH_REASON = "torch is not installed (bash scripts/deps.sh test installs it)"
+
+
+def need_torch(test):
+    """Skips without torch, unless the tests are required (then they fail: CI installs
+    torch, so a torch test never passes as skipped there)."""
+    if HAVE_TORCH or REQUIRED:
+        return test
+    return unittest.skip(TORCH_REASON)(test)
+
+
+def torchrun(testcase, n, args, extra_env=None, timeout=300):
+    """Runs ``torchrun --standalone --nproc-per-node N ARGS...`` (torch's own launcher,
+    as users start jobs) and returns the Job; every rank's output is on stdout."""
+    if not HAVE_TORCH:
+        testcase.fail(f"the tests are required but {TORCH_REASON}")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(n),
+        "--max-restarts",
+        "0",
+    ] + [str(a) for a in args]
+    env = child_env(extra_env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        proc = subprocess.run(
+            cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as e:
+        testcase.fail(f"{' '.join(cmd)} ran past {timeout} s:\n{e.stdout}\n{e.stderr}")
+    return Job(cmd, proc)
 
 
 def need_numpy(test):

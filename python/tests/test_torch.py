@@ -1,34 +1,28 @@
-"""halo.torch with real torch tensors. Skipped, with the reason, when torch is absent
-(it is optional: installing it in CI is not required)."""
+"""The "halo" torch.distributed backend with real torch, under torch's own launcher
+(torchrun) and under `halo launch`: every operation byte-exact, bad input, DDP against
+gloo, a Megatron-style MoE layer against a single-process reference, a dead rank.
 
-import inspect
+torch is required where the tests are (HALO_REQUIRE_PYTHON_TESTS=1, as in CI): there a
+missing torch fails these tests instead of skipping them."""
+
+import subprocess
+import sys
 import unittest
 
-from _support import HAVE_TORCH, TORCH_REASON, WORKERS, launch
+from _support import PYTHON_DIR, WORKERS, child_env, launch, need_torch, torchrun
 
-import halo
-import halo.torch
-
-if HAVE_TORCH:
-    import torch
-    import torch.distributed as dist
-
-    from halo._buffers import as_buffer
+BACKEND = WORKERS / "torch_backend.py"
+EXAMPLE = PYTHON_DIR / "examples" / "torch_moe.py"
 
 
-def params(fn):
-    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
+def ok_lines(job, needle):
+    return [l for l in job.stdout.splitlines() if needle in l]
 
 
 class ImportTest(unittest.TestCase):
-    def test_importing_halo_torch_does_not_import_torch(self):
-        import subprocess
-        import sys
-
-        from _support import child_env
-
+    def test_importing_halo_does_not_import_torch(self):
         p = subprocess.run(
-            [sys.executable, "-c", "import sys, halo.torch; print('torch' in sys.modules)"],
+            [sys.executable, "-c", "import sys, halo; print('torch' in sys.modules)"],
             env=child_env(),
             capture_output=True,
             text=True,
@@ -36,62 +30,95 @@ class ImportTest(unittest.TestCase):
         )
         self.assertEqual((p.returncode, p.stdout.strip()), (0, "False"), p.stderr)
 
-    def test_the_megatron_switch_is_documented_in_the_module(self):
-        doc = halo.torch.__doc__
-        self.assertIn("import halo.torch", doc)
-        self.assertIn("halo.torch.all_to_all_single(", doc)
-        self.assertIn("was: torch.distributed.all_to_all_single(", doc)
+    @need_torch
+    def test_importing_halo_torch_registers_the_backend(self):
+        code = (
+            "import torch.distributed as dist, halo.torch\n"
+            "print('halo' in dist.Backend.backend_list, dist.Backend.HALO)\n"
+            "import importlib; importlib.reload(halo.torch)\n"  # a second import is harmless
+            "print(dist.Backend.backend_list.count('halo'))\n"
+        )
+        p = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.split(), ["True", "halo", "1"])
 
 
-@unittest.skipUnless(HAVE_TORCH, TORCH_REASON)
-class TorchTest(unittest.TestCase):
-    def test_signatures_match_torch_distributed(self):
-        self.assertEqual(params(halo.torch.all_to_all_single), params(dist.all_to_all_single))
-        self.assertEqual(params(halo.torch.all_to_all), params(dist.all_to_all))
-        for name in ("all_reduce", "barrier"):
-            ours = [n for n, _ in params(getattr(halo.torch, name))]
-            theirs = [n for n, _ in params(getattr(dist, name))]
-            self.assertEqual(ours, theirs, name)
-
-    def test_tensor_buffers(self):
-        for dtype, code in [
-            (torch.bfloat16, halo.DataType.BFLOAT16),
-            (torch.float16, halo.DataType.FLOAT16),
-            (torch.float32, halo.DataType.FLOAT32),
-            (torch.float64, halo.DataType.FLOAT64),
-            (torch.int64, halo.DataType.INT64),
-            (torch.int32, halo.DataType.INT32),
-            (torch.int8, halo.DataType.INT8),
-            (torch.uint8, halo.DataType.UINT8),
-            (torch.bool, halo.DataType.UINT8),
-        ]:
-            t = torch.zeros((4, 3), dtype=dtype)[1:]
-            b = as_buffer(t, "t")
-            self.assertEqual((b.dtype, b.ptr, b.shape, b.itemsize), (code, t.data_ptr(), (3, 3), t.element_size()))
-        with self.assertRaisesRegex(TypeError, "not supported by HALO"):
-            as_buffer(torch.zeros(2, dtype=torch.complex64), "t")
-        with self.assertRaisesRegex(TypeError, "not supported by HALO"):
-            as_buffer(torch.zeros(2, dtype=torch.int16), "t")
-        with self.assertRaisesRegex(ValueError, "not contiguous"):
-            as_buffer(torch.zeros(4, 4).t(), "t")
-        with self.assertRaisesRegex(ValueError, "on device meta"):
-            as_buffer(torch.empty(4, device="meta"), "t")
-        with self.assertRaisesRegex(ValueError, "requires grad"):
-            as_buffer(torch.zeros(4, requires_grad=True), "t", writable=True)
-        if torch.cuda.is_available():
-            with self.assertRaisesRegex(ValueError, "host memory"):
-                as_buffer(torch.zeros(4, device="cuda"), "t")
-            # The device path: data_ptr() and the current stream (0 -> cudaStreamLegacy).
-            t = torch.zeros(4, device="cuda")
-            b = as_buffer(t, "t", device_ok=True)
-            self.assertEqual(b.ptr, t.data_ptr())
-            self.assertEqual(b.stream, torch.cuda.current_stream().cuda_stream or 1)
-
-    def test_against_torch_distributed_on_4_ranks(self):
-        job = launch(self, 4, [WORKERS / "torch_worker.py"])
+class BackendTest(unittest.TestCase):
+    def run_job(self, n, args, needle, launcher=torchrun, **kw):
+        job = launcher(self, n, args, **kw)
         self.assertEqual(job.code, 0, job.describe())
-        for r in range(4):
-            self.assertIn("torch ok", job.rank_lines(r), job.describe())
+        self.assertEqual(len(ok_lines(job, needle)), n, job.describe())
+        return job
+
+    @need_torch
+    def test_every_operation_on_4_ranks(self):
+        self.run_job(4, [BACKEND, "ops"], "torch backend ops ok")
+
+    @need_torch
+    def test_every_operation_on_3_ranks(self):
+        self.run_job(3, [BACKEND, "ops"], "torch backend ops ok")
+
+    @need_torch
+    def test_ddp_over_halo_matches_ddp_over_gloo(self):
+        self.run_job(4, [BACKEND, "ddp"], "ddp ok")
+
+    @need_torch
+    def test_the_megatron_style_moe_example_on_4_ranks(self):
+        self.run_job(4, [EXAMPLE], "matches the single-process reference: ok")
+
+    @need_torch
+    def test_the_moe_example_under_halo_launch(self):
+        # `halo launch` sets torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,
+        # MASTER_PORT): the example runs unchanged, no HALO-specific environment.
+        self.run_job(2, [EXAMPLE], "matches the single-process reference: ok", launcher=launch, timeout=240)
+
+    @need_torch
+    def test_a_dead_rank_makes_the_others_raise(self):
+        # Plain processes with torchrun's variables, as a batch system starts them
+        # (torchrun itself would end the survivors as soon as one rank exits).
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for rank in range(4):
+            env = child_env(
+                {
+                    "RANK": str(rank),
+                    "WORLD_SIZE": "4",
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "HALO_TEST_TIMEOUT_S": "20",
+                    "OMP_NUM_THREADS": "1",
+                }
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKERS / "torch_dead_rank.py")],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        outs = []
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+            outs.append((p.returncode, out, err))
+        report = "\n".join(f"rank {r}: exit {c}\n{o}{e[-3000:]}" for r, (c, o, e) in enumerate(outs))
+        self.assertEqual([c for c, _, _ in outs], [0, 0, 3, 0], report)
+        for rank in (0, 1, 3):
+            line = next((l for l in outs[rank][1].splitlines() if "raised DistBackendError" in l), None)
+            self.assertIsNotNone(line, report)
+            seconds = float(line.split(" after ", 1)[1].split()[0])
+            # Well inside torch's 20 s timeout: HALO sees the death itself.
+            self.assertLess(seconds, 20.0, line)
 
 
 if __name__ == "__main__":
