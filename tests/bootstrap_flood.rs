@@ -128,9 +128,14 @@ fn ten_thousand_strangers_do_not_stop_a_job_of_four() {
         "{during} stranger connections opened in {:?}",
         flood_started.elapsed()
     );
+    // Each connection is accepted (or queued) at once by a root that keeps up; the old
+    // root, a thread per connection, accepted 3,900 in these 60 s.
     assert!(
         during >= STRANGERS,
-        "the attack was not real: only {during} connections opened"
+        "the root took only {during} of {STRANGERS} stranger connections in {:?} (this \
+         process had up to {} threads)",
+        flood_started.elapsed(),
+        most.load(Ordering::Relaxed)
     );
     let started = Instant::now();
     let ranks: Vec<_> = (0..RANKS)
