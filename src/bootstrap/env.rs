@@ -58,7 +58,9 @@ fn number(vars: &BTreeMap<String, String>, name: &str) -> Result<Option<usize>> 
 
 impl EnvBootstrap {
     /// Reads rank, size, root and secret. Fails naming the variable that is missing
-    /// or malformed.
+    /// or malformed, the key file that others can read, or, for a job of more than one
+    /// rank without `HALO_SECRET` or a key file, saying how to provide a secret
+    /// (`secret.rs`); `HALO_SECRET=insecure-derived` is logged as a warning.
     pub fn detect(source: &EnvSource) -> Result<EnvBootstrap> {
         let vars = source.variables();
         let styles: [(&'static str, &str, &str); 4] = [
