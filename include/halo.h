@@ -42,7 +42,8 @@
  *
  * Environment: HALO_DEBUG (off, error, warn, info, debug, trace: logging to
  * stderr), HALO_FABRIC_PROVIDER, HALO_TOPOLOGY, HALO_ALGO, HALO_TIMEOUT_MS,
- * HALO_BOOTSTRAP_ADDR, HALO_SECRET, HALO_BOOTSTRAP_TIMEOUT_MS (see README).
+ * HALO_BOOTSTRAP_ADDR, HALO_SECRET, HALO_SECRET_FILE, HALO_BOOTSTRAP_TIMEOUT_MS (see
+ * README).
  */
 
 #ifndef HALO_H
@@ -518,12 +519,16 @@ haloResult_t haloCommInitRankConfig(haloComm_t *comm,
  * `OMPI_COMM_WORLD_RANK`/`_SIZE` (Open MPI), `PMI_RANK`/`PMI_SIZE` (MPICH, Cray PMI)
  * or `SLURM_PROCID`/`SLURM_NTASKS` (srun), and the rendezvous address from
  * `HALO_BOOTSTRAP_ADDR`, else `MASTER_ADDR` and `MASTER_PORT + 1`, else the first host
- * of `SLURM_JOB_NODELIST`; rank 0 serves the rendezvous. Every rank of the job calls
- * it; it returns once all have joined. The caller owns `*comm`.
+ * of `SLURM_JOB_NODELIST`; rank 0 serves the rendezvous. The job's secret is
+ * `HALO_SECRET` (64 hex digits; `halo launch` sets one), else the per-user key file
+ * (`HALO_SECRET_FILE`, else `~/.config/halo/secret`, mode 0600, made by `halo secret
+ * init`); `HALO_SECRET=insecure-derived` runs without one (a warning is logged). Every
+ * rank of the job calls it; it returns once all have joined. The caller owns `*comm`.
  *
  * Errors: `haloInvalidArgument` for a NULL `comm` or a missing or malformed variable
- * (the message names it); otherwise as `haloCommInitRank`. `*comm` is written only on
- * success.
+ * (the message names it), or when a job of more than one rank has no secret (the
+ * message says how to provide one), or a key file others can read; otherwise as
+ * `haloCommInitRank`. `*comm` is written only on success.
  *
  * # Safety
  * `comm` is NULL or valid for writing a `haloComm_t`.

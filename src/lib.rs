@@ -57,6 +57,8 @@ pub mod tune;
 pub use bootstrap::UniqueId;
 #[doc(hidden)]
 pub use bootstrap::decode_card_for_fuzzing;
+#[doc(hidden)]
+pub use bootstrap::root_handshake_for_fuzzing;
 pub use comm::{
     AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MAX_USER_TAG, MoeDispatch,
     MoeExchange, MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request, SPECULATE_V, Scope,

@@ -2,7 +2,9 @@
 //! environment style, a wrong-secret connection refused while the job completes.
 
 use halo::Error;
-use halo::bootstrap::{EnvBootstrap, EnvSource, RendezvousRoot, UniqueId, exchange, random_secret};
+use halo::bootstrap::{
+    EnvBootstrap, EnvSource, RendezvousRoot, SecretSource, UniqueId, exchange, random_secret,
+};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -199,6 +201,7 @@ fn every_environment_style_is_read() {
         ("MASTER_ADDR", "127.0.0.1".into()),
         ("MASTER_PORT", "29500".into()),
         ("TORCHELASTIC_RUN_ID", "abc".into()),
+        ("HALO_SECRET", "insecure-derived".into()),
     ]);
     let b = EnvBootstrap::detect(&torch).unwrap();
     assert_eq!((b.rank, b.size, b.launcher), (2, 4, "torchrun"));
@@ -207,7 +210,7 @@ fn every_environment_style_is_read() {
         "127.0.0.1:29501".parse().unwrap(),
         "MASTER_PORT + 1: torch's store keeps MASTER_PORT"
     );
-    assert!(!b.secret_from_env);
+    assert_eq!(b.secret_source, SecretSource::InsecureDerived);
 
     let ompi = env(&[
         ("OMPI_COMM_WORLD_RANK", "0".into()),
@@ -219,12 +222,13 @@ fn every_environment_style_is_read() {
     assert_eq!((b.rank, b.size, b.launcher), (0, 8, "openmpi"));
     assert_eq!(b.root, "127.0.0.1:5000".parse().unwrap());
     assert_eq!(b.secret, [0xab; 32]);
-    assert!(b.secret_from_env);
+    assert_eq!(b.secret_source, SecretSource::Env);
 
     let pmi = env(&[
         ("PMI_RANK", "1".into()),
         ("PMI_SIZE", "2".into()),
         ("HALO_BOOTSTRAP_ADDR", "127.0.0.1".into()),
+        ("HALO_SECRET", "cd".repeat(32)),
     ]);
     let b = EnvBootstrap::detect(&pmi).unwrap();
     assert_eq!((b.rank, b.size, b.launcher), (1, 2, "pmi"));
@@ -235,23 +239,26 @@ fn every_environment_style_is_read() {
         ("SLURM_NTASKS", "16".into()),
         ("SLURM_JOB_ID", "1234".into()),
         ("SLURM_JOB_NODELIST", "localhost".into()),
+        ("HALO_SECRET", "insecure-derived".into()),
     ]);
     let b = EnvBootstrap::detect(&slurm).unwrap();
     assert_eq!((b.rank, b.size, b.launcher), (3, 16, "slurm"));
     assert!(b.root.ip().is_loopback());
 
-    // Two ranks of one job derive the same secret; another job does not.
+    // Two ranks of one job derive the same (insecure) secret; another job does not.
     let other_rank = env(&[
         ("SLURM_PROCID", "0".into()),
         ("SLURM_NTASKS", "16".into()),
         ("SLURM_JOB_ID", "1234".into()),
         ("SLURM_JOB_NODELIST", "localhost".into()),
+        ("HALO_SECRET", "insecure-derived".into()),
     ]);
     let other_job = env(&[
         ("SLURM_PROCID", "0".into()),
         ("SLURM_NTASKS", "16".into()),
         ("SLURM_JOB_ID", "1235".into()),
         ("SLURM_JOB_NODELIST", "localhost".into()),
+        ("HALO_SECRET", "insecure-derived".into()),
     ]);
     assert_eq!(EnvBootstrap::detect(&other_rank).unwrap().secret, b.secret);
     assert_ne!(EnvBootstrap::detect(&other_job).unwrap().secret, b.secret);
@@ -288,6 +295,14 @@ fn bad_environments_name_the_variable() {
         ),
         (
             vec![
+                ("RANK", "0".into()),
+                ("WORLD_SIZE", "2".into()),
+                ("MASTER_ADDR", "127.0.0.1".into()),
+            ],
+            "no job secret",
+        ),
+        (
+            vec![
                 ("SLURM_PROCID", "0".into()),
                 ("SLURM_NTASKS", "2".into()),
                 ("SLURM_JOB_NODELIST", "n[1-".into()),
@@ -312,6 +327,7 @@ fn torchrun_style_job_joins() {
                 ("WORLD_SIZE", "3".into()),
                 ("MASTER_ADDR", "127.0.0.1".into()),
                 ("MASTER_PORT", (port - 1).to_string()),
+                ("HALO_SECRET", "3c".repeat(32)),
                 ("HALO_BOOTSTRAP_TIMEOUT_MS", "20000".into()),
             ]);
             std::thread::spawn(move || {

@@ -19,6 +19,9 @@
 //!   directories named like a dead launcher's scratch directories, and a record of
 //!   theirs naming them, survive a launch that reclaims a dead launcher's leftovers
 //!   (while root's own such directory, named by root's record, is removed).
+//! - [`other_user_cannot_read_the_job_secret_of_a_launch`]: the other user reads every
+//!   rank's and the launcher's command line and `ps`, none of which holds the job's
+//!   secret, and cannot read a rank's environment, which does.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -590,4 +593,78 @@ fn other_users_leftover_like_directories_survive_a_launch() {
         !own.exists() && !record.exists(),
         "the launch did not reclaim root's own leftovers of a dead launcher"
     );
+}
+
+/// The job's secret under `halo launch` reaches the ranks in their environment only: the
+/// other user can read every rank's and the launcher's command line (and `ps`), and none
+/// holds the secret, but cannot read a rank's environment (`/proc/PID/environ`).
+#[test]
+fn other_user_cannot_read_the_job_secret_of_a_launch() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(user) = OtherUser::create("s") else {
+        return;
+    };
+    let script = "echo \"pid $$ secret $HALO_SECRET\"; exec sleep 5";
+    let mut launch = Command::new(HALO)
+        .args([
+            "launch",
+            "-n",
+            "2",
+            "--timeout",
+            "60",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .env_remove("HALO_SECRET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(launch.stdout.take().unwrap()).lines();
+    let mut ranks = Vec::new();
+    let mut secret = String::new();
+    while ranks.len() < 2 {
+        let line = lines.next().expect("each rank prints its pid").unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "pid").unwrap();
+        ranks.push(words[at + 1].parse::<u32>().unwrap());
+        secret = words[at + 3].to_string();
+    }
+    assert_eq!(secret.len(), 64, "{secret}");
+    let mut pids = ranks.clone();
+    pids.push(launch.id());
+    for pid in &pids {
+        let cmdline = user
+            .command("cat")
+            .arg(format!("/proc/{pid}/cmdline"))
+            .output()
+            .unwrap();
+        assert!(cmdline.status.success(), "the command line is public");
+        assert!(
+            !String::from_utf8_lossy(&cmdline.stdout).contains(&secret),
+            "the secret is on the command line of {pid}"
+        );
+    }
+    for pid in &ranks {
+        let environ = user
+            .command("cat")
+            .arg(format!("/proc/{pid}/environ"))
+            .output()
+            .unwrap();
+        assert!(
+            !environ.status.success()
+                && !String::from_utf8_lossy(&environ.stdout).contains(&secret),
+            "the other user read rank {pid}'s environment"
+        );
+    }
+    let ps = user.command("ps").args(["-eo", "args"]).output().unwrap();
+    assert!(ps.status.success());
+    assert!(!String::from_utf8_lossy(&ps.stdout).contains(&secret));
+    let status = wait_for(&mut launch, Duration::from_secs(60));
+    assert!(status.success(), "{status}");
 }

@@ -673,8 +673,12 @@ def init() -> Communicator:
     (``haloCommInitFromEnv``): ``RANK``/``WORLD_SIZE`` (``halo launch``, torchrun),
     Open MPI's, PMI's or Slurm's variables, and the rendezvous in
     ``HALO_BOOTSTRAP_ADDR`` (else ``MASTER_ADDR``/``MASTER_PORT + 1``). Every rank
-    calls it; it returns once all have joined. ``HaloError`` with
-    ``INVALID_ARGUMENT`` when a variable is missing or malformed."""
+    calls it; it returns once all have joined. The job's secret is ``HALO_SECRET``
+    (``halo launch`` sets one), else the per-user key file (``HALO_SECRET_FILE``, else
+    ``~/.config/halo/secret``, mode 0600, made by ``halo secret init``); without either a
+    job of more than one rank refuses to start (``HALO_SECRET=insecure-derived`` opts
+    out, with a warning). ``HaloError`` with ``INVALID_ARGUMENT`` when a variable is
+    missing or malformed, or no secret is available."""
     handle = ctypes.c_void_p()
     check(library().haloCommInitFromEnv(ctypes.byref(handle)), None)
     return Communicator(handle)

@@ -1,6 +1,7 @@
 //! Bootstrap from the environment a launcher sets (torchrun, Open MPI, MPICH/PMI, Slurm).
 
 use super::rendezvous::{RendezvousRoot, exchange};
+use super::secret::{INSECURE_DERIVED, SecretSource};
 use super::{Secret, parse_host_port};
 use crate::error::{Error, Result};
 pub use halo_topology::discover::EnvSource;
@@ -24,8 +25,9 @@ pub struct EnvBootstrap {
     pub secret: Secret,
     /// Which launcher's variables gave rank and size (`torchrun`, `openmpi`, `pmi`, `slurm`).
     pub launcher: &'static str,
-    /// Whether the secret came from `HALO_SECRET` (else it is derived from the job's identity).
-    pub secret_from_env: bool,
+    /// Where the secret came from: `HALO_SECRET`, the per-user key file, or the
+    /// insecure opt-in (see [`crate::bootstrap`]'s secret notes).
+    pub secret_source: SecretSource,
     /// How long to wait for the other ranks (`HALO_BOOTSTRAP_TIMEOUT_MS`, default 120 s).
     pub timeout: Duration,
     /// Whether the launcher serves the root (`HALO_BOOTSTRAP_SERVED=1`, set by `halo
@@ -40,7 +42,7 @@ impl std::fmt::Debug for EnvBootstrap {
             .field("size", &self.size)
             .field("root", &self.root)
             .field("launcher", &self.launcher)
-            .field("secret_from_env", &self.secret_from_env)
+            .field("secret_source", &self.secret_source)
             .finish_non_exhaustive()
     }
 }
@@ -54,33 +56,11 @@ fn number(vars: &BTreeMap<String, String>, name: &str) -> Result<Option<usize>> 
     }
 }
 
-/// FNV-1a, for a job key that every rank derives the same way.
-fn fnv(seed: u64, data: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
-    for &b in data {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-fn parse_secret(hex: &str) -> Result<Secret> {
-    let hex = hex.trim();
-    if hex.len() != 64 || !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
-        return Err(Error::invalid_argument(
-            "HALO_SECRET must be 64 hexadecimal digits (32 bytes)",
-        ));
-    }
-    let mut s = [0u8; 32];
-    for (i, b) in s.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("checked hex");
-    }
-    Ok(s)
-}
-
 impl EnvBootstrap {
     /// Reads rank, size, root and secret. Fails naming the variable that is missing
-    /// or malformed.
+    /// or malformed, the key file that others can read, or, for a job of more than one
+    /// rank without `HALO_SECRET` or a key file, saying how to provide a secret
+    /// (`secret.rs`); `HALO_SECRET=insecure-derived` is logged as a warning.
     pub fn detect(source: &EnvSource) -> Result<EnvBootstrap> {
         let vars = source.variables();
         let styles: [(&'static str, &str, &str); 4] = [
@@ -142,29 +122,6 @@ impl EnvBootstrap {
                 "no rendezvous address: set HALO_BOOTSTRAP_ADDR (ip:port) or MASTER_ADDR/MASTER_PORT",
             ));
         };
-        let (secret, secret_from_env) = match vars.get("HALO_SECRET") {
-            Some(h) => (parse_secret(h)?, true),
-            None => {
-                let mut key = format!("{root}/{size}");
-                for v in [
-                    "TORCHELASTIC_RUN_ID",
-                    "SLURM_JOB_ID",
-                    "SLURM_STEP_ID",
-                    "OMPI_MCA_ess_base_jobid",
-                    "PMI_JOBID",
-                ] {
-                    if let Some(x) = vars.get(v) {
-                        key.push('/');
-                        key.push_str(x);
-                    }
-                }
-                let mut s = [0u8; 32];
-                for (i, chunk) in s.chunks_mut(8).enumerate() {
-                    chunk.copy_from_slice(&fnv(i as u64, key.as_bytes()).to_le_bytes());
-                }
-                (s, false)
-            }
-        };
         let timeout = match number(&vars, "HALO_BOOTSTRAP_TIMEOUT_MS")? {
             Some(ms) => Duration::from_millis(ms as u64),
             None => Duration::from_secs(120),
@@ -178,13 +135,22 @@ impl EnvBootstrap {
                 )));
             }
         };
+        let (secret, secret_source) = super::secret::resolve(&vars, root, size)?;
+        if secret_source == SecretSource::InsecureDerived {
+            tracing::warn!(
+                rank,
+                %root,
+                "HALO_SECRET={INSECURE_DERIVED}: this job's bootstrap is not authenticated; \
+                 any user who can reach {root} can compute its secret and join it"
+            );
+        }
         Ok(EnvBootstrap {
             rank,
             size,
             root,
             secret,
             launcher,
-            secret_from_env,
+            secret_source,
             timeout,
             root_served,
         })

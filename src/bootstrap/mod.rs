@@ -16,9 +16,12 @@
 //!   Cray PMI) or `SLURM_PROCID`/`SLURM_NTASKS` (srun); the root's address from
 //!   `HALO_BOOTSTRAP_ADDR` (`ip:port`), else `MASTER_ADDR` and `MASTER_PORT + 1` (torch's
 //!   own store keeps `MASTER_PORT`), else the first host of `SLURM_JOB_NODELIST` and port
-//!   29511. Rank 0 runs the root. The secret is `HALO_SECRET` (64 hex digits) if set,
-//!   else derived from the job's identity (address, size and the launcher's job id) —
-//!   which keeps jobs apart but is not a secret against other users of the machine.
+//!   29511. Rank 0 runs the root. The secret (`secret.rs`) is `HALO_SECRET` (64 hex
+//!   digits; `halo launch` sets a random one), else the per-user key file
+//!   (`HALO_SECRET_FILE`, else `~/.config/halo/secret`, mode 0600, made by `halo secret
+//!   init`) combined with the job's identity by HMAC; without either a job of more than
+//!   one rank refuses to start, unless `HALO_SECRET=insecure-derived` opts into a secret
+//!   anyone can compute (every rank then warns).
 //! - **MPI** (cargo feature `mpi`, through the `mpi` crate): `exchange_mpi` gathers
 //!   the payloads with `MPI_Allgatherv` over an MPI communicator the caller initialised.
 //!
@@ -33,16 +36,24 @@ mod job;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod rendezvous;
+mod root;
+mod secret;
 
 #[doc(hidden)]
 pub use card::decode_card_for_fuzzing;
 pub(crate) use card::hex;
 pub(crate) use job::establish;
+#[doc(hidden)]
+pub use root::root_handshake_for_fuzzing;
 
 pub use env::{DEFAULT_BOOTSTRAP_PORT, EnvBootstrap, EnvSource};
 #[cfg(feature = "mpi")]
 pub use mpi::exchange_mpi;
-pub use rendezvous::{RendezvousRoot, bootstrap_timeout, exchange};
+pub use rendezvous::{MAX_PENDING, RendezvousRoot, bootstrap_timeout, exchange};
+pub use secret::{
+    DEFAULT_KEY_FILE, INSECURE_DERIVED, SECRET_FILE_VAR, SecretSource, create_key_file,
+    insecure_derived_secret, key_file_path, read_key_file,
+};
 
 use crate::error::{Error, Result};
 

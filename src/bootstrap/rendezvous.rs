@@ -22,8 +22,13 @@
 //!    error: length u32 and a UTF-8 message.
 //!
 //! A connection that is not a HALO hello, or does not prove the secret, is refused (a
-//! warning is logged; a client that failed the proof is told so) and the root goes on
-//! waiting for the job's ranks.
+//! warning is logged, the first few one by one; a client that failed the proof is told
+//! so) and the root goes on waiting for the job's ranks. The root serves every
+//! connection from its one thread (`root.rs`: nonblocking sockets and `poll`), holds at
+//! most [`MAX_PENDING`] that have not proved the secret (the oldest is closed when
+//! another arrives) and closes each that has not within `HELLO_TIMEOUT` (5 s) of its
+//! accept. A rank whose connection is closed before the root's challenge (the root
+//! shedding load) connects again, within its timeout.
 
 use super::{Secret, sys_err};
 use crate::error::{Error, Result};
@@ -31,22 +36,24 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+
+pub use super::root::MAX_PENDING;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-const HELLO_MAGIC: &[u8; 4] = b"HALB";
-const ROOT_MAGIC: &[u8; 4] = b"HALR";
-const VERSION: u8 = 2;
-const NONCE: usize = 32;
-const PROOF: usize = 32;
-const ROOT_LABEL: &[u8] = b"halo-bootstrap-root";
-const RANK_LABEL: &[u8] = b"halo-bootstrap-rank";
-const ANSWER_LABEL: &[u8] = b"halo-bootstrap-answer";
+pub(super) const HELLO_MAGIC: &[u8; 4] = b"HALB";
+pub(super) const ROOT_MAGIC: &[u8; 4] = b"HALR";
+pub(super) const VERSION: u8 = 2;
+pub(super) const NONCE: usize = 32;
+pub(super) const PROOF: usize = 32;
+pub(super) const ROOT_LABEL: &[u8] = b"halo-bootstrap-root";
+pub(super) const RANK_LABEL: &[u8] = b"halo-bootstrap-rank";
+pub(super) const ANSWER_LABEL: &[u8] = b"halo-bootstrap-answer";
 
 type HmacSha256 = Hmac<Sha256>;
 
 /// `H(label, parts...)`: HMAC-SHA256 keyed with the job's secret.
-fn mac(secret: &Secret, label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+pub(super) fn mac(secret: &Secret, label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
     m.update(label);
     for p in parts {
@@ -55,7 +62,7 @@ fn mac(secret: &Secret, label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
     m
 }
 
-fn nonce() -> Result<[u8; NONCE]> {
+pub(super) fn nonce() -> Result<[u8; NONCE]> {
     let mut n = [0u8; NONCE];
     getrandom::fill(&mut n).map_err(|e| {
         sys_err(format!(
@@ -65,9 +72,10 @@ fn nonce() -> Result<[u8; NONCE]> {
     Ok(n)
 }
 /// Largest payload one rank may send.
-const MAX_PAYLOAD: usize = 16 << 20;
-/// How long the root waits for one connection's hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const MAX_PAYLOAD: usize = 16 << 20;
+/// How long the root waits for one connection's hello and proof (in total), and for
+/// each read of a proved rank's payload.
+pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Time the root waits for every rank, and a rank for the answer:
 /// `HALO_BOOTSTRAP_TIMEOUT_MS`, default 120 s.
@@ -119,7 +127,7 @@ impl RendezvousRoot {
             .map_err(|e| sys_err(format!("bootstrap root: {e}")))?;
         let thread = std::thread::Builder::new()
             .name("halo-bootstrap-root".into())
-            .spawn(move || serve(listener, secret, size, timeout))
+            .spawn(move || super::root::serve(listener, secret, size, timeout))
             .map_err(|e| sys_err(format!("cannot start the bootstrap root thread: {e}")))?;
         tracing::info!(%local, "bootstrap root listening");
         Ok(RendezvousRoot {
@@ -149,248 +157,6 @@ impl RendezvousRoot {
     }
 }
 
-struct Joined {
-    stream: TcpStream,
-    payload: Vec<u8>,
-    /// The nonces of its connection (rank's, root's), for the answer's proof.
-    nonces: ([u8; NONCE], [u8; NONCE]),
-}
-
-fn read_exact_timeout(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
-    stream.read_exact(buf)
-}
-
-fn send_error(stream: &mut TcpStream, msg: &str) {
-    let mut out = vec![1u8];
-    out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
-    out.extend_from_slice(msg.as_bytes());
-    let _ = stream.write_all(&out);
-}
-
-/// A hello that proved the job's secret.
-struct Hello {
-    stream: TcpStream,
-    peer: SocketAddr,
-    rank: usize,
-    n: usize,
-    payload: Vec<u8>,
-    nonces: ([u8; NONCE], [u8; NONCE]),
-}
-
-/// Runs the root's side of the handshake on one connection; `None` (and a warning)
-/// for anything that is not a complete hello proving the job's secret.
-fn read_hello(mut stream: TcpStream, peer: SocketAddr, secret: &Secret) -> Option<Hello> {
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-    let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
-    let _ = stream.set_nodelay(true);
-    let mut hello = [0u8; 8 + NONCE];
-    if let Err(e) = read_exact_timeout(&mut stream, &mut hello) {
-        tracing::warn!(%peer, "refused bootstrap connection: incomplete hello ({e})");
-        return None;
-    }
-    if &hello[..4] != HELLO_MAGIC {
-        tracing::warn!(%peer, "refused bootstrap connection: not a HALO hello");
-        return None;
-    }
-    if hello[4] != VERSION {
-        tracing::warn!(
-            %peer,
-            "refused bootstrap connection: HALO bootstrap version {} (this root speaks {VERSION})",
-            hello[4]
-        );
-        send_error(
-            &mut stream,
-            &format!(
-                "bootstrap version {} is not this root's ({VERSION}): mixed HALO versions",
-                hello[4]
-            ),
-        );
-        return None;
-    }
-    let cn: [u8; NONCE] = hello[8..].try_into().expect("32 bytes");
-    let rn = match nonce() {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::warn!(%peer, "refused bootstrap connection: {e}");
-            return None;
-        }
-    };
-    let mut challenge = Vec::with_capacity(8 + NONCE + PROOF);
-    challenge.extend_from_slice(ROOT_MAGIC);
-    challenge.extend_from_slice(&[VERSION, 0, 0, 0]);
-    challenge.extend_from_slice(&rn);
-    challenge.extend_from_slice(&mac(secret, ROOT_LABEL, &[&cn, &rn]).finalize().into_bytes());
-    if let Err(e) = stream.write_all(&challenge) {
-        tracing::warn!(%peer, "bootstrap connection closed during the handshake ({e})");
-        return None;
-    }
-    let mut head = [0u8; PROOF + 12];
-    if let Err(e) = read_exact_timeout(&mut stream, &mut head) {
-        tracing::warn!(%peer, "refused bootstrap connection: no proof of the job secret ({e})");
-        return None;
-    }
-    let (proof, header) = head.split_at(PROOF);
-    if mac(secret, RANK_LABEL, &[&cn, &rn, header])
-        .verify_slice(proof)
-        .is_err()
-    {
-        tracing::warn!(%peer, "refused bootstrap connection: it does not know the job secret");
-        send_error(
-            &mut stream,
-            "the root refused this rank: it does not know the job's secret (HALO_SECRET or the unique id differ)",
-        );
-        return None;
-    }
-    let rank = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
-    let n = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize;
-    let len = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")) as usize;
-    if len > MAX_PAYLOAD {
-        send_error(
-            &mut stream,
-            &format!("payload of {len} bytes is larger than {MAX_PAYLOAD}"),
-        );
-        return None;
-    }
-    let mut payload = vec![0u8; len];
-    if let Err(e) = read_exact_timeout(&mut stream, &mut payload) {
-        tracing::warn!(%peer, rank, "refused bootstrap connection: incomplete payload ({e})");
-        return None;
-    }
-    Some(Hello {
-        stream,
-        peer,
-        rank,
-        n,
-        payload,
-        nonces: (cn, rn),
-    })
-}
-
-fn serve(
-    listener: TcpListener,
-    secret: Secret,
-    mut size: Option<usize>,
-    timeout: Duration,
-) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    let (tx, rx) = std::sync::mpsc::channel::<Hello>();
-    let mut joined: Vec<Option<Joined>> = Vec::new();
-    let mut count = 0usize;
-    loop {
-        if let Some(n) = size
-            && count == n
-        {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let n = size.unwrap_or(0);
-            let missing: Vec<usize> = (0..n)
-                .filter(|&r| joined.get(r).is_none_or(|j| j.is_none()))
-                .collect();
-            let msg = format!(
-                "bootstrap timed out after {timeout:?}: ranks {missing:?} of {n} never joined"
-            );
-            for j in joined.iter_mut().flatten() {
-                send_error(&mut j.stream, &msg);
-            }
-            tracing::warn!("{msg}");
-            return Err(Error::Timeout {
-                peer: missing.first().copied(),
-                step: None,
-                waited: timeout,
-                message: msg,
-            });
-        }
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                // Read each hello on its own short-lived thread, so that a slow or
-                // hostile connection cannot hold up the job's ranks.
-                let tx = tx.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("halo-bootstrap-hello".into())
-                    .spawn(move || {
-                        if let Some(h) = read_hello(stream, peer, &secret) {
-                            let _ = tx.send(h);
-                        }
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!(%peer, "cannot read a bootstrap hello: {e}");
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-            Err(e) => return Err(sys_err(format!("bootstrap root accept: {e}"))),
-        }
-        let Ok(Hello {
-            mut stream,
-            peer,
-            rank,
-            n,
-            payload,
-            nonces,
-        }) = rx.recv_timeout(Duration::from_millis(2))
-        else {
-            continue;
-        };
-        let expected = *size.get_or_insert(n);
-        if n != expected {
-            send_error(
-                &mut stream,
-                &format!(
-                    "rank {rank} says the job has {n} ranks, but earlier ranks said {expected}"
-                ),
-            );
-            continue;
-        }
-        if rank >= n {
-            send_error(
-                &mut stream,
-                &format!("rank {rank} out of range for {n} ranks"),
-            );
-            continue;
-        }
-        if joined.len() < n {
-            joined.resize_with(n, || None);
-        }
-        if joined[rank].is_some() {
-            send_error(
-                &mut stream,
-                &format!("rank {rank} joined twice (from {peer})"),
-            );
-            continue;
-        }
-        tracing::debug!(%peer, rank, n, "rank joined the bootstrap");
-        joined[rank] = Some(Joined {
-            stream,
-            payload,
-            nonces,
-        });
-        count += 1;
-    }
-    let mut answer = vec![0u8];
-    answer.extend_from_slice(&(joined.len() as u32).to_le_bytes());
-    for j in joined.iter().flatten() {
-        answer.extend_from_slice(&(j.payload.len() as u32).to_le_bytes());
-        answer.extend_from_slice(&j.payload);
-    }
-    let digest = Sha256::digest(&answer);
-    for (rank, j) in joined.iter_mut().enumerate() {
-        let Some(j) = j else { continue };
-        let (cn, rn) = &j.nonces;
-        let proof = mac(&secret, ANSWER_LABEL, &[cn, rn, &digest])
-            .finalize()
-            .into_bytes();
-        if let Err(e) = j
-            .stream
-            .write_all(&answer)
-            .and_then(|()| j.stream.write_all(&proof))
-        {
-            tracing::warn!(rank, "bootstrap root could not answer: {e}");
-        }
-    }
-    Ok(())
-}
-
 /// Joins the job at `root`: sends this rank's payload and returns every rank's, in
 /// rank order. Retries the connection until the root is up, within `timeout`.
 pub fn exchange(
@@ -413,41 +179,6 @@ pub fn exchange(
         )));
     }
     let deadline = Instant::now() + timeout;
-    let mut backoff = Duration::from_millis(5);
-    let mut stream = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Timeout {
-                peer: Some(0),
-                step: None,
-                waited: timeout,
-                message: format!("rank {rank} could not reach the bootstrap root at {root}"),
-            });
-        }
-        match TcpStream::connect_timeout(&root, left.min(Duration::from_secs(5))) {
-            Ok(s) => break s,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::WouldBlock
-                ) =>
-            {
-                std::thread::sleep(backoff.min(left));
-                backoff = (backoff * 2).min(Duration::from_millis(200));
-            }
-            Err(e) => {
-                return Err(sys_err(format!(
-                    "rank {rank} cannot connect to the bootstrap root at {root}: {e}"
-                )));
-            }
-        }
-    };
-    let _ = stream.set_nodelay(true);
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    let _ = stream.set_read_timeout(Some(left));
-    let _ = stream.set_write_timeout(Some(left));
     let io = |e: std::io::Error| -> Error {
         if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
             Error::Timeout {
@@ -464,29 +195,112 @@ pub fn exchange(
             ))
         }
     };
+    let mut backoff = Duration::from_millis(5);
+    // Connections the root closed before its challenge: a root holding its limit of
+    // unproved connections closes the oldest (strangers flooding it); connect again.
+    let mut shed = 0usize;
+    let (mut stream, cn, challenge) = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout {
+                peer: Some(0),
+                step: None,
+                waited: timeout,
+                message: if shed == 0 {
+                    format!("rank {rank} could not reach the bootstrap root at {root}")
+                } else {
+                    format!(
+                        "rank {rank} could not reach the bootstrap root at {root}: it closed \
+                         this rank's connection {shed} times before its challenge (flooded \
+                         with connections?)"
+                    )
+                },
+            });
+        }
+        let retry = |backoff: &mut Duration| {
+            std::thread::sleep((*backoff).min(left));
+            *backoff = (*backoff * 2).min(Duration::from_millis(200));
+        };
+        let mut stream = match TcpStream::connect_timeout(&root, left.min(Duration::from_secs(5))) {
+            Ok(s) => s,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::WouldBlock
+                ) =>
+            {
+                retry(&mut backoff);
+                continue;
+            }
+            Err(e) => {
+                return Err(sys_err(format!(
+                    "rank {rank} cannot connect to the bootstrap root at {root}: {e}"
+                )));
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let _ = stream.set_read_timeout(Some(left));
+        let _ = stream.set_write_timeout(Some(left));
 
-    // 1-2: this rank's nonce; the root proves it knows the secret, before anything
-    // else is sent.
-    let cn = nonce()?;
-    let mut hello = Vec::with_capacity(8 + NONCE);
-    hello.extend_from_slice(HELLO_MAGIC);
-    hello.extend_from_slice(&[VERSION, 0, 0, 0]);
-    hello.extend_from_slice(&cn);
-    stream.write_all(&hello).map_err(|e| {
-        sys_err(format!(
-            "rank {rank}: sending the bootstrap hello to {root}: {e}"
-        ))
-    })?;
-    let mut challenge = [0u8; 8 + NONCE + PROOF];
-    if let Err(e) = stream.read_exact(&mut challenge) {
-        return Err(match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => io(e),
-            _ => sys_err(format!(
-                "rank {rank}: the bootstrap root at {root} closed the connection before proving \
-                 that it knows the job's secret ({e}); nothing was sent to it"
-            )),
+        // 1-2: this rank's nonce; the root proves it knows the secret, before anything
+        // else is sent.
+        let cn = nonce()?;
+        let mut hello = Vec::with_capacity(8 + NONCE);
+        hello.extend_from_slice(HELLO_MAGIC);
+        hello.extend_from_slice(&[VERSION, 0, 0, 0]);
+        hello.extend_from_slice(&cn);
+        let closed = |e: &std::io::Error| {
+            matches!(
+                e.kind(),
+                ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted
+            )
+        };
+        if let Err(e) = stream.write_all(&hello) {
+            if closed(&e) {
+                shed += 1;
+                retry(&mut backoff);
+                continue;
+            }
+            return Err(sys_err(format!(
+                "rank {rank}: sending the bootstrap hello to {root}: {e}"
+            )));
+        }
+        let mut challenge = [0u8; 8 + NONCE + PROOF];
+        let first = loop {
+            match stream.read(&mut challenge) {
+                Ok(n) => break Ok(n),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if closed(&e) => break Ok(0),
+                Err(e) => break Err(e),
+            }
+        };
+        let got = first.and_then(|n| {
+            if n == 0 {
+                Ok(false)
+            } else {
+                stream.read_exact(&mut challenge[n..]).map(|()| true)
+            }
         });
-    }
+        match got {
+            Ok(true) => break (stream, cn, challenge),
+            Ok(false) => {
+                shed += 1;
+                retry(&mut backoff);
+            }
+            Err(e) => {
+                return Err(match e.kind() {
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut => io(e),
+                    _ => sys_err(format!(
+                        "rank {rank}: the bootstrap root at {root} closed the connection before \
+                         proving that it knows the job's secret ({e}); nothing was sent to it"
+                    )),
+                });
+            }
+        }
+    };
     if &challenge[..4] != ROOT_MAGIC || challenge[4] != VERSION {
         return Err(sys_err(format!(
             "rank {rank}: {root} did not answer as a HALO bootstrap root (version {VERSION}): \

@@ -5,6 +5,7 @@ mod calibrate;
 mod check;
 mod launch;
 mod plan;
+mod secret;
 mod simulate;
 mod topo;
 mod train;
@@ -39,6 +40,8 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Train the reference MoE model with the Piper pipeline executor (ranks as threads).
     Train(train::TrainArgs),
+    /// The per-user key file torchrun/srun-style jobs derive their secret from (`init`).
+    Secret(secret::SecretArgs),
 }
 
 /// A failed command: what to print after `error: ` and the exit status.
@@ -77,6 +80,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Train(args) => train::run(&args),
+        Command::Secret(args) => secret::run(&args),
     }
 }
 
