@@ -1,6 +1,6 @@
 """torch.distributed over "halo" against the same calls over gloo, in one run.
 
-    torchrun --nproc-per-node 4 python/bench/torch_backends.py [--rounds 3] [--max 16M]
+    torchrun --nproc-per-node 4 python/bench/torch_backends.py [--rounds 3] [--max-bytes 16M]
         [--ops all_to_all_single,all_reduce,...] [--json out.json] [--plot out.svg]
 
 The world group is gloo; a second group of the same ranks is "halo". For every
@@ -8,7 +8,7 @@ operation and size (bytes per peer for the all-to-all, per rank otherwise) the t
 backends alternate within each round (the order rotated per round), each timed over
 ``iters`` calls between barriers of its own group; the figure is the median over the
 rounds of each round's mean, on rank 0, and the ratio is gloo's time over halo's
-(> 1: halo is faster). Then the step time of unmodified DDP on a small model and of the
+(> 1: halo is faster). Then the step time of unmodified DDP on the DDP test's model and of the
 Megatron-style MoE layer of python/examples/torch_moe.py, the same way.
 """
 
@@ -99,13 +99,12 @@ def compare(make, iters, rounds, groups):
 def ddp_step(group):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    # The model of the DDP test (python/tests/workers/torch_backend.py), default buckets.
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     ddp = DDP(model, process_group=group)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    x, y = torch.randn(32, 256), torch.randn(32, 256)
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
 
     def step():
         opt.zero_grad()
@@ -137,8 +136,8 @@ def moe_step(group):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--min", default="64")
-    ap.add_argument("--max", default="16M")
+    ap.add_argument("--min-bytes", default="64")
+    ap.add_argument("--max-bytes", default="16M")
     ap.add_argument("--ops", default="all_to_all_single,all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast")
     ap.add_argument("--steps", type=int, default=20, help="DDP and MoE steps per round (0: none)")
     ap.add_argument("--json")
@@ -149,7 +148,7 @@ def main():
     n, me = dist.get_world_size(), dist.get_rank()
     groups = {"gloo": dist.group.WORLD, "halo": dist.new_group(list(range(n)), backend="halo")}
     rows = []
-    lo, hi = parse_size(args.min), parse_size(args.max)
+    lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
     for op in args.ops.split(","):
         if me == 0:
             print(f"\n# {op}, {n} processes, float32 (bytes {'per peer' if op == 'all_to_all_single' else 'per rank'})")
