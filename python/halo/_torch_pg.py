@@ -117,6 +117,7 @@ class _Work(_CWork):
         if error is not None:
             self._done = True
         self._future = None
+        self._parts = None  # the works a coalesced call is made of
 
     def _finish(self) -> None:
         with self._lock:
@@ -146,7 +147,10 @@ class _Work(_CWork):
             return True
         inner = self._inner
         try:
-            done = inner is None or inner.is_completed()
+            if self._parts is not None:
+                done = all(w.is_completed() for w in self._parts)
+            else:
+                done = inner is None or inner.is_completed()
         except BaseException:  # noqa: BLE001 - the failure is kept for wait()
             done = True
         if done:
@@ -215,10 +219,19 @@ class ProcessGroupHalo(_CProcessGroup):
         self._timeout = timeout
         ms = _ms(timeout)
         if rank == 0:
-            uid = _comm.get_unique_id()
+            try:
+                uid = _comm.get_unique_id()
+            except HaloError as e:
+                # The others are waiting for the id: tell them why there is none.
+                store.set(UNIQUE_ID_KEY, b"error: " + str(e).encode())
+                raise _error("init", e) from e
             store.set(UNIQUE_ID_KEY, uid)
         else:
-            uid = store.get(UNIQUE_ID_KEY)
+            uid = store.get(UNIQUE_ID_KEY)  # bounded by the store's timeout
+            if uid.startswith(b"error: "):
+                raise dist.DistBackendError(
+                    f"halo init: rank 0 of the group could not start HALO's bootstrap: {uid[7:].decode(errors='replace')}"
+                )
         try:
             self._comm = _comm.init_rank(size, uid, rank, timeout_ms=ms or None)
         except HaloError as e:
@@ -371,11 +384,15 @@ class ProcessGroupHalo(_CProcessGroup):
         return self._chain("allreduce_coalesced", works, tensors)
 
     def _chain(self, op: str, works, result):
+        """One work for several (the coalesced forms): done when all are."""
+
         def after():
             for w in works:
                 w.wait()
 
-        return _Work(self, op, None, result, after)
+        work = _Work(self, op, None, result, after)
+        work._parts = works
+        return work
 
     def broadcast(self, tensors, opts=None):
         op = "broadcast"

@@ -188,6 +188,16 @@ def check_ops():
         same_bytes("recv tag 7", got_a, torch.full((3,), float(left)))
         same_bytes("recv tag 3", got_b, torch.full((2,), float(-left)))
 
+    # Coalesced: several tensors in one call, blocking and async (a future).
+    a, b = torch.full((5,), float(me)), torch.full((3,), float(2 * me))
+    dist.all_reduce_coalesced([a, b])
+    same_bytes("all_reduce_coalesced [0]", a, torch.full((5,), float(sum(range(n)))))
+    same_bytes("all_reduce_coalesced [1]", b, torch.full((3,), float(2 * sum(range(n)))))
+    a, b = torch.ones(4), torch.ones(2)
+    fut = dist.all_reduce_coalesced([a, b], op=dist.ReduceOp.MAX, async_op=True)
+    fut.wait()
+    same_bytes("all_reduce_coalesced async", torch.cat([a, b]), torch.ones(6))
+
     dist.barrier()
 
     # Async work objects: wait, is_completed, get_future, then().
