@@ -198,6 +198,17 @@ class Communicator:
         check(fn(*args, h, ctypes.byref(req)), h)
         return Work(req, h, keep)
 
+    def _call(self, name, args, keep, result, async_op, stream=None):
+        """Calls ``halo<name>(*args, comm, stream)`` and returns ``result``, or with
+        ``async_op`` starts ``haloI<name>(*args, comm, &request)`` and returns its
+        :class:`Work`, which keeps ``keep`` alive until it completes."""
+        lib = library()
+        if async_op:
+            return self._start(getattr(lib, "haloI" + name), *args, keep=keep)
+        h = self._h()
+        check(getattr(lib, "halo" + name)(*args, h, stream), h)
+        return result
+
     def send(self, array, dst, tag=0):
         """Sends ``array`` (contiguous) to rank ``dst`` (``haloSendTagged``,
         ``torch.distributed.send``), blocking until libhalo is done with it. Messages
@@ -420,35 +431,25 @@ class Communicator:
         (int8 and uint8, float16 and bfloat16 included; 'avg' truncates integers).
         Returns ``array``, or with ``async_op=True`` a :class:`Work`
         (``haloIAllReduce``)."""
-        h = self._h()
+        self._h()  # a destroyed communicator: ValueError before anything else
         op = _op(op)
         b = as_buffer(array, "array", writable=True)
-        if async_op:
-            return self._start(
-                library().haloIAllReduce, b.ptr, b.ptr, b.numel, b.dtype, op, keep=(array,)
-            )
-        check(library().haloAllReduce(b.ptr, b.ptr, b.numel, b.dtype, op, h, None), h)
-        return array
+        return self._call("AllReduce", (b.ptr, b.ptr, b.numel, b.dtype, op), (array,), array, async_op)
 
     def all_gather(self, output, input, async_op=False):
         """All-gather (``torch.distributed.all_gather_into_tensor``): ``output`` (any
         shape, ``size * input.size`` elements of ``input``'s data type) gets rank
         ``r``'s ``input`` at element offset ``r * input.size``. Returns ``output``, or
         with ``async_op=True`` a :class:`Work` (``haloIAllGather``)."""
-        h = self._h()
+        self._h()  # a destroyed communicator: ValueError before anything else
         out, inp = _pair(output, input)
         if out.numel != self._size * inp.numel:
             raise ValueError(
                 f"output has {out.numel} elements; all_gather needs size x input = "
                 f"{self._size} x {inp.numel}"
             )
-        lib = library()
-        if async_op:
-            return self._start(
-                lib.haloIAllGather, inp.ptr, out.ptr, inp.numel, inp.dtype, keep=(output, input)
-            )
-        check(lib.haloAllGather(inp.ptr, out.ptr, inp.numel, inp.dtype, h, None), h)
-        return output
+        args = (inp.ptr, out.ptr, inp.numel, inp.dtype)
+        return self._call("AllGather", args, (output, input), output, async_op)
 
     def reduce_scatter(self, output, input, op="sum", async_op=False):
         """Reduce-scatter (``torch.distributed.reduce_scatter_tensor``): ``input``
@@ -456,7 +457,7 @@ class Communicator:
         ``rank`` of ``input`` (elements ``rank * output.size ..``) combined with ``op``
         (as :meth:`all_reduce`) over all ranks. Returns ``output``, or with
         ``async_op=True`` a :class:`Work` (``haloIReduceScatter``)."""
-        h = self._h()
+        self._h()  # a destroyed communicator: ValueError before anything else
         op = _op(op)
         out, inp = _pair(output, input)
         if inp.numel != self._size * out.numel:
@@ -464,29 +465,17 @@ class Communicator:
                 f"input has {inp.numel} elements; reduce_scatter needs size x output = "
                 f"{self._size} x {out.numel}"
             )
-        lib = library()
-        if async_op:
-            return self._start(
-                lib.haloIReduceScatter, inp.ptr, out.ptr, out.numel, out.dtype, op,
-                keep=(output, input),
-            )
-        check(lib.haloReduceScatter(inp.ptr, out.ptr, out.numel, out.dtype, op, h, None), h)
-        return output
+        args = (inp.ptr, out.ptr, out.numel, out.dtype, op)
+        return self._call("ReduceScatter", args, (output, input), output, async_op)
 
     def broadcast(self, array, root, async_op=False):
         """Broadcast in place (``torch.distributed.broadcast``): ``array`` of rank
         ``root`` is copied into ``array`` of every rank. Returns ``array``, or with
         ``async_op=True`` a :class:`Work` (``haloIBroadcast``)."""
-        h = self._h()
+        self._h()  # a destroyed communicator: ValueError before anything else
         root = _rank_arg(root, "root", self._size)
         b = as_buffer(array, "array", writable=True)
-        lib = library()
-        if async_op:
-            return self._start(
-                lib.haloIBroadcast, b.ptr, b.ptr, b.numel, b.dtype, root, keep=(array,)
-            )
-        check(lib.haloBroadcast(b.ptr, b.ptr, b.numel, b.dtype, root, h, None), h)
-        return array
+        return self._call("Broadcast", (b.ptr, b.ptr, b.numel, b.dtype, root), (array,), array, async_op)
 
     def gather(self, output, input, root, async_op=False):
         """Gather to ``root`` (``torch.distributed.gather`` into one array): at the
@@ -494,7 +483,7 @@ class Communicator:
         data type) gets rank ``r``'s ``input`` at element offset ``r * input.size``;
         elsewhere ``output`` is not used and may be ``None``. Returns ``output``, or
         with ``async_op=True`` a :class:`Work` (``haloIGather``)."""
-        h = self._h()
+        self._h()  # a destroyed communicator: ValueError before anything else
         root = _rank_arg(root, "root", self._size)
         inp = as_buffer(input, "input")
         out_ptr = None
@@ -508,14 +497,8 @@ class Communicator:
                     f"{self._size} x {inp.numel} at the root"
                 )
             out_ptr = out.ptr
-        lib = library()
-        if async_op:
-            return self._start(
-                lib.haloIGather, inp.ptr, out_ptr, inp.numel, inp.dtype, root,
-                keep=(output, input),
-            )
-        check(lib.haloGather(inp.ptr, out_ptr, inp.numel, inp.dtype, root, h, None), h)
-        return output
+        args = (inp.ptr, out_ptr, inp.numel, inp.dtype, root)
+        return self._call("Gather", args, (output, input), output, async_op)
 
     def scatter(self, output, input, root, async_op=False):
         """Scatter from ``root`` (``torch.distributed.scatter`` from one array): at the
@@ -523,7 +506,7 @@ class Communicator:
         and block ``r`` (elements ``r * output.size ..``) lands in ``output`` of rank
         ``r``; elsewhere ``input`` is not used and may be ``None``. Returns ``output``,
         or with ``async_op=True`` a :class:`Work` (``haloIScatter``)."""
-        h = self._h()
+        self._h()  # a destroyed communicator: ValueError before anything else
         root = _rank_arg(root, "root", self._size)
         out = as_buffer(output, "output", writable=True)
         in_ptr = None
@@ -537,22 +520,17 @@ class Communicator:
                     f"{self._size} x {out.numel} at the root"
                 )
             in_ptr = inp.ptr
-        lib = library()
-        if async_op:
-            return self._start(
-                lib.haloIScatter, in_ptr, out.ptr, out.numel, out.dtype, root,
-                keep=(output, input),
-            )
-        check(lib.haloScatter(in_ptr, out.ptr, out.numel, out.dtype, root, h, None), h)
-        return output
+        args = (in_ptr, out.ptr, out.numel, out.dtype, root)
+        return self._call("Scatter", args, (output, input), output, async_op)
 
     def barrier(self, async_op=False):
         """Waits until every rank has called ``barrier``; with ``async_op=True``
         returns a :class:`Work` at once (``haloIBarrier``)."""
-        h = self._h()
+        lib = library()
         if async_op:
-            return self._start(library().haloIBarrier)
-        check(library().haloBarrier(h), h)
+            return self._start(lib.haloIBarrier)
+        h = self._h()
+        check(lib.haloBarrier(h), h)
 
     # -- communicators ------------------------------------------------------------
 

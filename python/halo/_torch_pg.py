@@ -19,7 +19,6 @@ process group (never a thread per call), which completes the future.
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import queue
 import threading

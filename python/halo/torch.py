@@ -45,7 +45,6 @@ docs/TORCH.md has the details, what is not supported and the figures against glo
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 from ._comm import Communicator

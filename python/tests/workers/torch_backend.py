@@ -7,7 +7,6 @@ DistributedDataParallel over "halo" against the same model over gloo.
 argv[1]: what to run: "ops" (collectives and errors) or "ddp".
 """
 
-import os
 import sys
 
 import torch
