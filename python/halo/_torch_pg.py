@@ -369,6 +369,23 @@ class ProcessGroupHalo(_CProcessGroup):
                     f"halo {op}: {what}[{i}] has {t.numel()} elements, not {like.numel()}"
                 )
 
+    def _one_per_rank(self, output_tensors, like, op: str, what: str):
+        """For a list of one output tensor per rank (``all_gather``, ``gather``): one
+        tensor the collective fills, and the step that copies it into the list."""
+        outs = self._one(output_tensors, op, "output_tensors")
+        if len(outs) != self.size():
+            raise ValueError(f"halo {op}: {what} has {len(outs)} tensors; the group has {self.size()} ranks")
+        self._check_same(outs, like, op, what)
+        for i, o in enumerate(outs):
+            self._host(o, f"{what}[{i}]", op)
+        staged = torch.empty((self.size(),) + tuple(like.shape), dtype=like.dtype)
+
+        def after():
+            for i, o in enumerate(outs):
+                o.copy_(staged[i])
+
+        return staged, after
+
     # -- collectives --------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
@@ -403,20 +420,7 @@ class ProcessGroupHalo(_CProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         op = "allgather"
         inp = self._host(self._one(input_tensors, op, "input_tensors"), "input", op)
-        outs = self._one(output_tensors, op, "output_tensors")
-        if len(outs) != self.size():
-            raise ValueError(
-                f"halo {op}: output_tensor_list has {len(outs)} tensors; the group has {self.size()} ranks"
-            )
-        self._check_same(outs, inp, op, "output_tensor_list")
-        for i, o in enumerate(outs):
-            self._host(o, f"output_tensor_list[{i}]", op)
-        staged = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-
-        def after():
-            for i, o in enumerate(outs):
-                o.copy_(staged[i])
-
+        staged, after = self._one_per_rank(output_tensors, inp, op, "output_tensor_list")
         return self._run(
             op, lambda a: self._comm.all_gather(staged, inp.contiguous(), async_op=a), output_tensors, after, opts=opts)
 
@@ -554,16 +558,7 @@ class ProcessGroupHalo(_CProcessGroup):
             if output_tensors and any(len(x) for x in output_tensors):
                 raise ValueError(f"halo {op}: gather_list must be empty on non-root ranks")
             return self._run(op, lambda a: self._comm.gather(None, inp.contiguous(), root, async_op=a), [], opts=opts)
-        outs = self._one(output_tensors, op, "output_tensors")
-        if len(outs) != self.size():
-            raise ValueError(f"halo {op}: gather_list has {len(outs)} tensors; the group has {self.size()} ranks")
-        self._check_same(outs, inp, op, "gather_list")
-        staged = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-
-        def after():
-            for i, o in enumerate(outs):
-                o.copy_(staged[i])
-
+        staged, after = self._one_per_rank(output_tensors, inp, op, "gather_list")
         return self._run(
             op, lambda a: self._comm.gather(staged, inp.contiguous(), root, async_op=a), output_tensors, after, opts=opts)
 
