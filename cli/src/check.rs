@@ -88,9 +88,13 @@ impl CheckOptions {
     }
 }
 
+/// Set once [`die_soon`] has started its thread: this process is to die.
+static DOOMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Starts the helper thread of [`DieAt`]: it raises `SIGKILL` on this process.
 fn die_soon(after: usize) {
     let delay = Duration::from_micros(mix(after as u64 ^ 0xd1e) % 500);
+    DOOMED.store(true, std::sync::atomic::Ordering::SeqCst);
     std::thread::spawn(move || {
         std::thread::sleep(delay);
         // SIGKILL cannot be caught: the process ends here, mid-collective, without
@@ -277,6 +281,12 @@ pub fn run_check(comm: &mut Communicator, opts: &CheckOptions) -> Result<CheckRe
     report.elapsed = start.elapsed();
     if let Some((t, c)) = warm {
         report.warm = Some((t.elapsed(), report.collectives - c));
+    }
+    // A rank doomed by the fault injection that got through every collective before its
+    // killer thread ran (a busy machine can delay a thread past the whole job) waits for
+    // it here, so it still dies by SIGKILL rather than reporting success.
+    while DOOMED.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(10));
     }
     Ok(report)
 }
