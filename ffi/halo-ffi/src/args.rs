@@ -1,14 +1,16 @@
 //! One argument checker for every collective (NCCL's `ncclInfo` and `argcheck.cc`).
 //!
 //! Each call shape has one struct and one `decode`: it turns the C arguments into
-//! checked values (addresses as numbers, byte sizes, ranks, the element type), in
-//! this order and before anything is sent: the data type (and operation), the byte
-//! sizes (overflow), the pointers, the peer, root or tag, in-place use and overlap,
-//! alignment where typed elements are made. Its `run` ([`Op::run`]) makes the slices
-//! over the caller's memory and runs the communicator's call: on the caller's thread
-//! for the blocking form ([`blocking`]), moved into the job of the communicator's
-//! worker for the non-blocking one (`requests` module). The Rust communicator checks
-//! again.
+//! checked values (addresses as numbers, so that a request's worker can take them;
+//! byte sizes, ranks, the element type) before anything is sent: the data type (and
+//! operation) first, then, in the order each call documents, the byte sizes
+//! (overflow), the pointers, the peer, root or tag, in-place use and overlap, and
+//! alignment where typed elements are made. The stream or the request is checked
+//! before `decode`, by the form. Its `run` ([`Op::run`]) makes the slices over the
+//! caller's memory and runs the communicator's call: on the caller's thread for the
+//! blocking form ([`blocking`], [`blocking_or_stream`]), moved into the job of the
+//! communicator's worker for the non-blocking one (`requests` module). The Rust
+//! communicator checks again.
 
 use crate::boundary::call_comm;
 use crate::error::{Failure, FfiResult, haloResult_t};
@@ -99,7 +101,7 @@ pub(crate) unsafe fn blocking_or_stream<A: DeviceOp>(
 
 /// `count` elements of `elem` bytes for each of `ranks` ranks, in bytes; an overflow
 /// (or more than `isize::MAX` bytes, which no buffer can hold) is an error.
-pub(crate) fn total_bytes(count: usize, elem: usize, ranks: usize, what: &str) -> FfiResult<usize> {
+fn total_bytes(count: usize, elem: usize, ranks: usize, what: &str) -> FfiResult<usize> {
     count
         .checked_mul(elem)
         .and_then(|b| b.checked_mul(ranks))
@@ -120,12 +122,7 @@ fn blocks(count: usize, elem: usize, ranks: usize, what: &str) -> FfiResult<(usi
 }
 
 /// A buffer that must hold `bytes` bytes may be NULL only when `bytes` is 0.
-pub(crate) fn check_buffer(
-    ptr: *const c_void,
-    bytes: usize,
-    what: &str,
-    count: usize,
-) -> FfiResult<()> {
+fn check_buffer(ptr: *const c_void, bytes: usize, what: &str, count: usize) -> FfiResult<()> {
     if ptr.is_null() && bytes > 0 {
         Err(Failure::invalid(format!(
             "{what} is NULL but count is {count}"
