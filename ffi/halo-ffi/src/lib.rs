@@ -39,6 +39,8 @@ mod handle;
 
 mod comm;
 
+mod args;
+
 mod collectives;
 
 mod rooted;

@@ -10,19 +10,16 @@
 //! table: a request already completed (or a pointer HALO never made) is
 //! `haloInvalidArgument`, never undefined behaviour.
 
-use crate::boundary::{call, call_borrowed};
-use crate::collectives::{
-    bytes, bytes_mut, check_all_gather, check_buffer, check_reduce_scatter, counts, peer_index,
-    reduce_scatter_typed, run_all_gather, total_bytes,
+use crate::args::{
+    AllGatherArgs, AllReduceArgs, AllToAllArgs, AllToAllvArgs, BarrierArgs, Op, P2pArgs,
+    ReduceScatterArgs, RootedArgs,
 };
+use crate::boundary::{call, call_borrowed};
 use crate::error::{Failure, FfiResult, c_message, haloResult_t};
 use crate::handle::{haloComm, haloComm_t};
-use crate::rooted::{
-    check_broadcast, check_gather, check_scatter, run_broadcast, run_gather, run_scatter, tag_value,
-};
-use crate::types::{haloDataType, haloDataType_t, haloRedOp, haloRedOp_t, with_elem};
+use crate::types::{haloDataType_t, haloRedOp_t};
+use halo_rs::Communicator;
 use halo_rs::c_abi::{OpHandle, OpJob};
-use halo_rs::{Communicator, Partition, ReduceOp, Reducible};
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -114,9 +111,32 @@ fn outcome(entry: &Entry, r: halo_rs::Result<()>) -> FfiResult<()> {
     })
 }
 
-/// Pointers as numbers, to move into the worker (see each caller's SAFETY note).
-fn addr<T>(p: *const T) -> usize {
-    p as usize
+/// The body of a non-blocking collective: `request` must not be NULL, `decode`
+/// checks the arguments, and the call is queued on the communicator's worker
+/// (`function` names the C function, `name` the operation).
+///
+/// # Safety
+/// `comm` is NULL or a live communicator, `request` NULL or writable, and the buffers
+/// that `decode`'s arguments name stay valid as the calling function's contract says
+/// until the request completes.
+unsafe fn nonblocking<A: Op + Send + 'static>(
+    function: &'static str,
+    name: &'static str,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+    decode: impl FnOnce(&haloComm) -> FfiResult<A>,
+) -> haloResult_t {
+    call_borrowed(function, comm, |c| {
+        check_request_out(request)?;
+        let a = decode(c)?;
+        let job: OpJob = Box::new(move |comm: &mut Communicator| {
+            // SAFETY: checked by `decode` (NULL, sizes, overlap, alignment); the
+            // buffers stay valid and untouched by the caller until the request
+            // completes, which is after this returns (this function's contract).
+            unsafe { a.run(comm) }
+        });
+        start(c.shared(), function, name, job, request)
+    })
 }
 
 /// Non-blocking `haloAllToAll`: starts the all-to-all and returns at once with a
@@ -145,27 +165,12 @@ pub unsafe extern "C" fn haloIAllToAll(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIAllToAll", comm, |c| {
-        check_request_out(request)?;
-        let elem = haloDataType::from_raw(datatype)?.size();
-        let bytes = total_bytes(count, elem, c.size(), "count")?;
-        check_buffer(sendbuff, bytes, "sendbuff", count)?;
-        check_buffer(recvbuff, bytes, "recvbuff", count)?;
-        if bytes > 0 && sendbuff == recvbuff.cast_const() {
-            return Err(Failure::invalid(
-                "sendbuff == recvbuff: in-place all-to-all is not supported",
-            ));
-        }
-        let (s, r) = (addr(sendbuff), addr(recvbuff));
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            // SAFETY: per haloIAllToAll's contract the buffers stay valid for `bytes`
-            // bytes and untouched by the caller until the request completes, which is
-            // after this function has returned; the communicator checks NULL and
-            // overlap before making references.
-            unsafe { halo_rs::c_abi::all_to_all(comm, s as *const u8, r as *mut u8, count, elem) }
-        });
-        start(c.shared(), "haloIAllToAll", "all_to_all", job, request)
-    })
+    // SAFETY: the buffers stay valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloIAllToAll", "all_to_all", comm, request, |c| {
+            AllToAllArgs::decode(sendbuff, recvbuff, count, datatype, c.size())
+        })
+    }
 }
 
 /// Non-blocking `haloAllToAllv` (see `haloIAllToAll` for requests, buffers and order).
@@ -187,31 +192,17 @@ pub unsafe extern "C" fn haloIAllToAllv(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIAllToAllv", comm, |c| {
-        check_request_out(request)?;
-        let elem = haloDataType::from_raw(datatype)?.size();
-        let n = c.size();
-        // SAFETY: (four reads) each array is NULL or holds `n` entries per the contract.
-        let (sc, sd, rc, rd) = unsafe {
-            (
-                counts(sendcounts, n, "sendcounts")?.to_vec(),
-                counts(sdispls, n, "sdispls")?.to_vec(),
-                counts(recvcounts, n, "recvcounts")?.to_vec(),
-                counts(rdispls, n, "rdispls")?.to_vec(),
-            )
-        };
-        let (s, r) = (addr(sendbuff), addr(recvbuff));
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            let (sp, rp) = (Partition::new(&sc, &sd), Partition::new(&rc, &rd));
-            // SAFETY: per the contract the buffers cover what the counts reach and stay
-            // valid and untouched until the request completes, after this returns; the
-            // communicator checks extents, NULL and overlap before making references.
-            unsafe {
-                halo_rs::c_abi::all_to_all_v(comm, s as *const u8, &sp, r as *mut u8, &rp, elem)
-            }
-        });
-        start(c.shared(), "haloIAllToAllv", "all_to_all_v", job, request)
-    })
+    let decode = |c: &haloComm| {
+        let (s, r) = (
+            (sendbuff, sendcounts, sdispls),
+            (recvbuff, recvcounts, rdispls),
+        );
+        // SAFETY: each array is NULL or holds `nranks` entries per the contract; they
+        // are copied here.
+        Ok(unsafe { AllToAllvArgs::decode(s, r, datatype, c.size()) }?.to_owned())
+    };
+    // SAFETY: the buffers stay valid as the contract says until the request completes.
+    unsafe { nonblocking("haloIAllToAllv", "all_to_all_v", comm, request, decode) }
 }
 
 /// Non-blocking `haloSend` (see `haloIAllToAll` for requests, buffers and order):
@@ -230,21 +221,13 @@ pub unsafe extern "C" fn haloISend(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloISend", comm, |c| {
-        check_request_out(request)?;
-        let elem = haloDataType::from_raw(datatype)?.size();
-        let len = total_bytes(count, elem, 1, "count")?;
-        check_buffer(sendbuff, len, "sendbuff", count)?;
-        let peer = peer_index(peer, c.size())?;
-        let s = addr(sendbuff);
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            // SAFETY: non-NULL when `len` > 0 (checked at start), readable and unwritten
-            // until the request completes (after this returns) per the contract.
-            let send = unsafe { bytes(s as *const c_void, len) };
-            comm.send(send, peer)
-        });
-        start(c.shared(), "haloISend", "send", job, request)
-    })
+    // SAFETY: `sendbuff` stays valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloISend", "send", comm, request, |c| {
+            let (to, n) = ((peer, None), c.size());
+            P2pArgs::send(sendbuff, count, datatype, to, n)
+        })
+    }
 }
 
 /// Non-blocking `haloRecv` (see `haloIAllToAll` for requests, buffers and order):
@@ -262,45 +245,13 @@ pub unsafe extern "C" fn haloIRecv(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIRecv", comm, |c| {
-        check_request_out(request)?;
-        let elem = haloDataType::from_raw(datatype)?.size();
-        let len = total_bytes(count, elem, 1, "count")?;
-        check_buffer(recvbuff, len, "recvbuff", count)?;
-        let peer = peer_index(peer, c.size())?;
-        let r = addr(recvbuff);
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            // SAFETY: non-NULL when `len` > 0 (checked at start), writable and accessed
-            // by nobody else until the request completes (after this returns).
-            let recv = unsafe { bytes_mut(r as *mut c_void, len) };
-            comm.recv(recv, peer)
-        });
-        start(c.shared(), "haloIRecv", "recv", job, request)
-    })
-}
-
-/// The worker's part of `haloIAllReduce` for elements `E`.
-fn reduce_job<E: Reducible>(s: usize, r: usize, count: usize, op: ReduceOp) -> OpJob {
-    Box::new(move |comm: &mut Communicator| {
-        if count == 0 {
-            return comm.all_reduce::<E>(&[], &mut [], op);
-        }
-        if s == r {
-            // SAFETY: non-NULL, aligned (checked at start), writable for `count`
-            // elements and untouched by the caller until the request completes.
-            let buf = unsafe { std::slice::from_raw_parts_mut(r as *mut E, count) };
-            return comm.all_reduce_in_place(buf, op);
-        }
-        // SAFETY: non-NULL, aligned (checked at start), valid for `count` elements until
-        // the request completes, and the ranges do not overlap (checked at start).
-        let (send, recv) = unsafe {
-            (
-                std::slice::from_raw_parts(s as *const E, count),
-                std::slice::from_raw_parts_mut(r as *mut E, count),
-            )
-        };
-        comm.all_reduce(send, recv, op)
-    })
+    // SAFETY: `recvbuff` stays valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloIRecv", "recv", comm, request, |c| {
+            let (from, n) = ((peer, None), c.size());
+            P2pArgs::recv(recvbuff, count, datatype, from, n)
+        })
+    }
 }
 
 /// Non-blocking `haloAllReduce` (in place when `sendbuff == recvbuff`; see
@@ -321,30 +272,12 @@ pub unsafe extern "C" fn haloIAllReduce(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIAllReduce", comm, |c| {
-        check_request_out(request)?;
-        let dt = haloDataType::from_raw(datatype)?;
-        let op = haloRedOp::from_raw(op)?;
-        let len = total_bytes(count, dt.size(), 1, "count")?;
-        check_buffer(sendbuff, len, "sendbuff", count)?;
-        check_buffer(recvbuff, len, "recvbuff", count)?;
-        let (s, r) = (addr(sendbuff), addr(recvbuff));
-        if s != r && len > 0 && s < r.saturating_add(len) && r < s.saturating_add(len) {
-            return Err(Failure::invalid(
-                "sendbuff and recvbuff overlap: pass the same pointer for an in-place \
-                 all-reduce, or separate buffers",
-            ));
-        }
-        let align = dt.size();
-        if count > 0 && (s % align != 0 || r % align != 0) {
-            return Err(Failure::invalid(format!(
-                "sendbuff or recvbuff is not aligned to {align} bytes, as {dt:?} elements \
-                 must be"
-            )));
-        }
-        let job = with_elem!(dt, E => reduce_job::<E>(s, r, count, op));
-        start(c.shared(), "haloIAllReduce", "all_reduce", job, request)
-    })
+    // SAFETY: the buffers stay valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloIAllReduce", "all_reduce", comm, request, |_| {
+            AllReduceArgs::decode(sendbuff, recvbuff, count, datatype, op)
+        })
+    }
 }
 
 /// Non-blocking `haloReduceScatter` (in place as NCCL's; see `haloIAllToAll` for
@@ -365,31 +298,13 @@ pub unsafe extern "C" fn haloIReduceScatter(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIReduceScatter", comm, |c| {
-        check_request_out(request)?;
-        let a = check_reduce_scatter(
-            sendbuff,
-            recvbuff,
-            recvcount,
-            datatype,
-            op,
-            (c.size(), c.rank()),
-        )?;
-        let (s, r) = (addr(sendbuff), addr(recvbuff));
-        let (op, in_place) = (a.op, a.in_place);
-        let job: OpJob = with_elem!(a.dt, E => Box::new(move |comm: &mut Communicator| {
-            // SAFETY: checked at start (NULL, alignment, overlap); valid and untouched
-            // by the caller until the request completes, after this returns.
-            unsafe { reduce_scatter_typed::<E>(comm, s, r, recvcount, op, in_place) }
-        }));
-        start(
-            c.shared(),
-            "haloIReduceScatter",
-            "reduce_scatter",
-            job,
-            request,
-        )
-    })
+    // SAFETY: the buffers stay valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloIReduceScatter", "reduce_scatter", comm, request, |c| {
+            let me = (c.size(), c.rank());
+            ReduceScatterArgs::decode(sendbuff, recvbuff, recvcount, datatype, op, me)
+        })
+    }
 }
 
 /// Non-blocking `haloAllGather` (in place as NCCL's; see `haloIAllToAll` for
@@ -407,22 +322,13 @@ pub unsafe extern "C" fn haloIAllGather(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIAllGather", comm, |c| {
-        check_request_out(request)?;
-        let a = check_all_gather(
-            sendbuff,
-            recvbuff,
-            sendcount,
-            datatype,
-            (c.size(), c.rank()),
-        )?;
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            // SAFETY: checked at start (NULL, overlap); valid and untouched by the
-            // caller until the request completes, after this returns.
-            unsafe { run_all_gather(comm, a) }
-        });
-        start(c.shared(), "haloIAllGather", "all_gather", job, request)
-    })
+    // SAFETY: the buffers stay valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloIAllGather", "all_gather", comm, request, |c| {
+            let me = (c.size(), c.rank());
+            AllGatherArgs::decode(sendbuff, recvbuff, sendcount, datatype, me)
+        })
+    }
 }
 
 /// Non-blocking `haloBarrier`: the request completes once every rank has reached
@@ -435,11 +341,13 @@ pub unsafe extern "C" fn haloIBarrier(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIBarrier", comm, |c| {
-        check_request_out(request)?;
-        let job: OpJob = Box::new(|comm: &mut Communicator| comm.barrier());
-        start(c.shared(), "haloIBarrier", "barrier", job, request)
-    })
+    // SAFETY: `comm` is NULL or live and `request` NULL or writable; a barrier names
+    // no buffer.
+    unsafe {
+        nonblocking("haloIBarrier", "barrier", comm, request, |_| {
+            Ok(BarrierArgs)
+        })
+    }
 }
 
 /// Non-blocking `haloBroadcast` (in place when `sendbuff == recvbuff`; see
@@ -459,23 +367,13 @@ pub unsafe extern "C" fn haloIBroadcast(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIBroadcast", comm, |c| {
-        check_request_out(request)?;
-        let a = check_broadcast(
-            sendbuff,
-            recvbuff,
-            count,
-            datatype,
-            root,
-            (c.size(), c.rank()),
-        )?;
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            // SAFETY: checked at start (NULL, overlap); valid and untouched by the
-            // caller until the request completes, after this returns.
-            unsafe { run_broadcast(comm, a) }
-        });
-        start(c.shared(), "haloIBroadcast", "broadcast", job, request)
-    })
+    // SAFETY: the buffers stay valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloIBroadcast", "broadcast", comm, request, |c| {
+            let me = (c.size(), c.rank());
+            RootedArgs::broadcast(sendbuff, recvbuff, count, datatype, root, me)
+        })
+    }
 }
 
 /// Non-blocking `haloGather` (see `haloIAllToAll` for requests, buffers and order).
@@ -494,23 +392,13 @@ pub unsafe extern "C" fn haloIGather(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIGather", comm, |c| {
-        check_request_out(request)?;
-        let a = check_gather(
-            sendbuff,
-            recvbuff,
-            sendcount,
-            datatype,
-            root,
-            (c.size(), c.rank()),
-        )?;
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            // SAFETY: checked at start (NULL, overlap); valid and untouched by the
-            // caller until the request completes, after this returns.
-            unsafe { run_gather(comm, a) }
-        });
-        start(c.shared(), "haloIGather", "gather", job, request)
-    })
+    // SAFETY: the buffers stay valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloIGather", "gather", comm, request, |c| {
+            let me = (c.size(), c.rank());
+            RootedArgs::gather(sendbuff, recvbuff, sendcount, datatype, root, me)
+        })
+    }
 }
 
 /// Non-blocking `haloScatter` (see `haloIAllToAll` for requests, buffers and order).
@@ -529,23 +417,13 @@ pub unsafe extern "C" fn haloIScatter(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIScatter", comm, |c| {
-        check_request_out(request)?;
-        let a = check_scatter(
-            sendbuff,
-            recvbuff,
-            recvcount,
-            datatype,
-            root,
-            (c.size(), c.rank()),
-        )?;
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            // SAFETY: checked at start (NULL, overlap); valid and untouched by the
-            // caller until the request completes, after this returns.
-            unsafe { run_scatter(comm, a) }
-        });
-        start(c.shared(), "haloIScatter", "scatter", job, request)
-    })
+    // SAFETY: the buffers stay valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloIScatter", "scatter", comm, request, |c| {
+            let me = (c.size(), c.rank());
+            RootedArgs::scatter(sendbuff, recvbuff, recvcount, datatype, root, me)
+        })
+    }
 }
 
 /// Non-blocking `haloSendTagged` (see `haloISend`).
@@ -562,22 +440,13 @@ pub unsafe extern "C" fn haloISendTagged(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloISendTagged", comm, |c| {
-        check_request_out(request)?;
-        let elem = haloDataType::from_raw(datatype)?.size();
-        let len = total_bytes(count, elem, 1, "count")?;
-        check_buffer(sendbuff, len, "sendbuff", count)?;
-        let peer = peer_index(peer, c.size())?;
-        let tag = tag_value(tag)?;
-        let s = addr(sendbuff);
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            // SAFETY: non-NULL when `len` > 0 (checked at start), readable and unwritten
-            // until the request completes (after this returns) per the contract.
-            let send = unsafe { bytes(s as *const c_void, len) };
-            comm.send_tagged(send, peer, tag)
-        });
-        start(c.shared(), "haloISendTagged", "send", job, request)
-    })
+    // SAFETY: `sendbuff` stays valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloISendTagged", "send", comm, request, |c| {
+            let (to, n) = ((peer, Some(tag)), c.size());
+            P2pArgs::send(sendbuff, count, datatype, to, n)
+        })
+    }
 }
 
 /// Non-blocking `haloRecvTagged` (see `haloIRecv`).
@@ -594,22 +463,13 @@ pub unsafe extern "C" fn haloIRecvTagged(
     comm: haloComm_t,
     request: *mut haloRequest_t,
 ) -> haloResult_t {
-    call_borrowed("haloIRecvTagged", comm, |c| {
-        check_request_out(request)?;
-        let elem = haloDataType::from_raw(datatype)?.size();
-        let len = total_bytes(count, elem, 1, "count")?;
-        check_buffer(recvbuff, len, "recvbuff", count)?;
-        let peer = peer_index(peer, c.size())?;
-        let tag = tag_value(tag)?;
-        let r = addr(recvbuff);
-        let job: OpJob = Box::new(move |comm: &mut Communicator| {
-            // SAFETY: non-NULL when `len` > 0 (checked at start), writable and accessed
-            // by nobody else until the request completes (after this returns).
-            let recv = unsafe { bytes_mut(r as *mut c_void, len) };
-            comm.recv_tagged(recv, peer, tag)
-        });
-        start(c.shared(), "haloIRecvTagged", "recv", job, request)
-    })
+    // SAFETY: `recvbuff` stays valid as the contract says until the request completes.
+    unsafe {
+        nonblocking("haloIRecvTagged", "recv", comm, request, |c| {
+            let (from, n) = ((peer, Some(tag)), c.size());
+            P2pArgs::recv(recvbuff, count, datatype, from, n)
+        })
+    }
 }
 
 /// Waits until `request` has completed and returns the operation's result (the codes
