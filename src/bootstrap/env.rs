@@ -73,6 +73,9 @@ impl EnvBootstrap {
         for (launcher, r, s) in styles {
             match (number(&vars, r)?, number(&vars, s)?) {
                 (Some(rank), Some(size)) => {
+                    // The size first: a world too large is refused before anything else
+                    // (the secret included) is looked at for it.
+                    crate::comm::check_world_size(size, s)?;
                     found = Some((launcher, rank, size));
                     break;
                 }
