@@ -36,7 +36,7 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crossbeam::queue::SegQueue;
 use crossbeam::sync::{Parker, Unparker};
-use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, TAG_BITS, Transport};
+use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Session, TAG_BITS, Transport};
 use halo_topology::Topology;
 use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
@@ -66,8 +66,9 @@ struct Desc {
     tag: u64,
     ptr: *const u8,
     len: usize,
-    /// The block size of the sender's uniform call ([`Buffers::block`]).
-    block: Option<usize>,
+    /// The descriptor of the sender's call ([`Buffers::call`]; with poison, of the call
+    /// the poisoner failed).
+    call: Call,
     /// A poison message ([`Session::post_poison`]): no bytes (`ptr` is null), the
     /// sender failed and will not send the real one. It may outlive the sender's
     /// session (it points at nothing), so nobody waits for its claim.
@@ -470,7 +471,8 @@ impl Transport for LocalTransport {
         Ok(LocalSession {
             id,
             tag_base,
-            block: bufs.block,
+            call: bufs.call,
+            scanned: false,
             mismatch: false,
             send: (bufs.send.as_ptr(), bufs.send.len()),
             recv: (bufs.recv.as_mut_ptr(), bufs.recv.len()),
@@ -491,8 +493,11 @@ impl Transport for LocalTransport {
 pub(crate) struct LocalSession<'a> {
     id: u64,
     tag_base: u64,
-    /// The block size of this call ([`Buffers::block`]).
-    block: Option<usize>,
+    /// The descriptor of this call ([`Buffers::call`]).
+    call: Call,
+    /// Whether the descriptors kept from earlier calls were looked at for messages of
+    /// this one made by a rank whose call differs.
+    scanned: bool,
     /// Whether this session failed on a size mismatch: its drop then sends poison in
     /// place of the sends it withdraws ([`Session::post_poison`]).
     mismatch: bool,

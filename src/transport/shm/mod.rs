@@ -100,7 +100,7 @@ use crate::error::{Error, Result};
 use crate::transport::fabric::Proc;
 use crate::transport::raw::RawBuffers;
 use cma::{CMA_NO, CMA_OK, CmaConfig, CmaMode};
-use halo_collectives::{Buffers, CollectiveError, Transport};
+use halo_collectives::{Buffers, Call, CollectiveError, Transport};
 pub(crate) use session::ShmSession;
 use session::{InRing, OutRing, RdvSend, Unexpected};
 use std::collections::VecDeque;
@@ -485,19 +485,42 @@ impl Transport for ShmTransport {
     }
 
     fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<ShmSession<'a>> {
-        let block = bufs.block;
-        self.begin_raw(tag_base, RawBuffers::new(bufs), block)
+        let call = bufs.call;
+        self.begin_raw(tag_base, RawBuffers::new(bufs), call)
     }
 }
 
 impl ShmTransport {
+    /// [`super::Backend::poison_after_mismatch`] on this transport, broken or not (a
+    /// failed collective breaks it; poison is all it still sends).
+    pub(crate) fn poison_after_mismatch(
+        &mut self,
+        tag_base: u64,
+        call: Call,
+        sends: &[(usize, u64)],
+        e: &CollectiveError,
+    ) {
+        let bufs = Buffers {
+            send: &[],
+            recv: &mut [],
+            scratch: &mut [],
+            call,
+        };
+        let mut s = ShmSession::new(self, RawBuffers::new(bufs), tag_base, call);
+        // Its drop delivers what is queued, as a failed session's does.
+        s.share_failure(e);
+        for &(peer, tag) in sends {
+            let _ = halo_collectives::Session::post_poison(&mut s, peer, tag);
+        }
+    }
+
     /// [`Transport::begin`] over buffers already taken as raw pointers (the hybrid
     /// transport's, whose other half uses the same buffers for other peers).
     pub(crate) fn begin_raw<'a>(
         &'a mut self,
         tag_base: u64,
         bufs: RawBuffers<'a>,
-        block: Option<usize>,
+        call: Call,
     ) -> CResult<ShmSession<'a>> {
         if let Some(why) = &self.broken {
             return Err(CollectiveError::InvalidUsage(format!(
@@ -506,7 +529,7 @@ impl ShmTransport {
                 self.rank
             )));
         }
-        Ok(ShmSession::new(self, bufs, tag_base, block))
+        Ok(ShmSession::new(self, bufs, tag_base, call))
     }
 
     /// Whether `peer` is reached through this transport (a rank of its segment).

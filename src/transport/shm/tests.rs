@@ -5,7 +5,7 @@
 
 use super::{Segment, ShmTransport, session::ShmSession};
 use crate::transport::testing::complete;
-use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, Transport};
+use halo_collectives::{Buf, Buffers, Call, CallKind, CollectiveError, Region, Session, Transport};
 use std::time::{Duration, Instant};
 
 /// Message lengths around the cell payload of 32 bytes and far beyond the ring.
@@ -23,7 +23,7 @@ fn receiving_into(recv: &mut [u8]) -> Buffers<'_> {
         send: &[],
         recv,
         scratch: &mut [],
-        block: None,
+        call: Call::NONE,
     }
 }
 
@@ -64,7 +64,7 @@ fn round(t: &mut ShmTransport, r: usize, reverse: bool) {
             send: &send,
             recv: &mut recv,
             scratch: &mut [],
-            block: None,
+            call: Call::NONE,
         };
         let mut s = t.begin((r as u64) << 48, bufs).unwrap();
         let mut order: Vec<usize> = (0..LENS.len()).collect();
@@ -125,7 +125,7 @@ fn a_message_of_another_length_is_a_mismatch_naming_both_sizes() {
                 send: &send,
                 recv: &mut [],
                 scratch: &mut [],
-                block: None,
+                call: Call::NONE,
             };
             let mut s = a.begin(0, bufs).unwrap();
             s.post_send(1, 3, Region::new(Buf::Send, 0, 100), 0)
@@ -156,7 +156,7 @@ fn a_message_of_another_length_is_a_mismatch_naming_both_sizes() {
         send: &[],
         recv: &mut [],
         scratch: &mut [],
-        block: None,
+        call: Call::NONE,
     };
     assert!(matches!(
         b.begin(1 << 48, bufs),
@@ -171,7 +171,7 @@ fn send_poison_and_blocks_of_4(a: &mut ShmTransport) {
         send: &[1, 2, 3, 4],
         recv: &mut [],
         scratch: &mut [],
-        block: Some(4),
+        call: Call::new(CallKind::AllToAll).count(4),
     };
     let mut s = a.begin(0, bufs).unwrap();
     s.post_poison(1, 9).unwrap();
@@ -183,7 +183,10 @@ fn send_poison_and_blocks_of_4(a: &mut ShmTransport) {
 /// Rank 1's side of the poison tests, holding messages for `hold`: both of
 /// [`send_poison_and_blocks_of_4`]'s messages are in the ring and progressed over before
 /// `check` posts receives (in blocks of 2 bytes) on the session.
-fn receive_poison_and_blocks_of_2(hold: Duration, check: impl FnOnce(&mut ShmSession<'_>)) {
+fn receive_poison_and_blocks_of_2(
+    hold: Duration,
+    check: impl FnOnce(&mut ShmSession<'_>, Result<(), CollectiveError>),
+) {
     let (mut a, mut b) = pair(4, 128);
     b.hold = hold;
     send_poison_and_blocks_of_4(&mut a);
@@ -192,31 +195,33 @@ fn receive_poison_and_blocks_of_2(hold: Duration, check: impl FnOnce(&mut ShmSes
         send: &[],
         recv: &mut recv,
         scratch: &mut [],
-        block: Some(2),
+        call: Call::new(CallKind::AllToAll).count(2),
     };
     let mut s = b.begin(0, bufs).unwrap();
     std::thread::sleep(Duration::from_millis(10));
     let mut sink = Vec::new();
-    s.progress(&mut sink).unwrap();
-    check(&mut s);
+    let r = s.progress(&mut sink);
+    check(&mut s, r);
 }
 
 #[test]
 fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
-    // Taken aside at once (no hold): checked when the receives are posted.
-    receive_poison_and_blocks_of_2(Duration::ZERO, |s| {
-        match s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0) {
-            Err(CollectiveError::Mismatch { peer: 0, message }) => {
-                assert!(message.contains("failed this collective"), "{message}")
-            }
-            other => panic!("expected poison, got {other:?}"),
-        }
-        match s.post_recv(0, 10, Region::new(Buf::Recv, 4, 4), 1) {
+    // Taken aside at once (no hold): the message of this call (its sequence number)
+    // with other blocks fails the progress that reads it, whatever its tag; the poison
+    // fails the receive it replaces when that is posted.
+    receive_poison_and_blocks_of_2(Duration::ZERO, |s, r| {
+        match r {
             Err(CollectiveError::Mismatch { peer: 0, message }) => assert!(
                 message.contains("blocks of 4 bytes") && message.contains("with 2 bytes"),
                 "{message}"
             ),
             other => panic!("expected a block mismatch, got {other:?}"),
+        }
+        match s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0) {
+            Err(CollectiveError::Mismatch { peer: 0, message }) => {
+                assert!(message.contains("failed this collective"), "{message}")
+            }
+            other => panic!("expected poison, got {other:?}"),
         }
     });
     // Held in the ring until a receive is posted (the receive is accepted, which it is
@@ -226,7 +231,8 @@ fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
         (9, 0, "failed this collective"),
         (10, 4, "blocks of 4 bytes"),
     ] {
-        receive_poison_and_blocks_of_2(Duration::from_secs(60), |s| {
+        receive_poison_and_blocks_of_2(Duration::from_secs(60), |s, r| {
+            r.unwrap();
             s.post_recv(0, tag, Region::new(Buf::Recv, at, 4), 0)
                 .unwrap();
             match complete(s, 1) {
@@ -271,7 +277,7 @@ fn rdv_round(t: &mut ShmTransport, r: usize, early: bool) -> Result<(), Collecti
             send: &send,
             recv: &mut recv,
             scratch: &mut [],
-            block: None,
+            call: Call::NONE,
         };
         let mut s = t.begin((r as u64) << 48, bufs)?;
         let post_recvs = |s: &mut <ShmTransport as Transport>::Session<'_>| {
@@ -392,7 +398,7 @@ fn a_withdrawn_rendezvous_fails_its_receive_with_the_senders_rank() {
             send: &send,
             recv: &mut [],
             scratch: &mut [],
-            block: None,
+            call: Call::NONE,
         };
         let mut s = a.begin(0, bufs).unwrap();
         s.post_send(1, 5, Region::new(Buf::Send, 0, 4096), 0)
@@ -501,7 +507,7 @@ fn cma_peer_process() {
                 send: &send,
                 recv: &mut [],
                 scratch: &mut [],
-                block: None,
+                call: Call::NONE,
             };
             let mut s = t.begin(0, bufs).unwrap();
             s.post_send(1, 1, Region::new(Buf::Send, 0, 1 << 20), 0)
@@ -626,7 +632,7 @@ fn a_receiver_killed_while_its_sender_waits_for_the_ack_fails_the_send() {
         send: &send,
         recv: &mut [],
         scratch: &mut [],
-        block: None,
+        call: Call::NONE,
     };
     let mut s = t.begin(0, bufs).unwrap();
     s.post_send(0, 1, Region::new(Buf::Send, 0, 1 << 20), 0)
@@ -682,7 +688,7 @@ fn send_large_then_small(t: &mut ShmTransport) -> Vec<u8> {
         send: &send,
         recv: &mut [],
         scratch: &mut [],
-        block: None,
+        call: Call::NONE,
     };
     let mut s = t.begin(0, bufs).unwrap();
     s.post_send(1, 1, Region::new(Buf::Send, 0, big.len()), 0)
