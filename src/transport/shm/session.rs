@@ -208,8 +208,35 @@ impl ShmSession<'_> {
         {
             self.error = Some(e.to_string());
             self.mismatch = matches!(e, CollectiveError::Mismatch { .. });
+            if self.mismatch {
+                for peer in 0..self.t.size {
+                    self.poison_back(peer);
+                }
+            }
         }
         r
+    }
+
+    /// After a mismatch: queues poison for `peer` carrying this call, with this call's
+    /// tag base (the drop delivers it). A peer may wait for a message this rank's
+    /// schedule never sends it (another collective's schedule): poison of this call
+    /// fails it, whatever the tag it waits for, where its own call differs (the
+    /// others ignore it unless they wait for that very tag; this rank's transport is
+    /// broken from now on, so none waits for it again). Failure path only.
+    fn poison_back(&mut self, peer: usize) {
+        if peer == self.t.rank || peer >= self.t.sendq.len() || !self.t.reaches(peer) {
+            return;
+        }
+        self.t.sendq[peer].push_back(SendOp {
+            token: POISON_TOKEN,
+            tag: self.tag_base,
+            src: ptr::NonNull::<u8>::dangling().as_ptr(),
+            len: 0,
+            sent: 0,
+            started: false,
+            call: self.call,
+            poison: true,
+        });
     }
 
     fn full_tag(&self, tag: u64) -> CResult<u64> {
@@ -263,7 +290,7 @@ impl ShmSession<'_> {
     /// Whether the message starting with `h` belongs to this call (its sequence number
     /// and communicator) but carries another call's descriptor.
     fn stray(&self, h: &CellHead) -> bool {
-        matches!(h.kind(), KIND_FIRST | KIND_RDV)
+        matches!(h.kind(), KIND_FIRST | KIND_RDV | KIND_POISON)
             && (h.tag ^ self.tag_base) >> TAG_BITS == 0
             && !Call::from_raw(self.call).agrees(Call::from_raw(h.call))
     }
@@ -271,6 +298,15 @@ impl ShmSession<'_> {
     /// The error of [`Self::stray`]'s message from `p`.
     fn stray_error(&self, p: usize, h: &CellHead) -> CollectiveError {
         let me = self.t.rank;
+        if h.kind() == KIND_POISON {
+            return poisoned(
+                p,
+                me,
+                h.tag,
+                Call::from_raw(h.call),
+                Call::from_raw(self.call),
+            );
+        }
         let len = usize::try_from(h.len).unwrap_or(usize::MAX);
         mismatch(
             p,
@@ -291,13 +327,19 @@ impl ShmSession<'_> {
         self.scanned = true;
         let ours = Call::from_raw(self.call);
         let seq = self.tag_base >> TAG_BITS;
-        let Some(i) = self.t.unexpected.iter().position(|u| {
-            !u.poison && u.tag >> TAG_BITS == seq && !ours.agrees(Call::from_raw(u.call))
-        }) else {
+        let Some(i) = self
+            .t
+            .unexpected
+            .iter()
+            .position(|u| u.tag >> TAG_BITS == seq && !ours.agrees(Call::from_raw(u.call)))
+        else {
             return Ok(());
         };
         let u = self.t.unexpected.remove(i);
         let me = self.t.rank;
+        if u.poison {
+            return Err(poisoned(u.peer, me, u.tag, Call::from_raw(u.call), ours));
+        }
         Err(mismatch(
             u.peer,
             me,

@@ -206,42 +206,63 @@ fn receive_poison_and_blocks_of_2(
 
 #[test]
 fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
-    // Taken aside at once (no hold): the message of this call (its sequence number)
-    // with other blocks fails the progress that reads it, whatever its tag; the poison
-    // fails the receive it replaces when that is posted.
-    receive_poison_and_blocks_of_2(Duration::ZERO, |s, r| {
-        match r {
+    // Held or not (the check comes before the hold): the poison of this call (its
+    // sequence number) from a rank whose call has other blocks fails the progress that
+    // reads it, whatever its tag, naming both.
+    for hold in [Duration::ZERO, Duration::from_secs(60)] {
+        receive_poison_and_blocks_of_2(hold, |_, r| match r {
             Err(CollectiveError::Mismatch { peer: 0, message }) => assert!(
-                message.contains("blocks of 4 bytes") && message.contains("with 2 bytes"),
-                "{message}"
+                message.contains("blocks of 4 bytes")
+                    && message.contains("with 2 bytes")
+                    && message.contains("failed this collective"),
+                "{hold:?}: {message}"
             ),
-            other => panic!("expected a block mismatch, got {other:?}"),
-        }
-        match s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0) {
-            Err(CollectiveError::Mismatch { peer: 0, message }) => {
-                assert!(message.contains("failed this collective"), "{message}")
-            }
-            other => panic!("expected poison, got {other:?}"),
-        }
-    });
-    // Held in the ring until a receive is posted (the receive is accepted, which it is
-    // not once the poison was taken): checked when it is taken. For tag 10 the poison
-    // ahead of it is taken aside (a receive from rank 0 is posted).
-    for (tag, at, want) in [
-        (9, 0, "failed this collective"),
-        (10, 4, "blocks of 4 bytes"),
-    ] {
-        receive_poison_and_blocks_of_2(Duration::from_secs(60), |s, r| {
-            r.unwrap();
-            s.post_recv(0, tag, Region::new(Buf::Recv, at, 4), 0)
-                .unwrap();
-            match complete(s, 1) {
-                Err(CollectiveError::Mismatch { peer: 0, message }) => {
-                    assert!(message.contains(want), "tag {tag}: {message}")
-                }
-                other => panic!("tag {tag}: expected a mismatch, got {other:?}"),
-            }
+            other => panic!("{hold:?}: expected a block mismatch, got {other:?}"),
         });
+    }
+}
+
+/// Poison of the call in progress from a rank whose call agrees fails only the receive
+/// it replaces: taken aside at once, or held until a receive from that rank is posted.
+#[test]
+fn agreeing_poison_fails_the_receive_it_replaces() {
+    for hold in [Duration::ZERO, Duration::from_secs(60)] {
+        let (mut a, mut b) = pair(4, 128);
+        b.hold = hold;
+        {
+            let bufs = Buffers {
+                send: &[],
+                recv: &mut [],
+                scratch: &mut [],
+                call: Call::new(CallKind::AllToAll).count(4),
+            };
+            let mut s = a.begin(0, bufs).unwrap();
+            s.post_poison(1, 9).unwrap();
+        }
+        let mut recv = [0u8; 4];
+        let bufs = Buffers {
+            send: &[],
+            recv: &mut recv,
+            scratch: &mut [],
+            call: Call::new(CallKind::AllToAll).count(4),
+        };
+        let mut s = b.begin(0, bufs).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        s.progress(&mut Vec::new()).unwrap();
+        s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0)
+            .and_then(|()| complete(&mut s, 1))
+            .map_or_else(
+                |e| match e {
+                    CollectiveError::Mismatch { peer: 0, message } => {
+                        assert!(
+                            message.contains("failed this collective"),
+                            "{hold:?}: {message}"
+                        )
+                    }
+                    other => panic!("{hold:?}: expected poison, got {other:?}"),
+                },
+                |()| panic!("{hold:?}: the poisoned receive completed"),
+            );
     }
 }
 
