@@ -467,6 +467,38 @@ mod tests {
         assert!(Call::mismatch((0, sum), (1, sum.poison())).is_none());
     }
 
+    /// The fuzz target's properties (fuzz/fuzz_targets/call.rs) over a fixed stream.
+    #[test]
+    fn random_pairs_agree_symmetrically_and_name_both_ranks() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            x ^ x >> 29
+        };
+        for i in 0..20_000u64 {
+            let a = next();
+            // Often close to `a`: one field changed.
+            let b = if i % 2 == 0 {
+                a ^ (1 << (next() % 64))
+            } else {
+                next()
+            };
+            let (ca, cb) = (Call::from_raw(a), Call::from_raw(b));
+            assert_eq!(ca.agrees(cb), cb.agrees(ca));
+            assert!(ca.agrees(ca.poison()));
+            let _ = ca.describe();
+            match Call::mismatch((3, ca), (7, cb)) {
+                None => assert!(ca.agrees(cb)),
+                Some(w) => {
+                    assert!(w.contains("rank 3") && w.contains("rank 7"), "{w}");
+                    assert_eq!(Some(w), Call::mismatch((7, cb), (3, ca)));
+                }
+            }
+        }
+    }
+
     #[test]
     fn any_bits_decode() {
         for raw in [u64::MAX, 0xf, 0x7fff_ffff_ffff_fff0, 1 << 62, 0xffe] {

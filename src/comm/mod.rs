@@ -9,6 +9,13 @@
 //! Every rank must make the same sequence of collective calls. Each call takes the
 //! next collective sequence number(s) — also when it fails — and puts it above the
 //! schedule's tags, so successive collectives never match each other's messages.
+//!
+//! Each call also gets a descriptor of what every rank must agree on
+//! ([`halo_collectives::Call`]: the collective, the reduction operation, the element
+//! type of a reduction — [`dtype_code`] of `E` —, the root, the byte count), which the
+//! transports carry with every message of the call; ranks that disagree fail with
+//! [`Error::InvalidUsage`] naming both ranks and both values (docs/ARCHITECTURE.md,
+//! "Call agreement", for what is and is not detected).
 
 mod all_gather;
 mod all_reduce;

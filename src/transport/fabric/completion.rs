@@ -153,8 +153,11 @@ impl FabricTransport {
     /// Completes one operation. A receive that completed with another length than
     /// it was posted with (a shorter message; only a receive posted with
     /// `Session::post_recv_up_to` takes one, and notes its length), or from a peer
-    /// whose call has another uniform block size, is an error naming the peer and both
-    /// sizes.
+    /// whose call has another descriptor (remote CQ data, `FabricEndpoint::call_data`),
+    /// is an error naming the peer and both sizes or calls. Poison with a descriptor
+    /// names the poisoner's call. A message no posted receive matches stays in the
+    /// provider, unseen: a disagreement between collectives whose schedules use other
+    /// tags is a timeout on this transport.
     fn complete(
         &mut self,
         en: &fi::fi_cq_tagged_entry,

@@ -25,6 +25,11 @@
 //! type is private to the crate and only the [`Communicator`] opens sessions, always
 //! dropping them before its call returns, so no `mem::forget` can defeat that.
 //!
+//! A descriptor also carries its call's descriptor (`halo_collectives::Call`): a
+//! receiver whose call differs refuses it — on matching, and for a message of the same
+//! call (its tag's sequence number) whatever its tag, as it arrives or among those kept
+//! from earlier calls — and the refusal fails the sender with the same words.
+//!
 //! A rank whose endpoint is dropped (its thread returned or panicked) is marked gone;
 //! peers waiting on it get [`crate::Error::RemoteError`] instead of waiting for the
 //! timeout.
