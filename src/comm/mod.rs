@@ -12,7 +12,7 @@
 //!
 //! Each call also gets a descriptor of what every rank must agree on
 //! ([`halo_collectives::Call`]: the collective, the reduction operation, the element
-//! type of a reduction — [`dtype_code`] of `E` —, the root, the byte count), which the
+//! type of a reduction — `dtype_code` of `E` —, the root, the byte count), which the
 //! transports carry with every message of the call; ranks that disagree fail with
 //! [`Error::InvalidUsage`] naming both ranks and both values (docs/ARCHITECTURE.md,
 //! "Call agreement", for what is and is not detected).
