@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-20}"
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(topology card c_abi cli bootstrap_hello)
+  targets=(topology card c_abi cli bootstrap_hello call)
 fi
 start=$(date +%s)
 

@@ -6,6 +6,7 @@
 //! progress, and unlocks dependants as steps complete — until all are done, the
 //! timeout passes, or the operation is aborted.
 
+use crate::call::Call;
 use crate::error::{CollectiveError, Result};
 use crate::schedule::{Region, Schedule, Step, StepId};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,13 +21,13 @@ pub struct Buffers<'a> {
     pub recv: &'a mut [u8],
     /// Scratch, at least [`Schedule::scratch_len`] bytes.
     pub scratch: &'a mut [u8],
-    /// The block size of a uniform all-to-all (bytes per pair of ranks), or `None`
-    /// for calls without one. Transports carry it with every message, and a receiver
-    /// whose own call has another block size fails with
-    /// [`CollectiveError::Mismatch`]: ranks that called with different counts or
-    /// element types are told so even where the message sizes happen to agree (a
-    /// chunked or forwarded message).
-    pub block: Option<usize>,
+    /// What every rank of this call must agree on ([`Call`]; [`Call::NONE`] for a call
+    /// that does not say). Transports carry it with every message, and a receiver whose
+    /// own call has another descriptor fails with [`CollectiveError::Mismatch`] naming
+    /// both ranks and both calls: ranks that called different collectives, operations,
+    /// element types, roots or counts are told so even where the message sizes happen
+    /// to agree.
+    pub call: Call,
 }
 
 /// A way to move bytes between the ranks of a communicator.

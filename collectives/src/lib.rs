@@ -24,6 +24,7 @@
 
 mod algo;
 mod broadcast;
+mod call;
 mod error;
 mod execute;
 mod gather;
@@ -43,6 +44,7 @@ pub use algo::moe::{
 };
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
 pub use broadcast::{BROADCAST_CHUNK, BROADCAST_SMALL, BroadcastAlgorithm, build_broadcast};
+pub use call::{Call, CallKind, DTYPE_NAMES, OP_NAMES};
 pub use error::{CollectiveError, Result, VerifyError};
 pub use execute::{Buffers, ExecOptions, Idle, Session, Transport, execute};
 pub use gather::{ALL_GATHER_SMALL, AllGatherAlgorithm, build_all_gather};

@@ -341,6 +341,13 @@ class OpsTest(unittest.TestCase):
                 job = launch(self, 3, [WORKERS / "ops.py", "mismatch", op], {"HALO_TIMEOUT_MS": "5000"}, timeout=90)
                 self.assert_job_ok(job, 3, "mismatch ok")
 
+    def test_disagreeing_calls_raise_invalid_usage_naming_both(self):
+        for case in ("op", "dtype"):
+            for n in (2, 4):
+                with self.subTest(case=case, n=n):
+                    job = launch(self, n, [WORKERS / "ops.py", "disagree", case], {"HALO_TIMEOUT_MS": "20000"}, timeout=90)
+                    self.assert_job_ok(job, n, "disagree ok 5")
+
 
 if __name__ == "__main__":
     unittest.main()

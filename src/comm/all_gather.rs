@@ -1,9 +1,9 @@
 //! All-gather: [`Communicator::all_gather`] over the builders of
 //! `halo_collectives::gather` (ring, recursive doubling, Bruck).
 
-use super::{Communicator, cached_schedule, exec_options, overlaps, sized};
+use super::{Communicator, cached_schedule, call_of, exec_options, overlaps, sized};
 use crate::error::{Error, Result};
-use halo_collectives::{AllGatherAlgorithm, Buffers, build_all_gather};
+use halo_collectives::{AllGatherAlgorithm, Buffers, CallKind, build_all_gather};
 
 impl Communicator {
     /// Forces an all-gather algorithm (`None`: automatic, the default). A forced
@@ -33,6 +33,17 @@ impl Communicator {
     /// transport sees it; otherwise [`Error::Timeout`]); [`Error::Timeout`],
     /// [`Error::Aborted`], [`Error::RemoteError`] as they happen.
     pub fn all_gather<E: bytemuck::Pod>(&mut self, send: &[E], recv: &mut [E]) -> Result<()> {
+        self.all_gather_as(CallKind::AllGather, send, recv)
+    }
+
+    /// [`Communicator::all_gather`] whose messages say they are part of a call of
+    /// `kind` (a split's exchange is one).
+    pub(super) fn all_gather_as<E: bytemuck::Pod>(
+        &mut self,
+        kind: CallKind,
+        send: &[E],
+        recv: &mut [E],
+    ) -> Result<()> {
         let tag_base = self.core.next_tag_base();
         self.core.check_aborted()?;
         let n = self.size();
@@ -69,7 +80,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch,
-                block: None,
+                call: call_of(kind, block),
             },
             &opts,
         )?;

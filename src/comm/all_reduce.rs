@@ -5,7 +5,8 @@
 use super::{Communicator, Core, exec_options, overlaps};
 use crate::error::{Error, Result};
 use halo_collectives::{
-    AllReduceAlgorithm, Buf, Buffers, Landing, ReduceRound, Region, all_reduce_plan, exchange,
+    AllReduceAlgorithm, Buf, Buffers, Call, CallKind, CollectiveError, Landing, ReduceRound,
+    Region, all_reduce_plan, exchange,
 };
 use std::time::Instant;
 
@@ -27,6 +28,28 @@ pub enum ReduceOp {
     /// NCCL's `ncclAvg`: floats divide in their own type (`bf16`/`f16` through `f32`),
     /// integers with truncating division (towards zero) of the wrapped sum.
     Avg,
+}
+
+impl ReduceOp {
+    /// The operation's code in a call's descriptor ([`halo_collectives::OP_NAMES`]:
+    /// NCCL's `ncclRedOp_t` + 1).
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            ReduceOp::Sum => 1,
+            ReduceOp::Prod => 2,
+            ReduceOp::Max => 3,
+            ReduceOp::Min => 4,
+            ReduceOp::Avg => 5,
+        }
+    }
+}
+
+/// The descriptor of a reduction of `kind` over elements `E` with `op`, of `bytes`.
+pub(super) fn reduction_call<E: Reducible>(kind: CallKind, op: ReduceOp, bytes: usize) -> Call {
+    Call::new(kind)
+        .op(op.code())
+        .dtype(super::dtype_code::<E>())
+        .count(bytes)
 }
 
 mod sealed {
@@ -238,7 +261,8 @@ impl Communicator {
             .reduce_forced
             .unwrap_or_else(|| AllReduceAlgorithm::auto(n, len, len * es));
         let plan = all_reduce_plan(algorithm, me, n, len)?;
-        run_rounds(core, tag_base, &plan, acc, op, "all-reduce", start)?;
+        let call = reduction_call::<E>(CallKind::AllReduce, op, len * es);
+        run_rounds(core, tag_base, &plan, acc, op, ("all-reduce", call), start)?;
         E::finish(op, acc, n);
         Ok(())
     }
@@ -246,20 +270,21 @@ impl Communicator {
 
 /// Runs a plan of exchange rounds (`halo_collectives::reduce`) over the accumulator
 /// `acc`: each round one small [`exchange`] schedule, received elements reduced with
-/// `op` or landed in place. The whole plan honours the timeout counted from `start`.
+/// `op` or landed in place, every message carrying `call`. The whole plan honours the
+/// timeout counted from `start`.
 pub(super) fn run_rounds<E: Reducible>(
     core: &mut Core,
     tag_base: u64,
     plan: &[ReduceRound],
     acc: &mut [E],
     op: ReduceOp,
-    name: &'static str,
+    (name, call): (&'static str, Call),
     start: Instant,
 ) -> Result<()> {
     let (n, me) = (core.size, core.rank);
     let es = std::mem::size_of::<E>();
     let bytes = |r: &std::ops::Range<usize>| r.start * es..r.end * es;
-    for round in plan {
+    for (i, round) in plan.iter().enumerate() {
         let opts = exec_options(core.timeout.saturating_sub(start.elapsed()), &core.abort);
         let send = round.send.as_ref().map(|t| (t.peer, bytes(&t.range)));
         let region =
@@ -281,17 +306,19 @@ pub(super) fn run_rounds<E: Reducible>(
                     send.map(|(p, s)| (p, region(Buf::Send, s.start, &s))),
                     Some((v.peer, region(Buf::Recv, 0, &r))),
                 );
-                core.backend.run(
-                    &schedule,
-                    tag_base,
-                    Buffers {
-                        send: acc_bytes,
-                        recv: tmp,
-                        scratch: &mut [],
-                        block: None,
-                    },
-                    &opts,
-                )?;
+                core.backend
+                    .run(
+                        &schedule,
+                        tag_base,
+                        Buffers {
+                            send: acc_bytes,
+                            recv: tmp,
+                            scratch: &mut [],
+                            call,
+                        },
+                        &opts,
+                    )
+                    .map_err(|e| fail_rounds(core, tag_base, &plan[i + 1..], call, e))?;
                 let other: &[E] = bytemuck::cast_slice(
                     &bytemuck::cast_slice::<u64, u8>(&core.ext.tmp)[..r.len()],
                 );
@@ -330,17 +357,19 @@ pub(super) fn run_rounds<E: Reducible>(
                     }
                 };
                 let schedule = exchange(me, n, name, round.tag, s_region, Some((v.peer, r_region)));
-                core.backend.run(
-                    &schedule,
-                    tag_base,
-                    Buffers {
-                        send: send_buf,
-                        recv: recv_buf,
-                        scratch: &mut [],
-                        block: None,
-                    },
-                    &opts,
-                )?;
+                core.backend
+                    .run(
+                        &schedule,
+                        tag_base,
+                        Buffers {
+                            send: send_buf,
+                            recv: recv_buf,
+                            scratch: &mut [],
+                            call,
+                        },
+                        &opts,
+                    )
+                    .map_err(|e| fail_rounds(core, tag_base, &plan[i + 1..], call, e))?;
             }
             (None, _) => {
                 let schedule = exchange(
@@ -351,19 +380,44 @@ pub(super) fn run_rounds<E: Reducible>(
                     send.map(|(p, s)| (p, region(Buf::Send, s.start, &s))),
                     None,
                 );
-                core.backend.run(
-                    &schedule,
-                    tag_base,
-                    Buffers {
-                        send: acc_bytes,
-                        recv: &mut [],
-                        scratch: &mut [],
-                        block: None,
-                    },
-                    &opts,
-                )?;
+                core.backend
+                    .run(
+                        &schedule,
+                        tag_base,
+                        Buffers {
+                            send: acc_bytes,
+                            recv: &mut [],
+                            scratch: &mut [],
+                            call,
+                        },
+                        &opts,
+                    )
+                    .map_err(|e| fail_rounds(core, tag_base, &plan[i + 1..], call, e))?;
             }
         }
     }
     Ok(())
+}
+
+/// A round of a plan failed with `e`. After a mismatch (the ranks made different
+/// calls), the sends of the rounds not run yet are replaced by poison, as the engine
+/// does for the steps of one schedule ([`halo_collectives::execute`]), so that the
+/// ranks waiting for them fail now, told which call this rank made, instead of at
+/// their timeout. Best effort: poison that cannot be delivered at once is dropped.
+fn fail_rounds(
+    core: &mut Core,
+    tag_base: u64,
+    rest: &[ReduceRound],
+    call: Call,
+    e: CollectiveError,
+) -> CollectiveError {
+    if matches!(e, CollectiveError::Mismatch { .. }) {
+        let sends: Vec<(usize, u64)> = rest
+            .iter()
+            .filter_map(|r| r.send.as_ref().map(|t| (t.peer, r.tag)))
+            .collect();
+        core.backend
+            .poison_after_mismatch(tag_base, call, &sends, &e);
+    }
+    e
 }

@@ -1,9 +1,9 @@
 //! All-to-all: [`Communicator::all_to_all`] (uniform blocks) and
 //! [`Communicator::barrier`] (a one-byte all-to-all).
 
-use super::{Communicator, barrier_algorithm, overlaps, sized};
+use super::{Communicator, barrier_algorithm, call_of, overlaps, sized};
 use crate::error::{Error, Result};
-use halo_collectives::Algorithm;
+use halo_collectives::{Algorithm, Call, CallKind};
 
 impl Communicator {
     /// All-to-all: block `q` of `send` (`send.len() / size()` elements) goes to rank
@@ -49,10 +49,18 @@ impl Communicator {
                 "all_to_all: send and receive buffers overlap (HALO is out-of-place only)",
             ));
         }
+        let call = call_of(CallKind::AllToAll, block);
         let forced = self.core.forced;
         if forced.is_some() {
-            self.core
-                .uniform(forced, tag_base, send, recv, block, &mut self.pool.scratch)?;
+            self.core.uniform(
+                forced,
+                tag_base,
+                send,
+                recv,
+                block,
+                &mut self.pool.scratch,
+                call,
+            )?;
             return Ok(());
         }
         let picked = self.pick_uniform(block);
@@ -92,7 +100,16 @@ impl Communicator {
     ) -> Result<()> {
         let started = std::time::Instant::now();
         let core = &mut self.core;
-        let ran = core.uniform(picked, tag_base, send, recv, block, &mut self.pool.scratch)?;
+        let call = call_of(CallKind::AllToAll, block);
+        let ran = core.uniform(
+            picked,
+            tag_base,
+            send,
+            recv,
+            block,
+            &mut self.pool.scratch,
+            call,
+        )?;
         if trial {
             let class = crate::tune::Key::Uniform(super::class(block));
             self.record_trial(class, ran, started.elapsed())?;
@@ -194,6 +211,7 @@ impl Communicator {
             recv,
             1,
             &mut self.pool.scratch,
+            Call::new(CallKind::Barrier),
         )?;
         self.core.last = last;
         Ok(())

@@ -139,13 +139,17 @@ use crate::error::{Error, Result};
 use crate::transport::Program;
 use crate::tune::Key;
 use halo_collectives::{
-    Algorithm, AllGatherAlgorithm, Buf, Buffers, BuildCtx, CollectiveError, ExecOptions, Idle,
-    KnownSizes, Layout, META_BLOCK, Region, Schedule, Session, SimOptions, UniformSizes, build,
-    build_all_gather, simulate,
+    Algorithm, AllGatherAlgorithm, Buf, Buffers, BuildCtx, Call, CallKind, CollectiveError,
+    ExecOptions, Idle, KnownSizes, Layout, META_BLOCK, Region, Schedule, Session, SimOptions,
+    UniformSizes, build, build_all_gather, simulate,
 };
 use halo_topology::Level;
 use std::collections::HashMap;
 use std::sync::OnceLock;
+
+/// The descriptor every message of an all-to-all-v carries (its totals differ from rank
+/// to rank: the count is carried only by the passes of a size every rank agrees on).
+const V_CALL: Call = Call::new(CallKind::AllToAllV);
 
 /// Status codes of the agreement pass.
 const OK: u32 = 0;
@@ -1202,7 +1206,7 @@ impl Communicator {
                 send: &pool.meta_send[..row],
                 recv: mr,
                 scratch,
-                block: None,
+                call: V_CALL,
             },
             &opts,
         )?;
@@ -1265,7 +1269,15 @@ impl Communicator {
             self.meta_hops(base, c, valid, send, &mut *recv)?;
         } else if let Some(a) = routed {
             let (out, inn) = pool.v.stage[..2 * n * f].split_at_mut(n * f);
-            core.uniform(Some(a), base, out, inn, f, &mut pool.meta_scratch)?;
+            core.uniform(
+                Some(a),
+                base,
+                out,
+                inn,
+                f,
+                &mut pool.meta_scratch,
+                V_CALL.count(f),
+            )?;
         } else {
             self.meta_direct(base, (c, s), valid, send, &mut *recv)?;
         }
@@ -1372,7 +1384,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch: &mut pool.v.stage[..2 * n * f + s],
-                block: None,
+                call: V_CALL,
             },
             &opts,
         )?;
@@ -1417,7 +1429,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch: stage,
-                block: None,
+                call: V_CALL,
             },
             &opts,
         )?;
@@ -1450,6 +1462,7 @@ impl Communicator {
             mr,
             META_BLOCK,
             &mut self.pool.meta_scratch,
+            V_CALL.count(META_BLOCK),
         )?;
 
         // 2. Check both directions of every pair, then agree.
@@ -1512,6 +1525,7 @@ impl Communicator {
             sr,
             STATUS_BLOCK,
             &mut self.pool.status_scratch,
+            V_CALL.count(STATUS_BLOCK),
         )?;
         local?;
         if let Some((q, message)) = mismatch {
@@ -1666,7 +1680,7 @@ impl Communicator {
                     send,
                     recv,
                     scratch,
-                    block: None,
+                    call: V_CALL,
                 },
                 &opts,
             )?;

@@ -2,9 +2,9 @@
 //! `halo_collectives::build_broadcast` (binomial tree, pipelined chain); the rooted
 //! collectives' schedule cache.
 
-use super::{Communicator, cached_schedule, exec_options};
+use super::{Communicator, cached_schedule, call_of, exec_options};
 use crate::error::{Error, Result};
-use halo_collectives::{BroadcastAlgorithm, Buffers, build_broadcast};
+use halo_collectives::{BroadcastAlgorithm, Buffers, CallKind, build_broadcast};
 
 /// Which rooted collective a cached schedule is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +82,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch: &mut [],
-                block: None,
+                call: call_of(CallKind::Broadcast, len).root(root),
             },
             &opts,
         )?;

@@ -1,9 +1,9 @@
 //! Gather: [`Communicator::gather`] over `halo_collectives::build_gather` (flat).
 
 use super::broadcast::Rooted;
-use super::{Communicator, cached_schedule, exec_options, overlaps};
+use super::{Communicator, cached_schedule, call_of, exec_options, overlaps};
 use crate::error::{Error, Result};
-use halo_collectives::{Buffers, build_gather};
+use halo_collectives::{Buffers, CallKind, build_gather};
 
 impl Communicator {
     /// Gather (`MPI_Gather`): every rank's `send` lands at block `r` of `recv` on rank
@@ -60,7 +60,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch: &mut [],
-                block: None,
+                call: call_of(CallKind::Gather, block).root(root),
             },
             &opts,
         )?;

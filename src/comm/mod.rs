@@ -9,6 +9,13 @@
 //! Every rank must make the same sequence of collective calls. Each call takes the
 //! next collective sequence number(s) — also when it fails — and puts it above the
 //! schedule's tags, so successive collectives never match each other's messages.
+//!
+//! Each call also gets a descriptor of what every rank must agree on
+//! ([`halo_collectives::Call`]: the collective, the reduction operation, the element
+//! type of a reduction — `dtype_code` of `E` —, the root, the byte count), which the
+//! transports carry with every message of the call; ranks that disagree fail with
+//! [`Error::InvalidUsage`] naming both ranks and both values (docs/ARCHITECTURE.md,
+//! "Call agreement", for what is and is not detected).
 
 mod all_gather;
 mod all_reduce;
@@ -42,8 +49,8 @@ use crate::select::Selector;
 use crate::transport::Backend;
 use crate::transport::local::LocalTransport;
 use halo_collectives::{
-    AlgoOptions, Algorithm, Buffers, BuildCtx, ExecOptions, Layout, Schedule, TAG_BITS,
-    UniformSizes, build,
+    AlgoOptions, Algorithm, Buffers, BuildCtx, Call, CallKind, ExecOptions, Layout, Schedule,
+    TAG_BITS, UniformSizes, build,
 };
 use halo_collectives::{AllGatherAlgorithm, AllReduceAlgorithm};
 use halo_topology::Topology;
@@ -329,7 +336,9 @@ impl Core {
         ))
     }
 
-    /// Runs a uniform all-to-all of `block` bytes per pair over byte buffers.
+    /// Runs a uniform all-to-all of `block` bytes per pair over byte buffers, its
+    /// messages carrying `call` (the descriptor of the call it is part of).
+    #[allow(clippy::too_many_arguments)]
     fn uniform(
         &mut self,
         forced: Option<Algorithm>,
@@ -338,6 +347,7 @@ impl Core {
         recv: &mut [u8],
         block: usize,
         scratch: &mut Vec<u8>,
+        call: Call,
     ) -> Result<Algorithm> {
         let algorithm = self.prepare_uniform(forced, block)?;
         let schedule = &self.cache[0].2;
@@ -350,13 +360,38 @@ impl Core {
                 send,
                 recv,
                 scratch,
-                block: Some(block),
+                call,
             },
             &opts,
         )?;
         self.last = Some(algorithm);
         Ok(algorithm)
     }
+}
+
+/// The element type code of a call's descriptor for `E` ([`halo_collectives::DTYPE_NAMES`]:
+/// `haloDataType` + 1 for the types a reduction takes, 0 for any other).
+pub(crate) fn dtype_code<E: 'static>() -> u8 {
+    use std::any::TypeId;
+    let t = TypeId::of::<E>();
+    let codes: [(TypeId, u8); 10] = [
+        (TypeId::of::<i8>(), 1),
+        (TypeId::of::<u8>(), 2),
+        (TypeId::of::<i32>(), 3),
+        (TypeId::of::<u32>(), 4),
+        (TypeId::of::<i64>(), 5),
+        (TypeId::of::<u64>(), 6),
+        (TypeId::of::<half::f16>(), 7),
+        (TypeId::of::<f32>(), 8),
+        (TypeId::of::<f64>(), 9),
+        (TypeId::of::<half::bf16>(), 10),
+    ];
+    codes.iter().find(|(id, _)| *id == t).map_or(0, |&(_, c)| c)
+}
+
+/// The descriptor of a call of `kind` moving `bytes` (see [`halo_collectives::Call`]).
+pub(crate) fn call_of(kind: CallKind, bytes: usize) -> Call {
+    Call::new(kind).count(bytes)
 }
 
 /// The size class of a block: 0 for 0 bytes, otherwise 1 + floor(log2 bytes).

@@ -317,7 +317,7 @@ fn run_schedule(
             send,
             recv,
             scratch: &mut scratch,
-            block: None,
+            call: halo_collectives::Call::new(halo_collectives::CallKind::AllToAllV),
         },
         &opts,
     )?;

@@ -334,7 +334,7 @@ impl Communicator {
                 None => &mut [],
             },
             scratch: &mut [],
-            block: None,
+            call: halo_collectives::Call::NONE,
         };
         let opts = exec_options(core.timeout, &core.abort);
         core.backend

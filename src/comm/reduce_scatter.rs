@@ -2,7 +2,7 @@
 //! `halo_collectives::reduce_scatter_plan`, run by the all-reduce's round runner over
 //! a pooled copy of the send buffer.
 
-use super::all_reduce::run_rounds;
+use super::all_reduce::{reduction_call, run_rounds};
 use super::{Communicator, overlaps};
 use crate::comm::{ReduceOp, Reducible};
 use crate::error::{Error, Result};
@@ -67,7 +67,14 @@ impl Communicator {
                 &plan,
                 acc,
                 op,
-                "reduce-scatter",
+                (
+                    "reduce-scatter",
+                    reduction_call::<E>(
+                        halo_collectives::CallKind::ReduceScatter,
+                        op,
+                        count * std::mem::size_of::<E>(),
+                    ),
+                ),
                 start,
             );
             if r.is_ok() {

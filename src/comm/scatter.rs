@@ -1,9 +1,9 @@
 //! Scatter: [`Communicator::scatter`] over `halo_collectives::build_scatter` (flat).
 
 use super::broadcast::Rooted;
-use super::{Communicator, cached_schedule, exec_options, overlaps};
+use super::{Communicator, cached_schedule, call_of, exec_options, overlaps};
 use crate::error::{Error, Result};
-use halo_collectives::{Buffers, build_scatter};
+use halo_collectives::{Buffers, CallKind, build_scatter};
 
 impl Communicator {
     /// Scatter (`MPI_Scatter`): block `r` of `send` on rank `root` (`size() *
@@ -60,7 +60,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch: &mut [],
-                block: None,
+                call: call_of(CallKind::Scatter, block).root(root),
             },
             &opts,
         )?;

@@ -58,7 +58,7 @@ impl Communicator {
             used,
         ];
         let mut all = vec![0u32; 4 * n];
-        self.all_gather(&mine, &mut all)?;
+        self.all_gather_as(halo_collectives::CallKind::Split, &mine, &mut all)?;
         let Some(color) = color else {
             return Ok(None);
         };

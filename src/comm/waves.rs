@@ -219,7 +219,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch,
-                block: Some(block),
+                call: super::call_of(halo_collectives::CallKind::AllToAll, block),
             },
             &opts,
         )?;
@@ -273,7 +273,7 @@ impl Communicator {
                 send,
                 recv,
                 scratch,
-                block: None,
+                call: halo_collectives::Call::new(halo_collectives::CallKind::AllToAllV),
             },
             &opts,
         )?;

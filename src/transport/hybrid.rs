@@ -121,11 +121,11 @@ impl Transport for HybridTransport {
     }
 
     fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<HybridSession<'a>> {
-        let block = bufs.block;
+        let call = bufs.call;
         let raw = RawBuffers::new(bufs);
         let second = raw.alias();
-        let shm = self.shm.begin_raw(tag_base, raw, block)?;
-        let fabric = self.fabric.begin_raw(tag_base, second, block)?;
+        let shm = self.shm.begin_raw(tag_base, raw, call)?;
+        let fabric = self.fabric.begin_raw(tag_base, second, call)?;
         Ok(HybridSession {
             shm,
             fabric,

@@ -44,7 +44,7 @@ pub(crate) mod sys;
 pub(crate) use shared::{MAX_COMMS, SharedBackend, SharedTickets, Ticket};
 
 use halo_collectives::{
-    Buffers, CollectiveError, ExecOptions, Schedule, Session, SessionWaves, Transport, Waves,
+    Buffers, Call, CollectiveError, ExecOptions, Schedule, Session, SessionWaves, Transport, Waves,
     execute, execute_waves,
 };
 
@@ -134,6 +134,39 @@ impl Backend {
         self.run_program(Program::Steps(schedule), tag_base, bufs, opts)
     }
 
+    /// After this rank's part of a collective failed with `e`, a mismatch: sends poison
+    /// ([`Session::post_poison`]) with the descriptor `call` for each of `sends` (peer,
+    /// tag under `tag_base`), the messages of later passes of the same call that will now
+    /// never be sent (an all-reduce's later rounds), so that the ranks waiting for them
+    /// fail now instead of at their timeout. Best effort, on the in-process and
+    /// shared-memory transports (a broken one included: poison is all it still sends);
+    /// the others' waiting ranks time out.
+    pub(crate) fn poison_after_mismatch(
+        &mut self,
+        tag_base: u64,
+        call: Call,
+        sends: &[(usize, u64)],
+        e: &CollectiveError,
+    ) {
+        let bufs = || Buffers {
+            send: &[],
+            recv: &mut [],
+            scratch: &mut [],
+            call,
+        };
+        match self {
+            Backend::Local(t) => {
+                if let Ok(mut s) = t.begin(tag_base, bufs()) {
+                    for &(peer, tag) in sends {
+                        let _ = s.post_poison(peer, tag);
+                    }
+                }
+            }
+            Backend::Shm(t) => t.poison_after_mismatch(tag_base, call, sends, e),
+            _ => {}
+        }
+    }
+
     /// Runs one rank's program (steps or waves) over `bufs`.
     pub(crate) fn run_program(
         &mut self,
@@ -179,19 +212,19 @@ pub(crate) fn take_len(lens: &mut Vec<(u32, usize)>, token: u32) -> Option<usize
 pub(crate) struct Expected {
     /// The length of its receive.
     pub(crate) len: usize,
-    /// The block size of its uniform call.
-    pub(crate) block: Option<usize>,
+    /// Its call's descriptor.
+    pub(crate) call: Call,
 }
 
 /// The error both ends of a message report when their views of it differ: the same
-/// words on the sender and the receiver, naming both ranks and both sizes. `sent` is
-/// the message's length (`None`: longer than expected, by how much the provider did
-/// not say) and the block size of the sender's uniform call.
+/// words on the sender and the receiver, naming both ranks and both sizes or calls
+/// ([`Call::mismatch`]). `sent` is the message's length (`None`: longer than expected,
+/// by how much the provider did not say) and the descriptor of the sender's call.
 pub(crate) fn mismatch(
     sender: usize,
     receiver: usize,
     tag: u64,
-    sent: (Option<usize>, Option<usize>),
+    sent: (Option<usize>, Call),
     expected: Expected,
     me: usize,
 ) -> CollectiveError {
@@ -199,14 +232,9 @@ pub(crate) fn mismatch(
         Some(n) => format!("{n} bytes"),
         None => format!("more than {} bytes", expected.len),
     };
-    let message = match (sent.1, expected.block) {
-        (Some(a), Some(b)) if a != b => format!(
-            "size mismatch: rank {sender} called the all-to-all with blocks of {a} bytes per \
-             rank but rank {receiver} with {b} bytes (the ranks passed different counts or \
-             element types; a message of {len} where {} were expected, tag {tag:#x})",
-            expected.len
-        ),
-        _ => format!(
+    let message = match Call::mismatch((sender, sent.1), (receiver, expected.call)) {
+        Some(words) => format!("{words} (a message of {len}, tag {tag:#x})"),
+        None => format!(
             "size mismatch: rank {sender} sent {len} (tag {tag:#x}) but rank {receiver} \
              expected {} bytes from it (the ranks passed different counts or element types)",
             expected.len
@@ -219,14 +247,31 @@ pub(crate) fn mismatch(
 }
 
 /// The error of a rank that receives poison ([`halo_collectives::Session::post_poison`])
-/// from `sender` in place of the message `tag`.
-pub(crate) fn poisoned(sender: usize, me: usize, tag: u64) -> CollectiveError {
+/// from `sender` in place of the message `tag`. `theirs` is the descriptor of the
+/// sender's call where the poison carries one: when it differs from `ours`, the error
+/// names both calls, as the rank that found the mismatch did.
+pub(crate) fn poisoned(
+    sender: usize,
+    me: usize,
+    tag: u64,
+    theirs: Call,
+    ours: Call,
+) -> CollectiveError {
+    if let Some(words) = Call::mismatch((sender, theirs), (me, ours)) {
+        return CollectiveError::Mismatch {
+            peer: sender,
+            message: format!(
+                "{words}; rank {sender} failed this collective and will not send the \
+                 message (tag {tag:#x}) rank {me} waits for"
+            ),
+        };
+    }
     CollectiveError::Mismatch {
         peer: sender,
         message: format!(
-            "size mismatch: rank {sender} failed this collective because the ranks passed \
-             different counts or element types, and will not send the message (tag {tag:#x}) \
-             rank {me} waits for"
+            "call or size mismatch: rank {sender} failed this collective because the ranks \
+             made different calls (collectives, operations, element types, roots or \
+             counts), and will not send the message (tag {tag:#x}) rank {me} waits for"
         ),
     }
 }
@@ -234,7 +279,7 @@ pub(crate) fn poisoned(sender: usize, me: usize, tag: u64) -> CollectiveError {
 /// Checks shared by the transports' tests.
 #[cfg(test)]
 pub(crate) mod testing {
-    use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, Transport};
+    use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Session, Transport};
     use std::time::{Duration, Instant};
 
     /// Lengths around the shared-memory rings' cells and beyond a small ring.
@@ -286,7 +331,7 @@ pub(crate) mod testing {
                 send: &send,
                 recv: &mut recv,
                 scratch: &mut [],
-                block: None,
+                call: Call::NONE,
             };
             let mut s = t.begin(7 << 48, bufs).unwrap();
             let post_recvs = |s: &mut T::Session<'_>| {
@@ -342,7 +387,7 @@ pub(crate) mod testing {
             send: &send,
             recv: &mut recv,
             scratch: &mut [],
-            block: None,
+            call: Call::NONE,
         };
         let mut s = t.begin(9 << 48, bufs).unwrap();
         if me == 0 {

@@ -15,7 +15,10 @@
 //!   request and the one queued after it, destroy with a request outstanding;
 //! - `mismatch.c`: `haloAllToAll` with count 4 on rank 0 and 8 on the others fails on
 //!   every rank, with every algorithm (issue 11: ranks used to return success with
-//!   part of the receive buffer unwritten).
+//!   part of the receive buffer unwritten);
+//! - `disagree.c`: ranks that disagree on the call (operation, element type,
+//!   collective, barrier against all-to-all, root) fail with `haloInvalidUsage` naming
+//!   both ranks and both values.
 //!
 //! The ranks are started the way `halo launch` starts them: `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `HALO_BOOTSTRAP_ADDR` and `HALO_SECRET` in the
@@ -449,6 +452,138 @@ fn count_mismatch_fails_on_every_rank_with_every_algorithm() {
         assert!(
             codes[1..].contains(&"5"),
             "{alg}: no other rank saw the mismatch: {ranks:#?}"
+        );
+    }
+}
+
+/// One rank's result of `disagree.c`: its code and message.
+fn disagreement(rank: &Rank) -> (i32, String) {
+    let line = rank
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("disagree ok"))
+        .unwrap_or_else(|| panic!("no result line: {rank:#?}"));
+    let rest = line.split_once(": ").map_or("", |x| x.1);
+    let code = rest
+        .split(' ')
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(-1);
+    let message = rest.split_once(": ").map_or("", |x| x.1).to_string();
+    (code, message)
+}
+
+/// `disagree.c CASE` on `n` ranks: every rank ends within the time (no rank waits for
+/// its timeout of 20 s); the codes and messages by rank.
+fn disagree(case: &str, n: usize) -> Vec<(i32, String)> {
+    let dir = scratch(&format!("disagree-{case}-{n}"));
+    let start = Instant::now();
+    let ranks = Job::new(n, &program("disagree"))
+        .args(&[case])
+        .env("HALO_TIMEOUT_MS", "20000")
+        .limit(Duration::from_secs(60))
+        .run(&dir);
+    assert_all_ok(&ranks, "disagree ok");
+    let out: Vec<(i32, String)> = ranks.iter().map(disagreement).collect();
+    eprintln!("{case} on {n} ranks, {:?}: {out:#?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{case} on {n} ranks took {:?} (a rank waited for its timeout): {out:#?}",
+        start.elapsed()
+    );
+    out
+}
+
+/// Every rank of `out` failed with haloInvalidUsage (5); the ranks of `naming` say
+/// `words`, the others `words` or that a peer failed the call.
+#[track_caller]
+fn all_usage(out: &[(i32, String)], naming: &[(usize, String)], words: &str) {
+    for (r, (code, message)) in out.iter().enumerate() {
+        assert_eq!(*code, 5, "rank {r}: {message}; all: {out:#?}");
+        match naming.iter().find(|(q, _)| *q == r) {
+            Some((_, want)) => assert!(message.contains(want.as_str()), "rank {r}: {message}"),
+            None => assert!(
+                message.contains(words) || message.contains("failed this collective"),
+                "rank {r}: {message}"
+            ),
+        }
+    }
+}
+
+/// Another reduction operation, another element type of the same size, another
+/// collective of the same bytes, a barrier against a 1-byte all-to-all: on 2 and 4
+/// ranks every rank returns haloInvalidUsage, the ranks that exchanged with the one
+/// that differs naming both ranks and both values, the others that a peer failed.
+#[test]
+fn disagreeing_calls_fail_every_rank_naming_both_values() {
+    for n in [2usize, 4] {
+        // With 4 ranks, rank 0 meets whichever rank's message of the call comes first:
+        // rank 1's, or rank 2's from the next round (ranks 2 and 3 agree in the first).
+        let naming = |prefix: &str, full: String| -> Vec<(usize, String)> {
+            if n == 2 {
+                vec![(0, full.clone()), (1, full)]
+            } else {
+                vec![(0, prefix.to_string()), (1, full)]
+            }
+        };
+        let sum = "rank 0 called all_reduce with sum, rank ";
+        all_usage(
+            &disagree("op", n),
+            &naming(sum, format!("{sum}1 with max")),
+            sum,
+        );
+        let ty = "rank 0 reduces float32, rank ";
+        all_usage(
+            &disagree("dtype", n),
+            &naming(ty, format!("{ty}1 int32")),
+            ty,
+        );
+
+        let a2a = "rank 0 called all_to_all (4096 bytes per peer), rank ";
+        let naming: Vec<(usize, String)> = if n == 2 {
+            vec![
+                (0, format!("{a2a}1 all_gather (4096 bytes per rank)")),
+                (1, format!("{a2a}1 all_gather (4096 bytes per rank)")),
+            ]
+        } else {
+            vec![(0, a2a.to_string())]
+        };
+        all_usage(&disagree("kind", n), &naming, a2a);
+
+        let out = disagree("barrier", n);
+        if n == 2 {
+            let words = "rank 0 called all_to_all (1 byte per peer), rank 1 barrier";
+            all_usage(&out, &[(0, words.into()), (1, words.into())], words);
+        } else {
+            all_usage(&out, &[], "barrier");
+        }
+    }
+}
+
+/// A scatter whose last rank names root 1 and the others root 0, on 4 ranks: the last
+/// rank receives rank 0's block and fails naming both roots; the others agree with
+/// their root and succeed, or fail naming both roots where the last rank's poison
+/// reaches them first.
+#[test]
+fn a_scatter_with_another_root_fails_the_rank_that_differs() {
+    let out = disagree("root", 4);
+    let (code, message) = &out[3];
+    assert_eq!(*code, 5, "rank 3: {message}");
+    assert!(
+        message.contains("rank 0 called scatter with root 0, rank 3 with root 1"),
+        "rank 3: {message}"
+    );
+    // The others agree with their root and succeed, or hear of the failure first
+    // (rank 3 poisons every rank it might leave waiting): told both roots.
+    for r in 0..3 {
+        let (code, message) = &out[r];
+        assert!(
+            *code == 0
+                || *code == 5
+                    && message.contains(&format!(
+                        "rank {r} called scatter with root 0, rank 3 with root 1"
+                    )),
+            "rank {r}: {out:#?}"
         );
     }
 }

@@ -7,6 +7,8 @@ rebuild (the inputs are functions of the rank). Prints "ops ok".
 `ops.py mismatch OP`: rank 0 passes one more element than the others to OP
 (all_reduce, all_gather or reduce_scatter); every rank must raise HaloError (none may
 return normally). Prints "mismatch ok CODE".
+`ops.py disagree CASE`: rank 0 makes another all-reduce than the others (see
+`disagree`). Prints "disagree ok CODE".
 """
 
 import sys
@@ -222,9 +224,30 @@ def mismatch(comm, me, n, op):
     raise AssertionError(f"rank {me}: {op} returned normally although rank 0 passed one more element")
 
 
+def disagree(comm, me, n, case):
+    """Rank 0 makes another call than the others (`case`: "op", sum against max; "dtype",
+    float32 against int32 of the same bytes): every rank raises HaloError INVALID_USAGE
+    naming rank 0's value (or, a rank whose peers agreed with it, that one failed)."""
+    want = "rank 0 called all_reduce with sum, rank " if case == "op" else "rank 0 reduces float32, rank "
+    try:
+        if case == "op":
+            comm.all_reduce(np.ones(8, np.float32), op="sum" if me == 0 else "max")
+        else:
+            comm.all_reduce(np.ones(16, np.float32 if me == 0 else np.int32))
+    except halo.HaloError as e:
+        assert e.code == halo.Result.INVALID_USAGE, f"rank {me}: {e}"
+        assert want in str(e) or (me > 1 and "failed this collective" in str(e)), f"rank {me}: {e}"
+        print(f"disagree ok {int(e.code)}", flush=True)
+        return
+    raise AssertionError(f"rank {me}: {case} returned normally although rank 0 made another call")
+
+
 def main():
     with halo.init() as comm:
         me, n = comm.rank, comm.size
+        if len(sys.argv) > 2 and sys.argv[1] == "disagree":
+            disagree(comm, me, n, sys.argv[2])
+            return
         if len(sys.argv) > 2 and sys.argv[1] == "mismatch":
             mismatch(comm, me, n, sys.argv[2])
             return

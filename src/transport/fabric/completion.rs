@@ -2,13 +2,12 @@
 //! breaking the transport down after a failure, and blocking on the queues' file
 //! descriptors (`block`).
 
-use super::endpoint::FabricEndpoint;
 use super::transport::{FabricTransport, OpCtx};
 use super::watchdog::{
     CALL_CANCEL, CALL_CLOSE, CALL_CQ_READ, CALL_CQ_READERR, CALL_TRYWAIT, watched,
 };
 use super::{CResult, EAGAIN, EAVAIL, LOCAL, NET, SLEEP_MAX};
-use halo_collectives::CollectiveError;
+use halo_collectives::{Call, CollectiveError};
 use halo_fabric_sys as fi;
 use std::ptr;
 use std::time::{Duration, Instant};
@@ -106,17 +105,19 @@ impl FabricTransport {
                         // (`shm`; `tcp;ofi_rxm` reports neither).
                         self.release(ctx);
                         let sent = Some(err.len.saturating_add(err.olen)).filter(|&n| n > posted);
-                        let block = (err.flags & fi::FI_REMOTE_CQ_DATA != 0)
-                            .then(|| block_of(err.data))
-                            .flatten();
+                        let theirs = if err.flags & fi::FI_REMOTE_CQ_DATA != 0 {
+                            Call::from_raw(err.data)
+                        } else {
+                            Call::NONE
+                        };
                         return Err(crate::transport::mismatch(
                             peer as usize,
                             self.rank,
                             tag,
-                            (sent, block),
+                            (sent, theirs),
                             crate::transport::Expected {
                                 len: posted,
-                                block: self.block,
+                                call: self.call,
                             },
                             self.rank,
                         ));
@@ -152,8 +153,11 @@ impl FabricTransport {
     /// Completes one operation. A receive that completed with another length than
     /// it was posted with (a shorter message; only a receive posted with
     /// `Session::post_recv_up_to` takes one, and notes its length), or from a peer
-    /// whose call has another uniform block size, is an error naming the peer and both
-    /// sizes.
+    /// whose call has another descriptor (remote CQ data, `FabricEndpoint::call_data`),
+    /// is an error naming the peer and both sizes or calls. Poison with a descriptor
+    /// names the poisoner's call. A message no posted receive matches stays in the
+    /// provider, unseen: a disagreement between collectives whose schedules use other
+    /// tags is a timeout on this transport.
     fn complete(
         &mut self,
         en: &fi::fi_cq_tagged_entry,
@@ -173,33 +177,40 @@ impl FabricTransport {
         if !is_send {
             // The sender may be waiting for its send to complete.
             self.ring(peer as usize);
-            let poison = self.eps[slot]
-                .as_ref()
-                .map_or(0, FabricEndpoint::poison_data);
-            if en.flags & fi::FI_REMOTE_CQ_DATA != 0 && poison != 0 && en.data == poison {
-                return Err(crate::transport::poisoned(peer as usize, self.rank, tag));
+            let data = if en.flags & fi::FI_REMOTE_CQ_DATA != 0 {
+                en.data
+            } else {
+                0
+            };
+            let ep = self.eps[slot].as_ref();
+            if data != 0
+                && let Some(theirs) = ep.and_then(|e| e.poison_of(data))
+            {
+                return Err(crate::transport::poisoned(
+                    peer as usize,
+                    self.rank,
+                    tag,
+                    theirs,
+                    ep.map_or(Call::NONE, |e| Call::from_raw(e.call_data(self.call))),
+                ));
             }
-            let block = (en.flags & fi::FI_REMOTE_CQ_DATA != 0)
-                .then(|| block_of(en.data))
-                .flatten();
-            let ours = self.eps[slot]
-                .as_ref()
-                .map_or(0, |e| e.block_data(self.block));
-            let blocks_differ = block.is_some() && ours != 0 && en.data != ours;
+            // Compared as carried (cut to what the provider carries).
+            let ours = ep.map_or(0, |e| e.call_data(self.call));
+            let calls_differ = data != 0 && ours != 0 && data != ours;
             let fits = if up_to {
                 en.len <= posted
             } else {
                 en.len == posted
             };
-            if !fits || blocks_differ {
+            if !fits || calls_differ {
                 return Err(crate::transport::mismatch(
                     peer as usize,
                     self.rank,
                     tag,
-                    (Some(en.len), block),
+                    (Some(en.len), Call::from_raw(data)),
                     crate::transport::Expected {
                         len: posted,
-                        block: self.block,
+                        call: Call::from_raw(ours),
                     },
                     self.rank,
                 ));
@@ -329,11 +340,4 @@ impl FabricTransport {
         // signal mask is changed (NULL).
         unsafe { libc::ppoll(fds.as_mut_ptr(), n as libc::nfds_t, &ts, ptr::null()) };
     }
-}
-
-/// The uniform block size carried as remote completion data (see
-/// [`FabricEndpoint::block_data`]); `None` for 0 (none carried). Exact when the provider
-/// carries 8 bytes; with fewer only used for comparison, where it may read smaller.
-fn block_of(data: u64) -> Option<usize> {
-    data.checked_sub(1).map(|b| b as usize)
 }

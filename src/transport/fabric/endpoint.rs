@@ -6,6 +6,7 @@ use super::signals::restore_crash_signals;
 use super::{check, cstr};
 use crate::bootstrap::hex;
 use crate::error::{Error, Result};
+use halo_collectives::Call;
 use halo_fabric_sys as fi;
 use std::ffi::{CString, c_int, c_void};
 use std::ptr;
@@ -346,34 +347,46 @@ impl FabricEndpoint {
         Ok(out)
     }
 
-    /// The remote completion data that carries a call's uniform block size with each
-    /// message ([`Buffers::block`] + 1, cut to what the provider carries; 0: none), so
-    /// that the receiver can tell a peer that called with another count or type.
+    /// The remote completion data that carries a call's descriptor with each message
+    /// ([`Buffers::call`], cut to the bytes the provider carries; 0: none), so that the
+    /// receiver can tell a peer that made another call. No descriptor's low bits are
+    /// all ones, so that a cut one is never [`FabricEndpoint::poison_data`].
     ///
-    /// [`Buffers::block`]: halo_collectives::Buffers::block
-    pub(super) fn block_data(&self, block: Option<usize>) -> u64 {
-        match block {
-            Some(b) if self.cq_data > 0 => {
-                let v = (b as u64).wrapping_add(1);
-                if self.cq_data >= 8 {
-                    v
-                } else {
-                    (v & ((1u64 << (8 * self.cq_data)) - 1)).max(1)
-                }
-            }
-            _ => 0,
-        }
-        .min(self.poison_data().wrapping_sub(1))
-    }
-
-    /// The completion data of a poison message: all ones in what the provider carries
-    /// (0 when it carries none: no poison then).
-    pub(super) fn poison_data(&self) -> u64 {
+    /// [`Buffers::call`]: halo_collectives::Buffers::call
+    pub(super) fn call_data(&self, call: Call) -> u64 {
         match self.cq_data {
             0 => 0,
-            8.. => u64::MAX,
+            8.. => call.to_raw(),
+            n => call.to_raw() & ((1u64 << (8 * n)) - 1),
+        }
+    }
+
+    /// The completion data of a poison message from a rank whose call was `call`: with 8
+    /// bytes, the descriptor with its poison bit ([`Call::poison`]); with fewer, all ones
+    /// (0 when the provider carries none: no poison then).
+    pub(super) fn poison_data(&self, call: Call) -> u64 {
+        match self.cq_data {
+            0 => 0,
+            8.. => call.poison().to_raw(),
             n => (1u64 << (8 * n)) - 1,
         }
+    }
+
+    /// Whether remote completion data `data` is poison, and the poisoner's call where it
+    /// says ([`Call::NONE`] where not).
+    pub(super) fn poison_of(&self, data: u64) -> Option<Call> {
+        match self.cq_data {
+            0 => None,
+            8.. => Call::from_raw(data)
+                .is_poison()
+                .then(|| Call::from_raw(data).unpoisoned()),
+            n => (data == (1u64 << (8 * n)) - 1).then_some(Call::NONE),
+        }
+    }
+
+    /// Whether the provider carries remote completion data (poison needs it).
+    pub(super) fn carries_data(&self) -> bool {
+        self.cq_data > 0
     }
 
     pub(super) fn needs_registration(&self) -> bool {

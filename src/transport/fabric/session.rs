@@ -244,9 +244,9 @@ impl FabricSession<'_> {
         let ctx = self.t.take_ctx(d, route.ep);
         let data = self.t.eps[route.ep as usize].as_ref().map_or(0, |e| {
             if d.poison {
-                e.poison_data()
+                e.poison_data(self.t.call)
             } else {
-                e.block_data(self.t.block)
+                e.call_data(self.t.call)
             }
         });
         let call = if d.is_send { CALL_TSEND } else { CALL_TRECV };
@@ -470,7 +470,7 @@ impl Session for FabricSession<'_> {
             .routes
             .get(peer)
             .and_then(|r| self.t.eps[r.ep as usize].as_ref())
-            .is_some_and(|e| e.poison_data() != 0);
+            .is_some_and(|e| e.carries_data());
         if !can || peer == self.t.rank {
             return Ok(());
         }

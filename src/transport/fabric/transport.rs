@@ -9,7 +9,7 @@ use super::watchdog::{CALL_CLOSE, Watched, watched};
 use super::{CResult, FabricConfig, FabricProgress, LOCAL, NET};
 use crate::error::{Error, Result};
 use crate::transport::raw::RawBuffers;
-use halo_collectives::{Buf, Buffers, CollectiveError, Region, Transport};
+use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Transport};
 use halo_fabric_sys as fi;
 use std::time::Duration;
 
@@ -73,8 +73,8 @@ pub(crate) struct FabricTransport {
     pub(super) bells: Vec<Option<Bell>>,
     /// Why the transport may no longer be used.
     pub(super) broken: Option<String>,
-    /// The uniform block size of the collective in progress ([`Buffers::block`]).
-    pub(super) block: Option<usize>,
+    /// The descriptor of the collective in progress ([`Buffers::call`]).
+    pub(super) call: Call,
     /// This transport's entry with the watchdog (`None`: disabled).
     pub(super) watched: Option<std::sync::Arc<Watched>>,
     pub(super) post_timeout: Duration,
@@ -154,7 +154,7 @@ impl FabricTransport {
             bell,
             bells: Vec::new(),
             broken: None,
-            block: None,
+            call: Call::NONE,
             watched: Watched::register(rank, config.watchdog),
             post_timeout: config.post_timeout,
             progress: config.progress,
@@ -404,8 +404,8 @@ impl Transport for FabricTransport {
     }
 
     fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<FabricSession<'a>> {
-        let block = bufs.block;
-        self.begin_raw(tag_base, RawBuffers::new(bufs), block)
+        let call = bufs.call;
+        self.begin_raw(tag_base, RawBuffers::new(bufs), call)
     }
 }
 
@@ -416,7 +416,7 @@ impl FabricTransport {
         &'a mut self,
         tag_base: u64,
         raw: RawBuffers<'a>,
-        block: Option<usize>,
+        call: Call,
     ) -> CResult<FabricSession<'a>> {
         if let Some(why) = &self.broken {
             return Err(CollectiveError::InvalidUsage(format!(
@@ -430,7 +430,7 @@ impl FabricTransport {
                 "fabric transport used before connect".into(),
             ));
         }
-        self.block = block;
+        self.call = call;
         FabricSession::begin(self, raw, tag_base)
     }
 }

@@ -25,6 +25,11 @@
 //! type is private to the crate and only the [`Communicator`] opens sessions, always
 //! dropping them before its call returns, so no `mem::forget` can defeat that.
 //!
+//! A descriptor also carries its call's descriptor (`halo_collectives::Call`): a
+//! receiver whose call differs refuses it — on matching, and for a message of the same
+//! call (its tag's sequence number) whatever its tag, as it arrives or among those kept
+//! from earlier calls — and the refusal fails the sender with the same words.
+//!
 //! A rank whose endpoint is dropped (its thread returned or panicked) is marked gone;
 //! peers waiting on it get [`crate::Error::RemoteError`] instead of waiting for the
 //! timeout.
@@ -36,7 +41,7 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crossbeam::queue::SegQueue;
 use crossbeam::sync::{Parker, Unparker};
-use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, TAG_BITS, Transport};
+use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Session, TAG_BITS, Transport};
 use halo_topology::Topology;
 use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
@@ -66,8 +71,9 @@ struct Desc {
     tag: u64,
     ptr: *const u8,
     len: usize,
-    /// The block size of the sender's uniform call ([`Buffers::block`]).
-    block: Option<usize>,
+    /// The descriptor of the sender's call ([`Buffers::call`]; with poison, of the call
+    /// the poisoner failed).
+    call: Call,
     /// A poison message ([`Session::post_poison`]): no bytes (`ptr` is null), the
     /// sender failed and will not send the real one. It may outlive the sender's
     /// session (it points at nothing), so nobody waits for its claim.
@@ -470,7 +476,8 @@ impl Transport for LocalTransport {
         Ok(LocalSession {
             id,
             tag_base,
-            block: bufs.block,
+            call: bufs.call,
+            scanned: false,
             mismatch: false,
             send: (bufs.send.as_ptr(), bufs.send.len()),
             recv: (bufs.recv.as_mut_ptr(), bufs.recv.len()),
@@ -491,8 +498,11 @@ impl Transport for LocalTransport {
 pub(crate) struct LocalSession<'a> {
     id: u64,
     tag_base: u64,
-    /// The block size of this call ([`Buffers::block`]).
-    block: Option<usize>,
+    /// The descriptor of this call ([`Buffers::call`]).
+    call: Call,
+    /// Whether the descriptors kept from earlier calls were looked at for messages of
+    /// this one made by a rank whose call differs.
+    scanned: bool,
     /// Whether this session failed on a size mismatch: its drop then sends poison in
     /// place of the sends it withdraws ([`Session::post_poison`]).
     mismatch: bool,

@@ -97,14 +97,37 @@ impl LocalSession<'_> {
                     me,
                     out.peer as usize,
                     d.tag,
-                    (Some(d.len), d.block),
+                    (Some(d.len), d.call),
                     expected,
                     me,
                 ));
             }
             self.pool.ready.push(ack.token);
         }
+        if !self.scanned {
+            // Messages of this call that arrived during an earlier one.
+            self.scanned = true;
+            let seq = self.tag_base >> TAG_BITS;
+            let stray = self.ep.unexpected.values().find_map(|q| {
+                q.iter()
+                    .find(|d| !d.poison && d.tag >> TAG_BITS == seq && !self.call.agrees(d.call))
+                    .cloned()
+            });
+            if let Some(d) = stray {
+                self.refuse_call(&d)?;
+            }
+        }
         while let Some(d) = mine.incoming.pop() {
+            // A message of this call (its sequence number) from a rank that made another
+            // call fails it at once, whatever its tag (the two calls' schedules may never
+            // post a receive for it), withdrawn or not (a sender that found the mismatch
+            // first withdraws its sends).
+            if !d.poison
+                && d.tag >> TAG_BITS == self.tag_base >> TAG_BITS
+                && !self.call.agrees(d.call)
+            {
+                self.refuse_call(&d)?;
+            }
             if d.state.load(Ordering::Acquire) == WITHDRAWN {
                 continue;
             }
@@ -115,6 +138,41 @@ impl LocalSession<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Refuses `desc`, a message of this call from a rank whose call has another
+    /// descriptor: the sender is told (its send fails with the same words) and this
+    /// session fails naming both calls (also when its sender withdrew it: that sender
+    /// failed already, and nobody is told).
+    fn refuse_call(&mut self, desc: &Desc) -> CResult<()> {
+        let expected = Expected {
+            len: desc.len,
+            call: self.call,
+        };
+        if desc
+            .state
+            .compare_exchange(POSTED, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            desc.state.store(REJECTED, Ordering::Release);
+            let sender = &self.ep.shared.mailboxes[desc.src as usize];
+            sender.acks.push(Ack {
+                session: desc.session,
+                token: desc.token,
+                rejected: Some(expected),
+            });
+            sender.unparker.unpark();
+        }
+        self.mismatch = true;
+        let me = self.me();
+        Err(mismatch(
+            desc.src as usize,
+            me,
+            desc.tag,
+            (Some(desc.len), desc.call),
+            expected,
+            me,
+        ))
     }
 
     /// Completes the posted receive `key` if its descriptor is there and has arrived.
@@ -169,13 +227,19 @@ impl LocalSession<'_> {
         if desc.poison {
             finish(DONE, None);
             self.mismatch = true;
-            return Err(poisoned(desc.src as usize, self.me(), desc.tag));
+            return Err(poisoned(
+                desc.src as usize,
+                self.me(),
+                desc.tag,
+                desc.call,
+                self.call,
+            ));
         }
         let expected = Expected {
             len: recv.region.len,
-            block: self.block,
+            call: self.call,
         };
-        let blocks_differ = matches!((desc.block, self.block), (Some(a), Some(b)) if a != b);
+        let blocks_differ = !self.call.agrees(desc.call);
         let fits = if recv.up_to {
             desc.len <= recv.region.len
         } else {
@@ -190,7 +254,7 @@ impl LocalSession<'_> {
                 desc.src as usize,
                 me,
                 desc.tag,
-                (Some(desc.len), desc.block),
+                (Some(desc.len), desc.call),
                 expected,
                 me,
             ));
@@ -285,7 +349,7 @@ impl LocalSession<'_> {
             tag,
             ptr: std::ptr::null(),
             len: 0,
-            block: None,
+            call: self.call,
             poison: true,
             arrival: 0,
             session: self.id,
@@ -340,7 +404,7 @@ impl Session for LocalSession<'_> {
             tag,
             ptr: ptr.cast_const(),
             len: region.len,
-            block: self.block,
+            call: self.call,
             poison: false,
             arrival,
             session: self.id,

@@ -31,7 +31,7 @@
 //! the cell it needs next — one cache line from the sender's core per small message,
 //! where a tail counter on a line of its own cost two in a row (1-byte ping-pong: 0.31-
 //! 0.33 -> 0.26-0.27 us, docs/BENCHMARKS.md). A message is a first
-//! cell (tag, length, block size, the first bytes: small messages travel inline, eager)
+//! cell (tag, length, call descriptor, the first bytes: small messages travel inline, eager)
 //! and as many further cells as its length needs, pipelined: the sender fills cells as
 //! the receiver frees them, so messages larger than the ring pass through it. A send
 //! completes when its last byte is in the ring. The receiver drains every ring it has
@@ -75,9 +75,19 @@
 //!   have changed since; a sender that dies before the read, or a receiver that dies
 //!   before the ack, is noticed as above.
 //! - A receive completes only with exactly its posted length: a message of another
-//!   length, or another uniform block size, is a `Mismatch` naming both ranks and both
-//!   sizes; poison (`post_poison`) takes the place of messages a failed rank will not
-//!   send.
+//!   length, or another call descriptor (`halo_collectives::Call`: collective, reduction
+//!   operation, element type, root, byte count), is a `Mismatch` naming both ranks and
+//!   both values; poison (`post_poison`) takes the place of messages a failed rank will
+//!   not send.
+//! - Call agreement beyond matching: the first cell of a message of the call in
+//!   progress (its tag's sequence number and communicator) is checked as it is read from
+//!   the ring, before the hold and whatever its tag, and so are messages read during
+//!   earlier calls: another collective's schedule may never post a receive for it. A
+//!   rank that found a mismatch queues poison of its call to every peer, and poison of
+//!   a call that differs fails its receiver whatever tag it waits for, so the ranks of
+//!   both calls fail naming both. Where no message flows between ranks that disagree
+//!   (two ranks each naming itself a broadcast's root, both only sending eagerly), the
+//!   disagreement is not seen.
 //! - A collective that fails on this rank leaves the transport broken: every later one
 //!   fails at once with `InvalidUsage`. After a mismatch the rank first delivers its
 //!   queued sends (and poison) for up to 500 ms, so that its peers fail with the
@@ -100,7 +110,7 @@ use crate::error::{Error, Result};
 use crate::transport::fabric::Proc;
 use crate::transport::raw::RawBuffers;
 use cma::{CMA_NO, CMA_OK, CmaConfig, CmaMode};
-use halo_collectives::{Buffers, CollectiveError, Transport};
+use halo_collectives::{Buffers, Call, CollectiveError, Transport};
 pub(crate) use session::ShmSession;
 use session::{InRing, OutRing, RdvSend, Unexpected};
 use std::collections::VecDeque;
@@ -485,19 +495,42 @@ impl Transport for ShmTransport {
     }
 
     fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<ShmSession<'a>> {
-        let block = bufs.block;
-        self.begin_raw(tag_base, RawBuffers::new(bufs), block)
+        let call = bufs.call;
+        self.begin_raw(tag_base, RawBuffers::new(bufs), call)
     }
 }
 
 impl ShmTransport {
+    /// [`super::Backend::poison_after_mismatch`] on this transport, broken or not (a
+    /// failed collective breaks it; poison is all it still sends).
+    pub(crate) fn poison_after_mismatch(
+        &mut self,
+        tag_base: u64,
+        call: Call,
+        sends: &[(usize, u64)],
+        e: &CollectiveError,
+    ) {
+        let bufs = Buffers {
+            send: &[],
+            recv: &mut [],
+            scratch: &mut [],
+            call,
+        };
+        let mut s = ShmSession::new(self, RawBuffers::new(bufs), tag_base, call);
+        // Its drop delivers what is queued, as a failed session's does.
+        s.share_failure(e);
+        for &(peer, tag) in sends {
+            let _ = halo_collectives::Session::post_poison(&mut s, peer, tag);
+        }
+    }
+
     /// [`Transport::begin`] over buffers already taken as raw pointers (the hybrid
     /// transport's, whose other half uses the same buffers for other peers).
     pub(crate) fn begin_raw<'a>(
         &'a mut self,
         tag_base: u64,
         bufs: RawBuffers<'a>,
-        block: Option<usize>,
+        call: Call,
     ) -> CResult<ShmSession<'a>> {
         if let Some(why) = &self.broken {
             return Err(CollectiveError::InvalidUsage(format!(
@@ -506,7 +539,7 @@ impl ShmTransport {
                 self.rank
             )));
         }
-        Ok(ShmSession::new(self, bufs, tag_base, block))
+        Ok(ShmSession::new(self, bufs, tag_base, call))
     }
 
     /// Whether `peer` is reached through this transport (a rank of its segment).

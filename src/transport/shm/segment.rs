@@ -108,8 +108,9 @@ pub(super) struct CellHead {
     pub(super) tag: u64,
     /// The message's length in bytes (all its cells together).
     pub(super) len: u64,
-    /// The sender's uniform block size, or `u64::MAX` for none.
-    pub(super) block: u64,
+    /// The descriptor of the sender's call (`halo_collectives::Call`, 0 for none; with
+    /// poison, of the call the poisoner failed).
+    pub(super) call: u64,
     /// The kind ([`KIND_FIRST`], [`KIND_MORE`], [`KIND_POISON`], [`KIND_RDV`]) in the
     /// low 8 bits, the cell's number in the ring plus one (modulo 2^24) above: a cell
     /// holds either its previous occupant's stamp (`slots` numbers earlier, never equal:
@@ -148,7 +149,7 @@ pub(super) unsafe fn write_head(cell: *mut u8, h: &CellHead) {
     unsafe {
         ptr::addr_of_mut!((*c).tag).write(h.tag);
         ptr::addr_of_mut!((*c).len).write(h.len);
-        ptr::addr_of_mut!((*c).block).write(h.block);
+        ptr::addr_of_mut!((*c).call).write(h.call);
         ptr::addr_of_mut!((*c).chunk).write(h.chunk);
     }
 }
@@ -900,7 +901,7 @@ mod tests {
                             &CellHead {
                                 tag: seq,
                                 len: 1,
-                                block: 2,
+                                call: 2,
                                 stamp: 0,
                                 chunk: 3,
                             },
@@ -908,7 +909,7 @@ mod tests {
                         publish(c, stamp(kind, seq));
                         assert!(published(c, seq), "{seq} of {slots}");
                         let h = ptr::read(c.cast::<CellHead>());
-                        assert_eq!((h.tag, h.len, h.block, h.chunk), (seq, 1, 2, 3));
+                        assert_eq!((h.tag, h.len, h.call, h.chunk), (seq, 1, 2, 3));
                         assert_eq!(h.kind(), kind);
                         assert!(!published(c, seq + 1) && !published(c, seq + slots));
                     }

@@ -10,7 +10,7 @@ use super::{CResult, ShmTransport};
 use crate::transport::fabric::has_ended;
 use crate::transport::raw::RawBuffers;
 use crate::transport::{Expected, mismatch, poisoned, take_len};
-use halo_collectives::{CollectiveError, Region, Session, TAG_BITS};
+use halo_collectives::{Call, CollectiveError, Region, Session, TAG_BITS};
 use std::ptr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -36,8 +36,6 @@ const SLEEP_MAX: Duration = Duration::from_millis(1);
 pub(super) const HOLD_DEFAULT: Duration = Duration::from_micros(500);
 /// Bytes of a cache line (a cell's first holds its header and first payload bytes).
 const LINE: usize = 64;
-/// `block` of a message without a uniform block size.
-const NO_BLOCK: u64 = u64::MAX;
 
 /// This rank's end of the ring to one peer.
 #[derive(Debug, Default)]
@@ -73,7 +71,7 @@ pub(crate) struct SendOp {
     sent: usize,
     /// Whether the first cell is in the ring.
     started: bool,
-    block: u64,
+    call: u64,
     poison: bool,
 }
 
@@ -103,7 +101,7 @@ pub(crate) struct PostedRecv {
 pub(crate) struct Unexpected {
     peer: usize,
     tag: u64,
-    block: u64,
+    call: u64,
     poison: bool,
     data: Vec<u8>,
 }
@@ -128,13 +126,9 @@ enum Dest {
 pub(crate) struct Partial {
     tag: u64,
     len: usize,
-    block: u64,
+    call: u64,
     got: usize,
     dest: Dest,
-}
-
-fn block_of(b: u64) -> Option<usize> {
-    (b != NO_BLOCK).then_some(b as usize)
 }
 
 /// One collective's operations on the shared-memory transport.
@@ -142,8 +136,11 @@ pub(crate) struct ShmSession<'a> {
     t: &'a mut ShmTransport,
     bufs: RawBuffers<'a>,
     tag_base: u64,
-    /// This call's uniform block size, as carried in cells.
-    block: u64,
+    /// This call's descriptor ([`Call`]), as carried in cells.
+    call: u64,
+    /// Whether the messages read during earlier calls were looked at for one of this
+    /// call from a rank whose call differs ([`Self::scan_unexpected`]).
+    scanned: bool,
     /// Tokens completed and not yet reported.
     done: Vec<u32>,
     /// The first error this session returned (why the transport breaks on drop).
@@ -174,12 +171,13 @@ impl<'a> ShmSession<'a> {
         t: &'a mut ShmTransport,
         bufs: RawBuffers<'a>,
         tag_base: u64,
-        block: Option<usize>,
+        call: Call,
     ) -> ShmSession<'a> {
         ShmSession {
             bufs,
             tag_base,
-            block: block.map_or(NO_BLOCK, |b| b as u64),
+            call: call.to_raw(),
+            scanned: false,
             // The previous session's (emptied) vector: no allocation per message.
             done: std::mem::take(&mut t.done_spare),
             error: None,
@@ -210,8 +208,35 @@ impl ShmSession<'_> {
         {
             self.error = Some(e.to_string());
             self.mismatch = matches!(e, CollectiveError::Mismatch { .. });
+            if self.mismatch {
+                for peer in 0..self.t.size {
+                    self.poison_back(peer);
+                }
+            }
         }
         r
+    }
+
+    /// After a mismatch: queues poison for `peer` carrying this call, with this call's
+    /// tag base (the drop delivers it). A peer may wait for a message this rank's
+    /// schedule never sends it (another collective's schedule): poison of this call
+    /// fails it, whatever the tag it waits for, where its own call differs (the
+    /// others ignore it unless they wait for that very tag; this rank's transport is
+    /// broken from now on, so none waits for it again). Failure path only.
+    fn poison_back(&mut self, peer: usize) {
+        if peer == self.t.rank || peer >= self.t.sendq.len() || !self.t.reaches(peer) {
+            return;
+        }
+        self.t.sendq[peer].push_back(SendOp {
+            token: POISON_TOKEN,
+            tag: self.tag_base,
+            src: ptr::NonNull::<u8>::dangling().as_ptr(),
+            len: 0,
+            sent: 0,
+            started: false,
+            call: self.call,
+            poison: true,
+        });
     }
 
     fn full_tag(&self, tag: u64) -> CResult<u64> {
@@ -232,19 +257,20 @@ impl ShmSession<'_> {
         Ok(())
     }
 
-    /// The error when a message of `len` bytes and block `block` from `peer` meets a
-    /// receive of `want` bytes (`up_to`: at most `want`); `None` when they agree.
+    /// The error when a message of `len` bytes carrying the descriptor `call` from
+    /// `peer` meets a receive of `want` bytes (`up_to`: at most `want`); `None` when they
+    /// agree.
     fn refuse(
         &self,
         peer: usize,
         tag: u64,
-        (len, block): (usize, u64),
+        (len, call): (usize, u64),
         want: usize,
         up_to: bool,
     ) -> Option<CollectiveError> {
-        let (theirs, ours) = (block_of(block), block_of(self.block));
+        let (theirs, ours) = (Call::from_raw(call), Call::from_raw(self.call));
         let fits = if up_to { len <= want } else { len == want };
-        let differ = !fits || matches!((theirs, ours), (Some(a), Some(b)) if a != b);
+        let differ = !fits || !ours.agrees(theirs);
         differ.then(|| {
             let me = self.t.rank;
             mismatch(
@@ -254,15 +280,84 @@ impl ShmSession<'_> {
                 (Some(len), theirs),
                 Expected {
                     len: want,
-                    block: ours,
+                    call: ours,
                 },
                 me,
             )
         })
     }
 
+    /// Whether the message starting with `h` belongs to this call (its sequence number
+    /// and communicator) but carries another call's descriptor.
+    fn stray(&self, h: &CellHead) -> bool {
+        matches!(h.kind(), KIND_FIRST | KIND_RDV | KIND_POISON)
+            && (h.tag ^ self.tag_base) >> TAG_BITS == 0
+            && !Call::from_raw(self.call).agrees(Call::from_raw(h.call))
+    }
+
+    /// The error of [`Self::stray`]'s message from `p`.
+    fn stray_error(&self, p: usize, h: &CellHead) -> CollectiveError {
+        let me = self.t.rank;
+        if h.kind() == KIND_POISON {
+            return poisoned(
+                p,
+                me,
+                h.tag,
+                Call::from_raw(h.call),
+                Call::from_raw(self.call),
+            );
+        }
+        let len = usize::try_from(h.len).unwrap_or(usize::MAX);
+        mismatch(
+            p,
+            me,
+            h.tag,
+            (Some(len), Call::from_raw(h.call)),
+            Expected {
+                len,
+                call: Call::from_raw(self.call),
+            },
+            me,
+        )
+    }
+
+    /// Messages of this call read during an earlier one (into memory of the transport's
+    /// own) from a rank that made another call: the first fails this call.
+    fn scan_unexpected(&mut self) -> CResult<()> {
+        self.scanned = true;
+        let ours = Call::from_raw(self.call);
+        let seq = self.tag_base >> TAG_BITS;
+        let Some(i) = self
+            .t
+            .unexpected
+            .iter()
+            .position(|u| u.tag >> TAG_BITS == seq && !ours.agrees(Call::from_raw(u.call)))
+        else {
+            return Ok(());
+        };
+        let u = self.t.unexpected.remove(i);
+        let me = self.t.rank;
+        if u.poison {
+            return Err(poisoned(u.peer, me, u.tag, Call::from_raw(u.call), ours));
+        }
+        Err(mismatch(
+            u.peer,
+            me,
+            u.tag,
+            (Some(u.data.len()), Call::from_raw(u.call)),
+            Expected {
+                len: u.data.len(),
+                call: ours,
+            },
+            me,
+        ))
+    }
+
     /// Moves cells both ways with every peer; whether anything moved.
     fn poll(&mut self) -> CResult<bool> {
+        if !self.scanned && !self.t.unexpected.is_empty() {
+            self.scan_unexpected()?;
+        }
         let mut moved = false;
         for i in 0..self.t.peers.len() {
             let p = self.t.peers[i];
@@ -373,7 +468,7 @@ impl ShmSession<'_> {
                 let head = CellHead {
                     tag: op.tag,
                     len: op.len as u64,
-                    block: op.block,
+                    call: op.call,
                     stamp: stamp(KIND_RDV, seq),
                     chunk: 0,
                 };
@@ -404,7 +499,7 @@ impl ShmSession<'_> {
             let head = CellHead {
                 tag: op.tag,
                 len: op.len as u64,
-                block: op.block,
+                call: op.call,
                 stamp: stamp(
                     if op.poison {
                         KIND_POISON
@@ -479,6 +574,43 @@ impl ShmSession<'_> {
             // head's Release store frees it.
             let head: CellHead = unsafe { ptr::read(cell.cast::<CellHead>()) };
             let first = self.t.inn[p].partial.is_none();
+            if first && head.call != self.call && self.stray(&head) {
+                // A message of this call from a rank that made another call: refused
+                // whatever its tag (the two calls' schedules may never post a receive
+                // for it), read and dropped, and this call fails naming both.
+                out = Err(self.stray_error(p, &head));
+                if head.kind() == KIND_RDV {
+                    let rdv = self.t.seg.rdv(p, me, (seq % slots) as usize);
+                    let _ = rdv.state.compare_exchange(
+                        OFFERED,
+                        DONE,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                } else {
+                    let len = usize::try_from(head.len).unwrap_or(usize::MAX);
+                    let got = (head.chunk as usize).min(payload).min(len);
+                    if got < len {
+                        self.t.inn[p].partial = Some(Partial {
+                            tag: head.tag,
+                            len,
+                            call: head.call,
+                            got,
+                            dest: Dest::Discard,
+                        });
+                    }
+                }
+                let inn = &mut self.t.inn[p];
+                inn.head += 1;
+                inn.held_since = None;
+                moved = true;
+                self.t
+                    .seg
+                    .ring(p, me)
+                    .head
+                    .store(inn.head, Ordering::Release);
+                break;
+            }
             if first && !self.t.recvs.iter().any(|r| r.peer == p) {
                 // A message no receive is posted for, and none from `p` at all: nothing
                 // this rank waits for can be stuck behind it. Its receive may come in
@@ -536,12 +668,18 @@ impl ShmSession<'_> {
                 KIND_POISON => {
                     if let Some(i) = self.find_recv(p, h.tag) {
                         self.t.recvs.remove(i);
-                        return Err(poisoned(p, me, h.tag));
+                        return Err(poisoned(
+                            p,
+                            me,
+                            h.tag,
+                            Call::from_raw(h.call),
+                            Call::from_raw(self.call),
+                        ));
                     }
                     self.t.unexpected.push(Unexpected {
                         peer: p,
                         tag: h.tag,
-                        block: h.block,
+                        call: h.call,
                         poison: true,
                         data: Vec::new(),
                     });
@@ -552,14 +690,14 @@ impl ShmSession<'_> {
                     let mut part = Partial {
                         tag: h.tag,
                         len,
-                        block: h.block,
+                        call: h.call,
                         got: 0,
                         dest: Dest::Discard,
                     };
                     match self.find_recv(p, h.tag) {
                         Some(i) => {
                             let r = self.t.recvs.remove(i);
-                            if let Some(e) = self.refuse(p, h.tag, (len, h.block), r.len, r.up_to) {
+                            if let Some(e) = self.refuse(p, h.tag, (len, h.call), r.len, r.up_to) {
                                 // The rest of it is read and dropped.
                                 part.got = chunk.min(len);
                                 if part.got < len {
@@ -619,7 +757,7 @@ impl ShmSession<'_> {
             Dest::Heap(data) => self.t.unexpected.push(Unexpected {
                 peer: p,
                 tag: part.tag,
-                block: part.block,
+                call: part.call,
                 poison: false,
                 data,
             }),
@@ -647,7 +785,7 @@ impl ShmSession<'_> {
             ),
         };
         if let Some(r) = &posted
-            && let Some(e) = self.refuse(p, h.tag, (len, h.block), r.len, r.up_to)
+            && let Some(e) = self.refuse(p, h.tag, (len, h.call), r.len, r.up_to)
         {
             // Not read: the sender's send completes, as on the ring path.
             let _ = rdv
@@ -736,7 +874,7 @@ impl ShmSession<'_> {
                 self.t.unexpected.push(Unexpected {
                     peer: p,
                     tag: h.tag,
-                    block: h.block,
+                    call: h.call,
                     poison: false,
                     data: heap,
                 });
@@ -760,7 +898,7 @@ impl ShmSession<'_> {
         self.t.unexpected.push(Unexpected {
             peer: p,
             tag: h.tag,
-            block: h.block,
+            call: h.call,
             poison: true,
             data: Vec::new(),
         });
@@ -814,10 +952,16 @@ impl ShmSession<'_> {
         {
             let u = self.t.unexpected.remove(i);
             if u.poison {
-                return Err(poisoned(peer, me, tag));
+                return Err(poisoned(
+                    peer,
+                    me,
+                    tag,
+                    Call::from_raw(u.call),
+                    Call::from_raw(self.call),
+                ));
             }
             let len = u.data.len();
-            if let Some(e) = self.refuse(peer, tag, (len, u.block), want, up_to) {
+            if let Some(e) = self.refuse(peer, tag, (len, u.call), want, up_to) {
                 return Err(e);
             }
             // SAFETY: `dst .. + want` was bounds-checked just above in a buffer the
@@ -834,11 +978,11 @@ impl ShmSession<'_> {
             Some(Partial { tag: t, dest: Dest::Heap(_), .. }) if *t == tag
         );
         if in_progress {
-            let (len, block) = {
+            let (len, call) = {
                 let part = self.t.inn[peer].partial.as_ref().expect("checked");
-                (part.len, part.block)
+                (part.len, part.call)
             };
-            let refused = self.refuse(peer, tag, (len, block), want, up_to);
+            let refused = self.refuse(peer, tag, (len, call), want, up_to);
             let part = self.t.inn[peer].partial.as_mut().expect("checked");
             let dest = std::mem::replace(&mut part.dest, Dest::Discard);
             if let Some(e) = refused {
@@ -881,7 +1025,7 @@ impl ShmSession<'_> {
             len: region.len,
             sent: 0,
             started: false,
-            block: self.block,
+            call: self.call,
             poison,
         });
         // Eager: into the ring now, if there is room.

@@ -5,7 +5,7 @@
 
 use super::{Segment, ShmTransport, session::ShmSession};
 use crate::transport::testing::complete;
-use halo_collectives::{Buf, Buffers, CollectiveError, Region, Session, Transport};
+use halo_collectives::{Buf, Buffers, Call, CallKind, CollectiveError, Region, Session, Transport};
 use std::time::{Duration, Instant};
 
 /// Message lengths around the cell payload of 32 bytes and far beyond the ring.
@@ -23,7 +23,7 @@ fn receiving_into(recv: &mut [u8]) -> Buffers<'_> {
         send: &[],
         recv,
         scratch: &mut [],
-        block: None,
+        call: Call::NONE,
     }
 }
 
@@ -64,7 +64,7 @@ fn round(t: &mut ShmTransport, r: usize, reverse: bool) {
             send: &send,
             recv: &mut recv,
             scratch: &mut [],
-            block: None,
+            call: Call::NONE,
         };
         let mut s = t.begin((r as u64) << 48, bufs).unwrap();
         let mut order: Vec<usize> = (0..LENS.len()).collect();
@@ -125,7 +125,7 @@ fn a_message_of_another_length_is_a_mismatch_naming_both_sizes() {
                 send: &send,
                 recv: &mut [],
                 scratch: &mut [],
-                block: None,
+                call: Call::NONE,
             };
             let mut s = a.begin(0, bufs).unwrap();
             s.post_send(1, 3, Region::new(Buf::Send, 0, 100), 0)
@@ -156,7 +156,7 @@ fn a_message_of_another_length_is_a_mismatch_naming_both_sizes() {
         send: &[],
         recv: &mut [],
         scratch: &mut [],
-        block: None,
+        call: Call::NONE,
     };
     assert!(matches!(
         b.begin(1 << 48, bufs),
@@ -171,7 +171,7 @@ fn send_poison_and_blocks_of_4(a: &mut ShmTransport) {
         send: &[1, 2, 3, 4],
         recv: &mut [],
         scratch: &mut [],
-        block: Some(4),
+        call: Call::new(CallKind::AllToAll).count(4),
     };
     let mut s = a.begin(0, bufs).unwrap();
     s.post_poison(1, 9).unwrap();
@@ -183,7 +183,10 @@ fn send_poison_and_blocks_of_4(a: &mut ShmTransport) {
 /// Rank 1's side of the poison tests, holding messages for `hold`: both of
 /// [`send_poison_and_blocks_of_4`]'s messages are in the ring and progressed over before
 /// `check` posts receives (in blocks of 2 bytes) on the session.
-fn receive_poison_and_blocks_of_2(hold: Duration, check: impl FnOnce(&mut ShmSession<'_>)) {
+fn receive_poison_and_blocks_of_2(
+    hold: Duration,
+    check: impl FnOnce(&mut ShmSession<'_>, Result<(), CollectiveError>),
+) {
     let (mut a, mut b) = pair(4, 128);
     b.hold = hold;
     send_poison_and_blocks_of_4(&mut a);
@@ -192,50 +195,74 @@ fn receive_poison_and_blocks_of_2(hold: Duration, check: impl FnOnce(&mut ShmSes
         send: &[],
         recv: &mut recv,
         scratch: &mut [],
-        block: Some(2),
+        call: Call::new(CallKind::AllToAll).count(2),
     };
     let mut s = b.begin(0, bufs).unwrap();
     std::thread::sleep(Duration::from_millis(10));
     let mut sink = Vec::new();
-    s.progress(&mut sink).unwrap();
-    check(&mut s);
+    let r = s.progress(&mut sink);
+    check(&mut s, r);
 }
 
 #[test]
 fn poison_fails_the_receive_it_replaces_and_blocks_must_agree() {
-    // Taken aside at once (no hold): checked when the receives are posted.
-    receive_poison_and_blocks_of_2(Duration::ZERO, |s| {
-        match s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0) {
-            Err(CollectiveError::Mismatch { peer: 0, message }) => {
-                assert!(message.contains("failed this collective"), "{message}")
-            }
-            other => panic!("expected poison, got {other:?}"),
-        }
-        match s.post_recv(0, 10, Region::new(Buf::Recv, 4, 4), 1) {
+    // Held or not (the check comes before the hold): the poison of this call (its
+    // sequence number) from a rank whose call has other blocks fails the progress that
+    // reads it, whatever its tag, naming both.
+    for hold in [Duration::ZERO, Duration::from_secs(60)] {
+        receive_poison_and_blocks_of_2(hold, |_, r| match r {
             Err(CollectiveError::Mismatch { peer: 0, message }) => assert!(
-                message.contains("blocks of 4 bytes") && message.contains("with 2 bytes"),
-                "{message}"
+                message.contains("blocks of 4 bytes")
+                    && message.contains("with 2 bytes")
+                    && message.contains("failed this collective"),
+                "{hold:?}: {message}"
             ),
-            other => panic!("expected a block mismatch, got {other:?}"),
-        }
-    });
-    // Held in the ring until a receive is posted (the receive is accepted, which it is
-    // not once the poison was taken): checked when it is taken. For tag 10 the poison
-    // ahead of it is taken aside (a receive from rank 0 is posted).
-    for (tag, at, want) in [
-        (9, 0, "failed this collective"),
-        (10, 4, "blocks of 4 bytes"),
-    ] {
-        receive_poison_and_blocks_of_2(Duration::from_secs(60), |s| {
-            s.post_recv(0, tag, Region::new(Buf::Recv, at, 4), 0)
-                .unwrap();
-            match complete(s, 1) {
-                Err(CollectiveError::Mismatch { peer: 0, message }) => {
-                    assert!(message.contains(want), "tag {tag}: {message}")
-                }
-                other => panic!("tag {tag}: expected a mismatch, got {other:?}"),
-            }
+            other => panic!("{hold:?}: expected a block mismatch, got {other:?}"),
         });
+    }
+}
+
+/// Poison of the call in progress from a rank whose call agrees fails only the receive
+/// it replaces: taken aside at once, or held until a receive from that rank is posted.
+#[test]
+fn agreeing_poison_fails_the_receive_it_replaces() {
+    for hold in [Duration::ZERO, Duration::from_secs(60)] {
+        let (mut a, mut b) = pair(4, 128);
+        b.hold = hold;
+        {
+            let bufs = Buffers {
+                send: &[],
+                recv: &mut [],
+                scratch: &mut [],
+                call: Call::new(CallKind::AllToAll).count(4),
+            };
+            let mut s = a.begin(0, bufs).unwrap();
+            s.post_poison(1, 9).unwrap();
+        }
+        let mut recv = [0u8; 4];
+        let bufs = Buffers {
+            send: &[],
+            recv: &mut recv,
+            scratch: &mut [],
+            call: Call::new(CallKind::AllToAll).count(4),
+        };
+        let mut s = b.begin(0, bufs).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        s.progress(&mut Vec::new()).unwrap();
+        s.post_recv(0, 9, Region::new(Buf::Recv, 0, 4), 0)
+            .and_then(|()| complete(&mut s, 1))
+            .map_or_else(
+                |e| match e {
+                    CollectiveError::Mismatch { peer: 0, message } => {
+                        assert!(
+                            message.contains("failed this collective"),
+                            "{hold:?}: {message}"
+                        )
+                    }
+                    other => panic!("{hold:?}: expected poison, got {other:?}"),
+                },
+                |()| panic!("{hold:?}: the poisoned receive completed"),
+            );
     }
 }
 
@@ -271,7 +298,7 @@ fn rdv_round(t: &mut ShmTransport, r: usize, early: bool) -> Result<(), Collecti
             send: &send,
             recv: &mut recv,
             scratch: &mut [],
-            block: None,
+            call: Call::NONE,
         };
         let mut s = t.begin((r as u64) << 48, bufs)?;
         let post_recvs = |s: &mut <ShmTransport as Transport>::Session<'_>| {
@@ -392,7 +419,7 @@ fn a_withdrawn_rendezvous_fails_its_receive_with_the_senders_rank() {
             send: &send,
             recv: &mut [],
             scratch: &mut [],
-            block: None,
+            call: Call::NONE,
         };
         let mut s = a.begin(0, bufs).unwrap();
         s.post_send(1, 5, Region::new(Buf::Send, 0, 4096), 0)
@@ -501,7 +528,7 @@ fn cma_peer_process() {
                 send: &send,
                 recv: &mut [],
                 scratch: &mut [],
-                block: None,
+                call: Call::NONE,
             };
             let mut s = t.begin(0, bufs).unwrap();
             s.post_send(1, 1, Region::new(Buf::Send, 0, 1 << 20), 0)
@@ -626,7 +653,7 @@ fn a_receiver_killed_while_its_sender_waits_for_the_ack_fails_the_send() {
         send: &send,
         recv: &mut [],
         scratch: &mut [],
-        block: None,
+        call: Call::NONE,
     };
     let mut s = t.begin(0, bufs).unwrap();
     s.post_send(0, 1, Region::new(Buf::Send, 0, 1 << 20), 0)
@@ -682,7 +709,7 @@ fn send_large_then_small(t: &mut ShmTransport) -> Vec<u8> {
         send: &send,
         recv: &mut [],
         scratch: &mut [],
-        block: None,
+        call: Call::NONE,
     };
     let mut s = t.begin(0, bufs).unwrap();
     s.post_send(1, 1, Region::new(Buf::Send, 0, big.len()), 0)

@@ -1,0 +1,291 @@
+//! Ranks that disagree on a call, on the in-process transport: another reduction
+//! operation, element type, root or collective is an `InvalidUsage` error naming both
+//! ranks and both values — never success with different results, never a hang.
+
+use halo::local::{self, Emulation};
+use halo::topology::Topology;
+use halo::{Communicator, Error, ReduceOp};
+use std::time::{Duration, Instant};
+
+fn run_all<R: Send>(
+    n: usize,
+    f: impl Fn(&mut Communicator) -> halo::Result<R> + Sync,
+) -> Vec<halo::Result<R>> {
+    let topo = Topology::preset(&format!("flat:{n}")).unwrap();
+    local::run(&topo, Emulation::off(), |comm| {
+        comm.set_timeout(Duration::from_secs(3));
+        f(comm)
+    })
+}
+
+/// Every rank failed with `InvalidUsage`, within the time; the messages, by rank.
+fn usage_errors<R: std::fmt::Debug>(
+    what: &str,
+    out: Vec<halo::Result<R>>,
+    start: Instant,
+) -> Vec<String> {
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{what}: took {:?} (a rank waited for its timeout)",
+        start.elapsed()
+    );
+    out.into_iter()
+        .enumerate()
+        .map(|(r, o)| match o {
+            Err(Error::InvalidUsage { message, .. }) => message,
+            other => panic!("{what}: rank {r}: expected InvalidUsage, got {other:?}"),
+        })
+        .collect()
+}
+
+/// `msgs[r]` contains `want` for each rank `r` of `ranks`.
+fn named(what: &str, msgs: &[String], ranks: &[usize], want: &str) {
+    for &r in ranks {
+        assert!(
+            msgs[r].contains(want),
+            "{what}: rank {r}: {:?} lacks {want:?}",
+            msgs[r]
+        );
+    }
+}
+
+/// Every rank's message names a disagreement with both values, or (a rank whose own
+/// peers agreed with it) that a peer failed the call.
+fn all_told(what: &str, msgs: &[String], values: &str) {
+    for (r, m) in msgs.iter().enumerate() {
+        assert!(
+            m.contains(values) || m.contains("failed this collective"),
+            "{what}: rank {r}: {m}"
+        );
+    }
+}
+
+#[test]
+fn another_reduction_operation_fails_every_rank() {
+    for n in [2usize, 4] {
+        let start = Instant::now();
+        let out = run_all(n, |comm| {
+            let op = if comm.rank() == 0 {
+                ReduceOp::Sum
+            } else {
+                ReduceOp::Max
+            };
+            let send = vec![comm.rank() as f32 + 1.0; 8];
+            let mut recv = vec![0f32; 8];
+            comm.all_reduce(&send, &mut recv, op)
+        });
+        let what = format!("all_reduce sum/max on {n} ranks");
+        let msgs = usage_errors(&what, out, start);
+        named(
+            &what,
+            &msgs,
+            &[0, 1],
+            "rank 0 called all_reduce with sum, rank 1 with max",
+        );
+        if n == 4 {
+            // Rank 2 meets rank 0 in the second round: poison with rank 0's call.
+            named(
+                &what,
+                &msgs,
+                &[2],
+                "rank 0 called all_reduce with sum, rank 2 with max",
+            );
+        }
+        all_told(&what, &msgs, "with sum");
+    }
+}
+
+#[test]
+fn another_element_type_of_the_same_size_fails_every_rank() {
+    for n in [2usize, 4] {
+        let start = Instant::now();
+        let out = run_all(n, |comm| {
+            if comm.rank() == 0 {
+                let mut buf = vec![1.5f32; 16];
+                comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            } else {
+                let mut buf = vec![1i32; 16];
+                comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            }
+        });
+        let what = format!("all_reduce float32/int32 on {n} ranks");
+        let msgs = usage_errors(&what, out, start);
+        named(
+            &what,
+            &msgs,
+            &[0, 1],
+            "rank 0 reduces float32, rank 1 int32",
+        );
+        all_told(&what, &msgs, "reduces float32");
+    }
+}
+
+#[test]
+fn reduce_scatter_with_another_operation_fails_every_rank() {
+    for n in [2usize, 4] {
+        let start = Instant::now();
+        let out = run_all(n, |comm| {
+            let op = if comm.rank() == n - 1 {
+                ReduceOp::Min
+            } else {
+                ReduceOp::Sum
+            };
+            let send = vec![3u64; 4 * n];
+            let mut recv = vec![0u64; 4];
+            comm.reduce_scatter(&send, &mut recv, op)
+        });
+        let what = format!("reduce_scatter sum/min on {n} ranks");
+        let msgs = usage_errors(&what, out, start);
+        let last = n - 1;
+        named(
+            &what,
+            &msgs,
+            &[last],
+            &format!("called reduce_scatter with sum, rank {last} with min"),
+        );
+        all_told(&what, &msgs, "with sum, rank");
+    }
+}
+
+#[test]
+fn another_collective_with_the_same_bytes_fails_every_rank() {
+    for n in [2usize, 4] {
+        let start = Instant::now();
+        let out = run_all(n, |comm| {
+            // 4096 bytes per peer against 4096 bytes per rank.
+            let me = comm.rank();
+            if me == 0 {
+                let send = vec![7u32; 1024 * n];
+                let mut recv = vec![0u32; 1024 * n];
+                comm.all_to_all(&send, &mut recv)
+            } else {
+                let send = vec![7u32; 1024];
+                let mut recv = vec![0u32; 1024 * n];
+                comm.all_gather(&send, &mut recv)
+            }
+        });
+        let what = format!("all_to_all/all_gather on {n} ranks");
+        let msgs = usage_errors(&what, out, start);
+        named(
+            &what,
+            &msgs,
+            &[0],
+            "rank 0 called all_to_all (4096 bytes per peer), rank ",
+        );
+        all_told(
+            &what,
+            &msgs,
+            "rank 0 called all_to_all (4096 bytes per peer)",
+        );
+    }
+}
+
+#[test]
+fn a_barrier_against_a_one_byte_all_to_all_is_named_a_barrier() {
+    for n in [2usize, 4] {
+        let start = Instant::now();
+        let out = run_all(n, |comm| {
+            if comm.rank() == 1 {
+                comm.barrier()
+            } else {
+                let send = vec![1u8; comm.size()];
+                let mut recv = vec![0u8; comm.size()];
+                comm.all_to_all(&send, &mut recv)
+            }
+        });
+        let what = format!("barrier/all_to_all on {n} ranks");
+        let msgs = usage_errors(&what, out, start);
+        if n == 2 {
+            named(
+                &what,
+                &msgs,
+                &[0, 1],
+                "rank 0 called all_to_all (1 byte per peer), rank 1 barrier",
+            );
+        }
+        // With 4, rank 1 names itself first to the ranks above it, and a rank whose
+        // peers all agreed with it hears of the failure from one of them.
+        for (r, m) in msgs.iter().enumerate() {
+            assert!(
+                (m.contains("rank 1 barrier") || m.contains("rank 1 called barrier"))
+                    && m.contains("all_to_all (1 byte per peer)")
+                    || m.contains("failed this collective"),
+                "{what}: rank {r}: {m}"
+            );
+        }
+    }
+}
+
+#[test]
+fn another_root_fails_the_ranks_that_exchange() {
+    for n in [2usize, 4] {
+        let start = Instant::now();
+        // Scatter: rank 0 names root 0; the last rank names root 1 (with 2 ranks, each
+        // names itself). Rank 0's block for the last rank meets a call with another
+        // root there: both fail naming both roots. The ranks in between agree with
+        // rank 0 and get their blocks.
+        let last = n - 1;
+        let out = run_all(n, |comm| {
+            let me = comm.rank();
+            let root = if me == last { 1 } else { 0 };
+            let send: Vec<u16> = if me == root {
+                (0..4 * n as u16).collect()
+            } else {
+                Vec::new()
+            };
+            let mut recv = vec![0u16; 4];
+            comm.scatter(&send, &mut recv, root).map(|()| recv)
+        });
+        let what = format!("scatter root 0/1 on {n} ranks");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{what}: {:?}",
+            start.elapsed()
+        );
+        let want = format!("rank 0 called scatter with root 0, rank {last} with root 1");
+        for r in [0, last] {
+            match &out[r] {
+                Err(Error::InvalidUsage { message, .. }) => {
+                    assert!(message.contains(&want), "{what}: rank {r}: {message}")
+                }
+                other => panic!("{what}: rank {r}: expected InvalidUsage, got {other:?}"),
+            }
+        }
+        for (r, o) in out.iter().enumerate().take(last).skip(1) {
+            match o {
+                Ok(recv) => {
+                    let base = 4 * r as u16;
+                    assert_eq!(
+                        recv,
+                        &(base..base + 4).collect::<Vec<_>>(),
+                        "{what}: rank {r}"
+                    )
+                }
+                Err(e) => panic!("{what}: rank {r} agreed with its root: {e}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn agreeing_calls_still_succeed_and_p2p_is_unchanged() {
+    let out = run_all(3, |comm| {
+        let me = comm.rank();
+        let mut buf = vec![me as f64; 5];
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        assert_eq!(buf, vec![3.0; 5]);
+        comm.barrier()?;
+        // Point-to-point carries no call: different element types of one size pass.
+        if me == 0 {
+            comm.send(&[1.0f32, 2.0], 1)?;
+        } else if me == 1 {
+            let mut got = [0u32; 2];
+            comm.recv(&mut got, 0)?;
+            assert_eq!(got, [1.0f32.to_bits(), 2.0f32.to_bits()]);
+        }
+        Ok(())
+    });
+    for (r, o) in out.into_iter().enumerate() {
+        o.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
