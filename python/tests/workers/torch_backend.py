@@ -310,6 +310,18 @@ def check_errors(me, n):
         t = torch.ones(3)
         dist.all_reduce(t)
         same_bytes("all_reduce after a failed call", t, torch.full((3,), float(n)))
+        # Data types that differ between ranks (same element count, same bytes): every
+        # rank raises; rank 0, which exchanges with the others, names both types. On a
+        # group of its own, as the failed call leaves that communicator unusable.
+        g2 = dist.new_group(list(range(n)), backend="halo")
+        e = raises(
+            "disagreeing all_reduce dtypes",
+            dist.DistBackendError,
+            lambda: dist.all_reduce(torch.ones(8, dtype=torch.float32 if me == 0 else torch.int32), group=g2),
+            "halo allreduce",
+        )
+        if me == 0 and not ("float32" in str(e) and "int32" in str(e)):
+            fail(f"the dtype mismatch does not name both types: {e}")
         # Counts that differ between ranks in an all-reduce: every rank raises. HALO
         # cannot tell such a call from a corrupted stream, so the communicator is
         # then unusable (as NCCL's after an error) and says so: this comes last.
