@@ -98,7 +98,6 @@ class TorchSuiteTest(unittest.TestCase):
         self.assertEqual(sorted(skipped), sorted(EXPECTED_SKIPS), skipped)
         ran = [t for t, r in results.items() if r == "ok"]
         self.assertEqual(len(ran), len(SELECTED) - len(EXPECTED_SKIPS))
-        print(f"torch's distributed suite over halo: {len(ran)} passed, {len(skipped)} skipped", file=sys.stderr)
 
 
 if __name__ == "__main__":
