@@ -19,6 +19,11 @@ fn run_all<R: Send>(
 }
 
 /// Every rank failed with `InvalidUsage`, within the time; the messages, by rank.
+///
+/// One exception, of the in-process transport: a rank that waits only for a rank which
+/// failed before it posted the message (so it had no send to poison) learns of it when
+/// that rank's thread ends — `RemoteError` "left (its endpoint was dropped)", as fast.
+/// Such a rank's message is kept; the assertions on named ranks still need theirs.
 fn usage_errors<R: std::fmt::Debug>(
     what: &str,
     out: Vec<halo::Result<R>>,
@@ -33,28 +38,38 @@ fn usage_errors<R: std::fmt::Debug>(
         .enumerate()
         .map(|(r, o)| match o {
             Err(Error::InvalidUsage { message, .. }) => message,
+            Err(Error::RemoteError { message, .. }) if message.contains(LEFT) => message,
             other => panic!("{what}: rank {r}: expected InvalidUsage, got {other:?}"),
         })
         .collect()
 }
 
-/// `msgs[r]` contains `want` for each rank `r` of `ranks`.
+/// `msgs[r]` contains `want` for each rank `r` of `ranks` — or, on this transport, says
+/// that the peer it waited for left after failing the call first (see
+/// [`usage_errors`]); at least one of them names `want` in every case.
 fn named(what: &str, msgs: &[String], ranks: &[usize], want: &str) {
     for &r in ranks {
         assert!(
-            msgs[r].contains(want),
+            msgs[r].contains(want) || msgs[r].contains(LEFT),
             "{what}: rank {r}: {:?} lacks {want:?}",
             msgs[r]
         );
     }
+    assert!(
+        ranks.iter().any(|&r| msgs[r].contains(want)),
+        "{what}: no rank of {ranks:?} names {want:?}: {msgs:?}"
+    );
 }
 
+/// What the in-process transport says of a peer whose thread ended while it was awaited.
+const LEFT: &str = "left (its endpoint was dropped)";
+
 /// Every rank's message names a disagreement with both values, or (a rank whose own
-/// peers agreed with it) that a peer failed the call.
+/// peers agreed with it) that a peer failed the call, or left after failing it.
 fn all_told(what: &str, msgs: &[String], values: &str) {
     for (r, m) in msgs.iter().enumerate() {
         assert!(
-            m.contains(values) || m.contains("failed this collective"),
+            m.contains(values) || m.contains("failed this collective") || m.contains(LEFT),
             "{what}: rank {r}: {m}"
         );
     }
@@ -209,7 +224,8 @@ fn a_barrier_against_a_one_byte_all_to_all_is_named_a_barrier() {
             assert!(
                 (m.contains("rank 1 barrier") || m.contains("rank 1 called barrier"))
                     && m.contains("all_to_all (1 byte per peer)")
-                    || m.contains("failed this collective"),
+                    || m.contains("failed this collective")
+                    || m.contains(LEFT),
                 "{what}: rank {r}: {m}"
             );
         }
@@ -261,6 +277,10 @@ fn another_root_fails_the_ranks_that_exchange() {
                         "{what}: rank {r}"
                     )
                 }
+                // The root may find the mismatch before it sends to this rank: then
+                // it poisons the send instead, and this rank is told (never wrong bytes).
+                Err(Error::InvalidUsage { message, .. })
+                    if message.contains("failed this collective") => {}
                 Err(e) => panic!("{what}: rank {r} agreed with its root: {e}"),
             }
         }
