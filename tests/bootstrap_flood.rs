@@ -20,6 +20,9 @@ const STRANGERS: usize = 10_000;
 const ATTACKERS: usize = 4;
 const RANKS: usize = 4;
 const JOB_TIMEOUT: Duration = Duration::from_secs(30);
+/// The root's own life: long enough for the flood phase of a loaded machine too (the
+/// root stops serving at its timeout, and then nothing accepts the strangers).
+const ROOT_TIMEOUT: Duration = Duration::from_secs(240);
 
 fn threads() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -66,7 +69,7 @@ fn ten_thousand_strangers_do_not_stop_a_job_of_four() {
         "127.0.0.1:0".parse().unwrap(),
         secret,
         Some(RANKS),
-        JOB_TIMEOUT,
+        ROOT_TIMEOUT,
     )
     .unwrap();
     let addr: SocketAddr = root.local_addr();
@@ -119,7 +122,9 @@ fn ten_thousand_strangers_do_not_stop_a_job_of_four() {
             })
         })
         .collect();
-    let until = Instant::now() + Duration::from_secs(60);
+    // 15 s here when the machine is quiet; a loaded CI machine took over 60 s once
+    // (8,260 in 60 s), so the window is wide: the root must keep accepting, not be fast.
+    let until = Instant::now() + Duration::from_secs(180);
     while opened.load(Ordering::Relaxed) < STRANGERS && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -129,7 +134,7 @@ fn ten_thousand_strangers_do_not_stop_a_job_of_four() {
         flood_started.elapsed()
     );
     // Each connection is accepted (or queued) at once by a root that keeps up; the old
-    // root, a thread per connection, accepted 3,900 in these 60 s.
+    // root, a thread per connection, accepted 3,900 in 60 s.
     assert!(
         during >= STRANGERS,
         "the root took only {during} of {STRANGERS} stranger connections in {:?} (this \
