@@ -5,7 +5,7 @@
 #   bash scripts/bench-suite.sh [OUT_DIR] [CONFIG...]
 # OUT_DIR defaults to docs/bench; CONFIGs default to all of:
 #   emu4x2 emu4x2-sync emu4x2-v emu4x2-v-sync emu2-p2p host4 host8 threads8
-# Each CONFIG writes OUT_DIR/CONFIG/{output.txt,rows.json,*.svg,*.png}.
+# Each CONFIG writes OUT_DIR/CONFIG/{output.txt,rows.json,*.svg,*.png} (docs/bench keeps the SVGs only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/bench}
