@@ -258,15 +258,23 @@ fn another_root_fails_the_ranks_that_exchange() {
             "{what}: {:?}",
             start.elapsed()
         );
-        let want = format!("rank 0 called scatter with root 0, rank {last} with root 1");
+        // The last rank meets rank 0's block or the agreement message of the rank
+        // before it (rank 0 with 2 ranks), rank 0 the last rank's agreement message.
+        let want = format!("called scatter with root 0, rank {last} with root 1");
         for r in [0, last] {
             match &out[r] {
                 Err(Error::InvalidUsage { message, .. }) => {
                     assert!(message.contains(&want), "{what}: rank {r}: {message}")
                 }
+                Err(Error::RemoteError { message, .. }) if message.contains(LEFT) => {}
                 other => panic!("{what}: rank {r}: expected InvalidUsage, got {other:?}"),
             }
         }
+        assert!(
+            [0, last].iter().any(|&r| matches!(&out[r],
+                Err(Error::InvalidUsage { message, .. }) if message.contains(&want))),
+            "{what}: neither rank 0 nor rank {last} names both roots: {out:?}"
+        );
         for (r, o) in out.iter().enumerate().take(last).skip(1) {
             match o {
                 Ok(recv) => {
@@ -280,10 +288,38 @@ fn another_root_fails_the_ranks_that_exchange() {
                 // The root may find the mismatch before it sends to this rank: then
                 // it poisons the send instead, and this rank is told (never wrong bytes).
                 Err(Error::InvalidUsage { message, .. })
-                    if message.contains("failed this collective") => {}
+                    if message.contains("failed this collective") || message.contains(&want) => {}
+                Err(Error::RemoteError { message, .. }) if message.contains(LEFT) => {}
                 Err(e) => panic!("{what}: rank {r} agreed with its root: {e}"),
             }
         }
+    }
+}
+
+/// Rooted calls where no data flows between the ranks that disagree — every rank
+/// names itself a broadcast's root, or the next rank a gather's — fail on every rank
+/// (each receives the previous rank's 1-byte agreement message, carrying a root it
+/// does not name), never success with different buffers, never a hang.
+#[test]
+fn ranks_that_disagree_on_the_root_fail_where_no_data_flows() {
+    for n in [2usize, 4] {
+        let start = Instant::now();
+        let out = run_all(n, |comm| {
+            let mut buf = vec![comm.rank() as u32; 8];
+            comm.broadcast(&mut buf, comm.rank())
+        });
+        let msgs = usage_errors(&format!("broadcast self on {n}"), out, start);
+        let all: Vec<usize> = (0..n).collect();
+        named("broadcast self", &msgs, &all, "called broadcast with root ");
+        let start = Instant::now();
+        let out = run_all(n, |comm| {
+            let (me, n) = (comm.rank(), comm.size());
+            let send = vec![me as u32; 4];
+            let mut recv = vec![0u32; 4 * n];
+            comm.gather(&send, &mut recv, (me + 1) % n)
+        });
+        let msgs = usage_errors(&format!("gather crossed on {n}"), out, start);
+        named("gather crossed", &msgs, &all, "called gather with root ");
     }
 }
 

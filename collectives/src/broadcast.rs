@@ -17,6 +17,10 @@
 //!   the chunks flow through the chain one behind the other and every link carries the
 //!   buffer once. Every receive is posted at once (tag: the chunk's number).
 //!
+//! Every rooted program (broadcast, gather, scatter) also sends a 1-byte agreement
+//! message to the next rank and receives one from the previous, so that ranks that
+//! disagree on the root always meet (see [`ROOT_AGREEMENT_TAG`]).
+//!
 //! A zero-byte buffer gives an empty program.
 
 use crate::error::{CollectiveError, Result};
@@ -102,6 +106,29 @@ pub(crate) fn check_root(rank: Rank, size: usize, root: Rank) -> Result<()> {
     Ok(())
 }
 
+/// The tag of a rooted collective's agreement message (above every data tag).
+pub const ROOT_AGREEMENT_TAG: u64 = 1 << (crate::schedule::TAG_BITS - 1);
+
+/// Adds the agreement ring of a rooted collective: a 1-byte message to the next rank
+/// and one from the previous (`(rank ± 1) mod size`), independent of the data steps.
+///
+/// A rooted collective's data flows only between a root and the ranks that take it as
+/// theirs, so two ranks that disagree on the root (each naming itself, or each the
+/// other) may exchange nothing: both could succeed with different results, or both
+/// wait. The ring makes every rank receive a message carrying its neighbour's call
+/// descriptor, so whenever ranks disagree on anything, some rank meets a neighbour
+/// that disagrees and names both values (and, where the transport poisons, the others
+/// fail with it). Two scratch bytes; one small message in parallel with the data.
+pub(crate) fn add_root_agreement(b: &mut ScheduleBuilder, rank: Rank, size: usize) {
+    if size < 2 {
+        return;
+    }
+    let out = b.scratch(1);
+    let back = b.scratch(1);
+    b.send((rank + 1) % size, ROOT_AGREEMENT_TAG, out, &[]);
+    b.recv((rank + size - 1) % size, ROOT_AGREEMENT_TAG, back, &[]);
+}
+
 /// Builds `rank`'s broadcast program for `size` ranks, root `root` and `len` bytes.
 ///
 /// # Errors
@@ -122,6 +149,7 @@ pub fn build_broadcast(
     if len == 0 || size == 1 {
         return Ok(b.finish());
     }
+    add_root_agreement(&mut b, rank, size);
     let v = (rank + size - root) % size;
     let real = |v: usize| (v + root) % size;
     match algorithm {

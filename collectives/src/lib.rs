@@ -43,7 +43,9 @@ pub use algo::moe::{
     moe_node_of, moe_plans, moe_relay_entries, moe_sends,
 };
 pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
-pub use broadcast::{BROADCAST_CHUNK, BROADCAST_SMALL, BroadcastAlgorithm, build_broadcast};
+pub use broadcast::{
+    BROADCAST_CHUNK, BROADCAST_SMALL, BroadcastAlgorithm, ROOT_AGREEMENT_TAG, build_broadcast,
+};
 pub use call::{Call, CallKind, DTYPE_NAMES, OP_NAMES};
 pub use error::{CollectiveError, Result, VerifyError};
 pub use execute::{Buffers, ExecOptions, Idle, Session, Transport, execute};

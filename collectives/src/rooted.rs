@@ -12,10 +12,11 @@
 //!   `q * block`) lands in rank `q`'s receive buffer (`block` bytes); the other ranks
 //!   have no send buffer.
 //!
-//! Every receive is posted at once (tag 0: each peer sends one message); a zero-byte
+//! Every receive is posted at once (tag 0: each peer sends one message), with the
+//! 1-byte agreement ring of every rooted program (`broadcast`'s module); a zero-byte
 //! block gives an empty program.
 
-use crate::broadcast::check_root;
+use crate::broadcast::{add_root_agreement, check_root};
 use crate::error::Result;
 use crate::schedule::{Buf, Region, Schedule, ScheduleBuilder};
 use halo_topology::Rank;
@@ -30,6 +31,7 @@ pub fn build_gather(rank: Rank, size: usize, root: Rank, block: usize) -> Result
     if block == 0 {
         return Ok(b.finish());
     }
+    add_root_agreement(&mut b, rank, size);
     let mine = Region::new(Buf::Send, 0, block);
     if rank == root {
         b.reserve(size, 0);
@@ -53,6 +55,7 @@ pub fn build_scatter(rank: Rank, size: usize, root: Rank, block: usize) -> Resul
     if block == 0 {
         return Ok(b.finish());
     }
+    add_root_agreement(&mut b, rank, size);
     let mine = Region::new(Buf::Recv, 0, block);
     if rank == root {
         b.reserve(size, 0);

@@ -33,6 +33,8 @@ fn broadcast_builders_verify() {
                     let want = if len == 0 { 0 } else { (n - 1) * chunks };
                     assert_eq!(report.messages, want, "{alg} n={n} len={len}");
                     assert_eq!(report.message_bytes, ((n - 1) * len) as u64);
+                    let ring = if len == 0 || n == 1 { 0 } else { n };
+                    assert_eq!(report.agreement_messages, ring, "{alg} n={n} len={len}");
                 }
             }
         }
@@ -52,6 +54,8 @@ fn gather_and_scatter_verify() {
                 let report = verify_gather(&g, &topo, root, block)
                     .unwrap_or_else(|e| panic!("gather n={n} root={root} block={block}: {e}"));
                 assert_eq!(report.message_bytes, ((n - 1) * block) as u64);
+                let ring = if block == 0 || n == 1 { 0 } else { n };
+                assert_eq!(report.agreement_messages, ring);
                 let s: Vec<_> = (0..n)
                     .map(|r| build_scatter(r, n, root, block).unwrap())
                     .collect();
@@ -77,12 +81,34 @@ fn broken_rooted_schedules_are_caught() {
     // A gather whose root forgets its own block.
     let mut g: Vec<_> = (0..n).map(|r| build_gather(r, n, 2, 8).unwrap()).collect();
     let mut b = ScheduleBuilder::new(2, n, "gather without copy");
+    let (out, back) = (b.scratch(1), b.scratch(1));
+    b.send(3, ROOT_AGREEMENT_TAG, out, &[]);
+    b.recv(1, ROOT_AGREEMENT_TAG, back, &[]);
     for q in (0..n).filter(|&q| q != 2) {
         b.recv(q, 0, Region::new(Buf::Recv, q * 8, 8), &[]);
     }
     g[2] = b.finish();
     let e = verify_gather(&g, &topo, 2, 8).unwrap_err();
     assert!(e.message.contains("from rank 2"), "{e}");
+    // A rank that reads the byte an agreement message brought (it carries no data).
+    let mut g: Vec<_> = (0..n).map(|r| build_gather(r, n, 2, 8).unwrap()).collect();
+    let mut b = ScheduleBuilder::new(2, n, "gather that reads agreement");
+    let (out, back) = (b.scratch(1), b.scratch(1));
+    b.send(3, ROOT_AGREEMENT_TAG, out, &[]);
+    let got = b.recv(1, ROOT_AGREEMENT_TAG, back, &[]);
+    for q in (0..n).filter(|&q| q != 2) {
+        b.recv(q, 0, Region::new(Buf::Recv, q * 8, 8), &[]);
+    }
+    b.copy(
+        Region::new(Buf::Send, 0, 8),
+        Region::new(Buf::Recv, 16, 8),
+        &[],
+    );
+    let into = b.scratch(1);
+    b.copy(back, into, &[got]);
+    g[2] = b.finish();
+    let e = verify_gather(&g, &topo, 2, 8).unwrap_err();
+    assert!(e.message.contains("before they are written"), "{e}");
     // A scatter verified as a gather.
     let s: Vec<_> = (0..n).map(|r| build_scatter(r, n, 0, 8).unwrap()).collect();
     assert!(verify_gather(&s, &topo, 0, 8).is_err());

@@ -59,7 +59,7 @@ impl Communicator {
             Buffers {
                 send,
                 recv,
-                scratch: &mut [],
+                scratch: super::sized(&mut self.pool.scratch, schedule.scratch_len()),
                 call: call_of(CallKind::Gather, block).root(root),
             },
             &opts,

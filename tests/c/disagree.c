@@ -8,6 +8,8 @@
  *   kind    4096 bytes per peer: haloAllToAll on rank 0, haloAllGather on the others
  *   barrier haloBarrier on rank 1, a 1-byte haloAllToAll on the others
  *   root    haloScatter of 4 int32: root 1 on the last rank, root 0 on the others
+ *   bcastself  haloBroadcast of 8 int32: every rank names itself the root
+ *   gathercross haloGather of 4 int32: every rank names the next rank the root
  *
  * Prints "disagree ok (rank R: CODE NAME: MESSAGE)" with the call's result and
  * haloGetLastError (also for haloSuccess, whose message is then "-"), and exits 0;
@@ -25,7 +27,7 @@ static int32_t sendb[N_MAX * PER], recvb[N_MAX * PER];
 int main(int argc, char **argv) {
     test_rank = env_int("RANK", -1);
     if (argc != 2)
-        FAIL("usage: disagree op|dtype|kind|barrier|root");
+        FAIL("usage: disagree op|dtype|kind|barrier|root|bcastself|gathercross");
     const char *c = argv[1];
     haloComm_t comm = NULL;
     CHECK(haloCommInitFromEnv(&comm));
@@ -51,6 +53,10 @@ int main(int argc, char **argv) {
         r = me == 1 ? haloBarrier(comm) : haloAllToAll(sendb, recvb, 1, haloUint8, comm, NULL);
     } else if (strcmp(c, "root") == 0) {
         r = haloScatter(sendb, recvb, 4, haloInt32, me == n - 1 ? 1 : 0, comm, NULL);
+    } else if (strcmp(c, "bcastself") == 0) {
+        r = haloBroadcast(sendb, recvb, 8, haloInt32, me, comm, NULL);
+    } else if (strcmp(c, "gathercross") == 0) {
+        r = haloGather(sendb, recvb, 4, haloInt32, (me + 1) % n, comm, NULL);
     } else {
         FAIL("unknown case %s", c);
     }

@@ -15,6 +15,11 @@
 //!   write-after-read hazards);
 //! - the blocks a schedule lists as routed ([`crate::RoutedBlock`]) really sit there.
 //!
+//! A rooted collective's agreement messages ([`crate::ROOT_AGREEMENT_TAG`]) are
+//! matched and ordered like any other, but move no content: they carry the call's
+//! descriptor, not data, and the scratch byte one lands in stays unwritten, so a step
+//! that read it would fail the data-flow checks.
+//!
 //! Content is tracked per byte range (interval maps, [`content`]), not per byte, so
 //! large blocks cost no more than small ones.
 //!
@@ -229,10 +234,13 @@ impl Expectation {
 /// What a verified set of schedules does, in total.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VerifyReport {
-    /// Messages (matched send/receive pairs).
+    /// Messages (matched send/receive pairs) that carry data.
     pub messages: usize,
-    /// Bytes carried by messages.
+    /// Bytes carried by those messages.
     pub message_bytes: u64,
+    /// A rooted collective's 1-byte agreement messages ([`crate::ROOT_AGREEMENT_TAG`]),
+    /// counted apart from the data.
+    pub agreement_messages: usize,
     /// Local copies.
     pub copies: usize,
     /// Bytes copied.

@@ -11,6 +11,7 @@
 use super::content::{Content, Piece, RankState};
 use super::matching::Partners;
 use super::{Expectation, VerifyReport, err};
+use crate::broadcast::ROOT_AGREEMENT_TAG;
 use crate::error::VerifyError;
 use crate::schedule::{Buf, Region, Schedule, Step, StepId};
 use std::collections::VecDeque;
@@ -111,15 +112,22 @@ pub(super) fn replay<'s>(
                 report.copies += 1;
                 report.copy_bytes += src.len as u64;
             }
-            Step::Send { region, .. } => {
+            Step::Send { region, tag, .. } => {
                 let (q, t) = partner[r][s as usize].expect("matched");
-                let pieces = read(&states, r, s, region)?;
                 let Step::Recv { region: into, .. } = schedules[q].steps()[t as usize] else {
                     unreachable!("partner of a send is a receive");
                 };
-                write(&mut states, q, t, into, &pieces)?;
-                report.messages += 1;
-                report.message_bytes += region.len as u64;
+                // A rooted collective's agreement message carries only the call's
+                // descriptor: its byte is neither read nor written, so a step that
+                // used it would read unwritten scratch and fail here.
+                if tag == ROOT_AGREEMENT_TAG {
+                    report.agreement_messages += 1;
+                } else {
+                    let pieces = read(&states, r, s, region)?;
+                    write(&mut states, q, t, into, &pieces)?;
+                    report.messages += 1;
+                    report.message_bytes += region.len as u64;
+                }
                 released.push((q, t));
             }
             Step::Recv { .. } => unreachable!("pairs are queued by their send"),

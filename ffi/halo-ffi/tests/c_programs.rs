@@ -476,10 +476,16 @@ fn disagreement(rank: &Rank) -> (i32, String) {
 /// `disagree.c CASE` on `n` ranks: every rank ends within the time (no rank waits for
 /// its timeout of 20 s); the codes and messages by rank.
 fn disagree(case: &str, n: usize) -> Vec<(i32, String)> {
-    let dir = scratch(&format!("disagree-{case}-{n}"));
+    disagree_over(case, n, "auto")
+}
+
+/// [`disagree`] with `HALO_TRANSPORT=transport`.
+fn disagree_over(case: &str, n: usize, transport: &str) -> Vec<(i32, String)> {
+    let dir = scratch(&format!("disagree-{case}-{n}-{transport}"));
     let start = Instant::now();
     let ranks = Job::new(n, &program("disagree"))
         .args(&[case])
+        .env("HALO_TRANSPORT", transport)
         .env("HALO_TIMEOUT_MS", "20000")
         .limit(Duration::from_secs(60))
         .run(&dir);
@@ -560,31 +566,104 @@ fn disagreeing_calls_fail_every_rank_naming_both_values() {
     }
 }
 
+/// The same disagreements over libfabric (`HALO_TRANSPORT=fabric`), which has no
+/// poison: on 2 ranks both name both values; on 4, rank 0 names its call and a rank of
+/// another call, and every other rank fails within the time: naming both values, or
+/// told by the poison of a later pass that a rank failed the call over a mismatch, or
+/// (where it waited only for ranks that agree with it) naming the rank that left once
+/// that rank's failure ended it (`haloRemoteError`).
+#[test]
+fn disagreeing_calls_over_libfabric_fail_every_rank() {
+    let cases = [
+        (
+            "op",
+            "rank 0 called all_reduce with sum, rank ",
+            "1 with max",
+        ),
+        ("dtype", "rank 0 reduces float32, rank ", "1 int32"),
+        (
+            "kind",
+            "rank 0 called all_to_all (4096 bytes per peer), rank ",
+            "1 all_gather (4096 bytes per rank)",
+        ),
+    ];
+    for n in [2usize, 4] {
+        for (case, words, rest) in cases {
+            let out = disagree_over(case, n, "fabric");
+            for (r, (code, message)) in out.iter().enumerate() {
+                if n == 2 {
+                    assert_eq!(*code, 5, "{case}, rank {r}: {out:#?}");
+                    assert!(
+                        message.contains(&format!("{words}{rest}")),
+                        "rank {r}: {message}"
+                    );
+                } else if r == 0 {
+                    assert_eq!(*code, 5, "{case}, rank {r}: {out:#?}");
+                    assert!(message.contains(words), "rank {r}: {message}");
+                } else {
+                    let named = *code == 5
+                        && (message.contains(words) || message.contains("failed this collective"));
+                    let left = *code == 6 && message.contains("remote error from rank");
+                    assert!(named || left, "{case} on 4, rank {r}: {out:#?}");
+                }
+            }
+        }
+    }
+}
+
 /// A scatter whose last rank names root 1 and the others root 0, on 4 ranks: the last
-/// rank receives rank 0's block and fails naming both roots; the others agree with
-/// their root and succeed, or fail naming both roots where the last rank's poison
-/// reaches them first.
+/// rank and rank 0 (its neighbour on the agreement ring, which also sends it its
+/// block) fail naming both roots; ranks 1 and 2 agree with their root and with their
+/// ring neighbours, and succeed, or fail naming both roots where a failing rank's
+/// poison reaches them first.
 #[test]
 fn a_scatter_with_another_root_fails_the_rank_that_differs() {
     let out = disagree("root", 4);
-    let (code, message) = &out[3];
-    assert_eq!(*code, 5, "rank 3: {message}");
-    assert!(
-        message.contains("rank 0 called scatter with root 0, rank 3 with root 1"),
-        "rank 3: {message}"
-    );
-    // The others agree with their root and succeed, or hear of the failure first
-    // (rank 3 poisons every rank it might leave waiting): told both roots.
-    for r in 0..3 {
+    for r in [0, 3] {
+        let (code, message) = &out[r];
+        assert_eq!(*code, 5, "rank {r}: {message}");
+        assert!(
+            message.contains("called scatter with root 0, rank 3 with root 1"),
+            "rank {r}: {message}"
+        );
+    }
+    for r in 1..3 {
         let (code, message) = &out[r];
         assert!(
-            *code == 0
-                || *code == 5
-                    && message.contains(&format!(
-                        "rank {r} called scatter with root 0, rank 3 with root 1"
-                    )),
+            *code == 0 || *code == 5 && message.contains("with root 0, rank 3 with root 1"),
             "rank {r}: {out:#?}"
         );
+    }
+}
+
+/// Rooted calls where no data flows between ranks that disagree: every rank names
+/// itself a broadcast's root (each only sends), or every rank names the next one a
+/// gather's root (each sends, and the root it names never waits for it). On 2 and 4
+/// ranks, over HALO's shared memory and over libfabric, every rank fails with haloInvalidUsage naming two ranks and their two roots,
+/// within the time (none waits for its timeout): the 1-byte agreement message each
+/// rank receives from the previous rank carries a root it does not name.
+#[test]
+fn ranks_that_disagree_on_the_root_fail_even_where_no_data_flows_between_them() {
+    for (n, transport) in [(2usize, "shm"), (4, "shm"), (2, "fabric"), (4, "fabric")] {
+        for (case, call) in [("bcastself", "broadcast"), ("gathercross", "gather")] {
+            let out = disagree_over(case, n, transport);
+            for (r, (code, message)) in out.iter().enumerate() {
+                assert_eq!(
+                    *code, 5,
+                    "{case} on {n} over {transport}, rank {r}: {out:#?}"
+                );
+                let named = message
+                    .split_once(&format!("called {call} with root "))
+                    .and_then(|(_, rest)| rest.split_once(" with root "));
+                assert!(named.is_some(), "{case} on {n}, rank {r}: {message}");
+            }
+            if n == 2 {
+                let words = format!("rank 0 called {call} with root");
+                for (r, (_, message)) in out.iter().enumerate() {
+                    assert!(message.contains(&words), "{case}, rank {r}: {message}");
+                }
+            }
+        }
     }
 }
 
