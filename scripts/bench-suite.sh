@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark configurations of docs/BENCHMARKS.md ("OSU-style suite against MPI"),
+# The benchmark configurations of docs/bench/JOURNAL.md ("OSU-style suite against MPI"),
 # each HALO against Open MPI in the same run. Needs root for the emulated hosts
 # (network namespaces) and Open MPI (bash scripts/deps.sh test).
 #   bash scripts/bench-suite.sh [OUT_DIR] [CONFIG...]

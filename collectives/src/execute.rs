@@ -148,7 +148,7 @@ pub struct ExecOptions<'a> {
     /// more ranks than cores, every poll spent spinning is taken from the peer being
     /// waited for; 4 processes on 2 cores ran a 4-byte all-to-all in about 13 us with
     /// 0-4 polls against 25-30 us with 64, and 2 processes on 2 cores saw no
-    /// difference — docs/BENCHMARKS.md, "Fixes made while measuring").
+    /// difference — docs/bench/JOURNAL.md, "Fixes made while measuring").
     pub spin: u32,
 }
 

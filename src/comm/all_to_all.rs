@@ -193,7 +193,7 @@ impl Communicator {
     /// algorithm (`ceil(log2 n)` rounds of one message; `HALO_BARRIER_ALGO` picks another
     /// all-to-all algorithm). Bruck's rounds beat the flat fan-out's `n - 1` messages
     /// when ranks share cores: 8 processes on 2 cores, 35-49 us against 62-70 us on one
-    /// host and 274-315 us against 413-475 us on 4 emulated hosts (docs/BENCHMARKS.md).
+    /// host and 274-315 us against 413-475 us on 4 emulated hosts (docs/bench/JOURNAL.md).
     ///
     /// # Errors
     /// [`Error::Timeout`], [`Error::Aborted`], [`Error::RemoteError`] as they happen.

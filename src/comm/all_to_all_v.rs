@@ -92,7 +92,7 @@
 //! every rank: on a network it costs more than two latency-bound passes once `n` is a
 //! few dozen (simulated on Frontier: 0.5-0.6x of the two passes at 8-16 ranks, 1.08x at
 //! 32, 1.2x at 64, 1.7x at 128, 2.9x at 256; `cargo run --release -p halo-collectives
-//! --example v_meta_crossover`, docs/BENCHMARKS.md "All-to-all-v in one metadata
+//! --example v_meta_crossover`, docs/bench/JOURNAL.md "All-to-all-v in one metadata
 //! pass"). So for each communicator the first call compares, with the simulator
 //! ([`halo_collectives::simulate`], deterministic, so every rank agrees), the best
 //! all-gather of the rows against two uniform passes of 16 bytes with the automatic
@@ -238,7 +238,7 @@ pub(crate) fn learn_eager(
 /// padded (across hosts that take the two hops, [`super::count_hops`]): up to 16 KiB
 /// the hops carried MoE blocks of 4-8 KiB mean at 1.03-1.17x of Open MPI's
 /// `MPI_Alltoallv` on 4 emulated hosts; 32 KiB was 0.94-1.05x there
-/// (docs/BENCHMARKS.md).
+/// (docs/bench/JOURNAL.md).
 pub(crate) const EAGER_V_LEARN_MAX_UNPADDED: usize = 16384;
 
 /// The largest `HALO_A2AV_EAGER` taken (larger values are cut to it): every message of
@@ -265,7 +265,7 @@ pub(crate) const SPECULATE_V_MAX: usize = 16 << 20;
 /// only the pairs whose blocks are larger, and a network message saved is worth far
 /// more than a copy: blocks of 2-8 KiB mean are one message per pair instead of two
 /// (4 emulated hosts: 1.0-1.1x of Open MPI's `MPI_Alltoallv` at 8 KiB against
-/// 0.7-0.75x, docs/BENCHMARKS.md). Not on one host, where the bytes in the count
+/// 0.7-0.75x, docs/bench/JOURNAL.md). Not on one host, where the bytes in the count
 /// message cost two more copies than a remainder, which goes straight into the
 /// receive buffer (8 KiB there: no gain, and 32-64 KiB mean slower in two sets of
 /// alternating launches).
@@ -1003,7 +1003,7 @@ impl Communicator {
         // data pass. Every rank decides alike: the topology and the model are the
         // same everywhere, and so is the last call's matrix. (The tuner's measured
         // choice was tried for the uniform way and lost on one host: its trials of
-        // other algorithms cost more than they found; docs/BENCHMARKS.md.)
+        // other algorithms cost more than they found; docs/bench/JOURNAL.md.)
         let expect_rest = self.pool.v.last_largest.is_some_and(|l| l > c as u64);
         if self.core.forced.is_none() && !(s > 0 && expect_rest) {
             if super::count_hops::applies(&self.core.topology) {

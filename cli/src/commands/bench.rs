@@ -56,7 +56,7 @@ pub(crate) struct BenchArgs {
     #[arg(short = 'c', long)]
     validate: bool,
     /// Time each all-to-all up to the end of a barrier after it, so that a rank's time
-    /// ends when every rank is done (OSU times the call alone; see docs/BENCHMARKS.md).
+    /// ends when every rank is done (OSU times the call alone; see docs/bench/JOURNAL.md).
     #[arg(long)]
     sync: bool,
     /// With MPI in the run: time each implementation between its own barriers (HALO's
@@ -67,7 +67,7 @@ pub(crate) struct BenchArgs {
     /// Measure every size in R rounds: each round runs every implementation's warm-up
     /// and timed iterations once, in an order rotated by the round, and a rank's figure
     /// is the median of its per-round means, so that load drifting over the run does
-    /// not favour the implementations measured first (see docs/BENCHMARKS.md). 1: each
+    /// not favour the implementations measured first (see docs/bench/JOURNAL.md). 1: each
     /// implementation's sweep after the other's, as OSU does.
     #[arg(long, value_name = "R", default_value_t = 1)]
     rounds: usize,

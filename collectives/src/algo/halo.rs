@@ -271,7 +271,7 @@ struct Packet {
 }
 
 /// One rank's build. Every buffer is reused from packet to packet: building allocates
-/// a fixed number of times, not per packet (docs/BENCHMARKS.md, "Schedule build time").
+/// a fixed number of times, not per packet (docs/bench/JOURNAL.md, "Schedule build time").
 struct Builder<'c, 'a> {
     ctx: &'c BuildCtx<'a>,
     plan: Plan,

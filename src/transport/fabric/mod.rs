@@ -30,7 +30,7 @@
 //! `tcp;ofi_rxm` does, and on a futex doorbell in shared memory that same-host peers
 //! ring, because `shm` in libfabric 1.17 has no wait object), `sleep` (yield below
 //! 50 us, else sleep up to 200 us), `yield` (always `sched_yield`) or `spin` (return at
-//! once). Measured in docs/BENCHMARKS.md, "Progress under oversubscription (fabric
+//! once). Measured in docs/bench/JOURNAL.md, "Progress under oversubscription (fabric
 //! transport)".
 //!
 //! # Failures

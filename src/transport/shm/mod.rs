@@ -30,7 +30,7 @@
 //! in one burst) and freed by the head's Release store. The receiver polls the stamp of
 //! the cell it needs next — one cache line from the sender's core per small message,
 //! where a tail counter on a line of its own cost two in a row (1-byte ping-pong: 0.31-
-//! 0.33 -> 0.26-0.27 us, docs/BENCHMARKS.md). A message is a first
+//! 0.33 -> 0.26-0.27 us, docs/bench/JOURNAL.md). A message is a first
 //! cell (tag, length, call descriptor, the first bytes: small messages travel inline, eager)
 //! and as many further cells as its length needs, pipelined: the sender fills cells as
 //! the receiver frees them, so messages larger than the ring pass through it. A send
@@ -45,7 +45,7 @@
 //! receive is posted — so a ring never blocks for long on a message nobody asked for
 //! yet, and the schedules' deadlock freedom (proved under rendezvous) carries over.
 //! (Holding: one host, 4 ranks, a2av 32-64 KiB 25 -> 19 and 55 -> 29 us; `bw` at 16 KiB
-//! 2.6 -> 1.7 us per message; docs/BENCHMARKS.md.)
+//! 2.6 -> 1.7 us per message; docs/bench/JOURNAL.md.)
 //! Messages through the ring are copied twice (into the ring, out of it). Messages of
 //! at least `HALO_SHM_CMA_MIN` bytes (32 KiB) are copied once where the receiver can
 //! read the sender's memory: one cell offers the buffer's address, the receiver reads
@@ -63,7 +63,7 @@
 //! its word says it sleeps (one shared load otherwise). Not sleeping early matters on a
 //! loaded host: a woken rank waits for a processor, and sleeping after 5-50 us of
 //! silence cost 75-130 us per 1-byte ping-pong (2 ranks, load 5-9 on 2
-//! cores) and 77 us per 1-byte all-to-all (4 ranks) — docs/BENCHMARKS.md.
+//! cores) and 77 us per 1-byte all-to-all (4 ranks) — docs/bench/JOURNAL.md.
 //!
 //! # Failures (as the fabric transport)
 //! - A peer whose process ended is noticed while waiting for it (every 50 ms): what it

@@ -1312,7 +1312,7 @@ impl Drop for ShmSession<'_> {
 /// Asks for the cache lines after a cell's first as soon as the cell is seen published:
 /// they come from the sender's core while the header is read and the receive matched,
 /// instead of after (the copy's length comes from the header). 128-byte ping-pong, 2
-/// processes: 0.33-0.35 us with it, 0.40-0.41 us without (docs/BENCHMARKS.md). Lines
+/// processes: 0.33-0.35 us with it, 0.40-0.41 us without (docs/bench/JOURNAL.md). Lines
 /// the sender did not write cost a read of the shared segment and nothing else: a
 /// prefetch never faults and changes nothing.
 #[inline(always)]
