@@ -182,6 +182,15 @@ impl FabricTransport {
             } else {
                 0
             };
+            tracing::trace!(
+                rank = self.rank,
+                peer,
+                tag = format_args!("{tag:#x}"),
+                len = en.len,
+                posted,
+                data = format_args!("{data:#x}"),
+                "receive completed"
+            );
             let ep = self.eps[slot].as_ref();
             if data != 0
                 && let Some(theirs) = ep.and_then(|e| e.poison_of(data))
