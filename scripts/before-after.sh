@@ -8,6 +8,8 @@
 # Each round runs, for BEFORE then AFTER (the order swapped every other round):
 #   one host, 4 processes:  halo bench alltoall -m 1:65536 (auto)
 #   one host, 2 processes:  halo bench latency -m 1:1024 (auto)
+#   one host, 2 processes over libfabric (HALO_TRANSPORT=fabric, shm): the same latency
+#     (config fablat2; only when named in CONFIGS)
 #   4 emulated hosts x 2 at 1 Gbit/s (as root): halo bench alltoall -m 1:65536 (auto)
 # and writes each launch's JSON to OUT_DIR/<config>-<build>-<round>.json. At the end it
 # prints, per configuration and size, the median over rounds of each build's average
@@ -33,6 +35,8 @@ run() { # config build binary round
     host4) "$h" launch -n 4 --timeout 600 --no-prefix -- \
              "$h" bench alltoall -m 1:65536 -i 200 -x 20 --algo auto --format json >"$f" ;;
     lat2) "$h" launch -n 2 --timeout 600 --no-prefix -- \
+             "$h" bench latency -m 1:1024 -i 5000 -x 500 --algo auto --format json >"$f" ;;
+    fablat2) HALO_TRANSPORT=fabric "$h" launch -n 2 --timeout 600 --no-prefix -- \
              "$h" bench latency -m 1:1024 -i 5000 -x 500 --algo auto --format json >"$f" ;;
     emu4x2) "$h" launch -n 8 --hosts 4 --host-rate 1gbit --timeout 600 --no-prefix -- \
              "$h" bench alltoall -m 1:65536 -i 50 -x 5 --algo auto --format json >"$f" ;;

@@ -227,6 +227,18 @@ impl Call {
         a.is_none() || b.is_none() || a == b
     }
 
+    /// Whether these 64 bits are a descriptor that some call makes (P aside):
+    /// [`Call::NONE`], or a known kind with a known operation and element type code.
+    /// A transport that keys descriptors with the sender tells by it whether it
+    /// removed the right key.
+    pub fn is_well_formed(self) -> bool {
+        let c = self.unpoisoned();
+        c.is_none()
+            || (c.kind().is_some()
+                && c.op_code() < OP_NAMES.len()
+                && c.dtype_code() < DTYPE_NAMES.len())
+    }
+
     /// The kind, if its code is one.
     pub fn kind(self) -> Option<CallKind> {
         let k = (self.0 & ((1 << KIND_BITS) - 1)) as u8;

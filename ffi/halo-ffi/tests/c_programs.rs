@@ -604,17 +604,7 @@ fn disagreeing_calls_over_libfabric_fail_every_rank() {
                     let named = *code == 5
                         && (message.contains(words) || message.contains("failed this collective"));
                     let left = *code == 6 && message.contains("remote error from rank");
-                    // Known defect (docs/RELIABILITY.md, "libfabric shm after a peer
-                    // closed"): ranks 2 and 3 sometimes complete their second round's
-                    // receives "from" ranks 0 and 1 (which failed the first round and
-                    // closed their endpoints) with each other's messages, and return
-                    // success. Accepted here only for those two ranks until the receive
-                    // checks the sender (FI_SOURCE); ranks 0 and 1 must still fail.
-                    let known_defect = *code == 0 && r >= 2;
-                    assert!(
-                        named || left || known_defect,
-                        "{case} on 4, rank {r}: {out:#?}"
-                    );
+                    assert!(named || left, "{case} on 4, rank {r}: {out:#?}");
                 }
             }
         }

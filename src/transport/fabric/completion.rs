@@ -2,6 +2,7 @@
 //! breaking the transport down after a failure, and blocking on the queues' file
 //! descriptors (`block`).
 
+use super::endpoint::{FabricEndpoint, sender_check};
 use super::transport::{FabricTransport, OpCtx};
 use super::watchdog::{
     CALL_CANCEL, CALL_CLOSE, CALL_CQ_READ, CALL_CQ_READERR, CALL_TRYWAIT, watched,
@@ -105,8 +106,13 @@ impl FabricTransport {
                         // (`shm`; `tcp;ofi_rxm` reports neither).
                         self.release(ctx);
                         let sent = Some(err.len.saturating_add(err.olen)).filter(|&n| n > posted);
-                        let theirs = if err.flags & fi::FI_REMOTE_CQ_DATA != 0 {
-                            Call::from_raw(err.data)
+                        // (`shm` sets the flag with data 0 here: a stamped message
+                        // never carries 0.)
+                        let theirs = if err.flags & fi::FI_REMOTE_CQ_DATA != 0 && err.data != 0 {
+                            let ep = self.eps[slot].as_ref();
+                            Call::from_raw(
+                                ep.map_or(err.data, |e| e.stamp(err.data, peer as usize)),
+                            )
                         } else {
                             Call::NONE
                         };
@@ -177,11 +183,9 @@ impl FabricTransport {
         if !is_send {
             // The sender may be waiting for its send to complete.
             self.ring(peer as usize);
-            let data = if en.flags & fi::FI_REMOTE_CQ_DATA != 0 {
-                en.data
-            } else {
-                0
-            };
+            // Every message a stamping sender sends carries data other than 0.
+            let carried = en.flags & fi::FI_REMOTE_CQ_DATA != 0 && en.data != 0;
+            let data = if carried { en.data } else { 0 };
             tracing::trace!(
                 rank = self.rank,
                 peer,
@@ -192,6 +196,14 @@ impl FabricTransport {
                 "receive completed"
             );
             let ep = self.eps[slot].as_ref();
+            if carried && let Some(e) = ep {
+                self.check_sender(e, data, peer as usize, tag, en.len)?;
+            }
+            // The descriptor as the sender made it (its stamp removed).
+            let data = match ep {
+                Some(e) if carried => e.stamp(data, peer as usize),
+                _ => data,
+            };
             if data != 0
                 && let Some(theirs) = ep.and_then(|e| e.poison_of(data))
             {
@@ -230,6 +242,44 @@ impl FabricTransport {
         }
         done.push(token);
         Ok(())
+    }
+
+    /// Checks that a receive posted for rank `peer` completed with a message `peer`
+    /// sent, where the provider carries the sender's stamp
+    /// ([`FabricEndpoint::stamp`]): `data`, the completion data as it arrived, must
+    /// give this rank's own descriptor or a well-formed one (a call that differs, which
+    /// the caller reports as a mismatch) once `peer`'s stamp is removed. A message that
+    /// gives this rank's descriptor with another rank's stamp, or no descriptor at all,
+    /// fails the call naming both ranks: the provider delivered a message to the wrong
+    /// receive, and its bytes are not `peer`'s.
+    fn check_sender(
+        &self,
+        e: &FabricEndpoint,
+        data: u64,
+        peer: usize,
+        tag: u64,
+        len: usize,
+    ) -> CResult<()> {
+        if !e.stamps() {
+            return Ok(());
+        }
+        let Err(from) = sender_check(data, peer, self.routes.len(), e.call_data(self.call)) else {
+            return Ok(());
+        };
+        let who = match from {
+            Some(q) => format!("from rank {q}, not rank {peer}"),
+            None => format!("that rank {peer} did not send (it carries no rank's stamp)"),
+        };
+        Err(CollectiveError::Remote {
+            peer,
+            message: format!(
+                "rank {}'s receive from rank {peer} (tag {tag:#x}) completed with a message of \
+                 {len} bytes {who}: the {} provider delivered it to the wrong receive (as \
+                 libfabric's shm was seen doing after a peer closed its endpoint); the call \
+                 fails rather than return another rank's bytes",
+                self.rank, e.provider
+            ),
+        })
     }
 
     /// Asks the provider to cancel operation `i` of the pool (it then completes with

@@ -384,6 +384,25 @@ impl FabricEndpoint {
         }
     }
 
+    /// `data` (a descriptor as [`FabricEndpoint::call_data`] or
+    /// [`FabricEndpoint::poison_data`] made it) keyed with rank `rank`'s
+    /// [`sender_stamp`] where the provider carries 8 bytes: the sender stamps what it
+    /// sends with its own rank, the receiver applies the stamp of the rank it posted the
+    /// receive for and gets the descriptor back only if that rank sent the message. As
+    /// it is, `data` where the provider carries fewer bytes (no room: no check).
+    pub(super) fn stamp(&self, data: u64, rank: usize) -> u64 {
+        if self.cq_data >= 8 {
+            data ^ sender_stamp(rank)
+        } else {
+            data
+        }
+    }
+
+    /// Whether completion data is stamped with the sender's rank ([`FabricEndpoint::stamp`]).
+    pub(super) fn stamps(&self) -> bool {
+        self.cq_data >= 8
+    }
+
     /// Whether the provider carries remote completion data (poison needs it).
     pub(super) fn carries_data(&self) -> bool {
         self.cq_data > 0
@@ -476,3 +495,103 @@ pub(crate) const MAX_NAME: usize = 1024;
 /// `AF_INET` and `AF_INET6` as `sa_family_t`, the first two bytes of a socket address.
 const AF_INET: u16 = libc::AF_INET as u16;
 const AF_INET6: u16 = libc::AF_INET6 as u16;
+
+/// The key a sender's rank puts on the descriptor of every message it sends over a
+/// provider that carries 8 bytes of completion data ([`FabricEndpoint::stamp`]): an
+/// end-to-end check that the message a receive completed with comes from the rank the
+/// receive was posted for, which directed receive (`FI_DIRECTED_RECV`) promises but a
+/// provider can break: libfabric 1.17's `shm` was seen completing a receive addressed
+/// to a rank that had closed its endpoint with another rank's message
+/// (docs/RELIABILITY.md, "Every libfabric receive checks its sender").
+///
+/// Stamps of different ranks differ (the rank itself is in bits 12..32, the root
+/// field: HALO has at most 2^20 ranks), the rest of the descriptor is mixed with a
+/// hash of the rank so that a stamp is not a plausible call, and every stamp has the
+/// kind bits all ones: two ranks' stamps cancel there, so a message of
+/// [`Call::NONE`] (point to point) read with another rank's stamp has kind 0 and
+/// other bits set, which no descriptor has. The poison bit (63) and the hashed-count
+/// bit (62) are never touched.
+pub(super) fn sender_stamp(rank: usize) -> u64 {
+    const KIND: u64 = 0xf;
+    const FIELDS: u64 = (1 << 62) - 1;
+    let mut x = rank as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    let root = (rank as u64 & 0xf_ffff) << 12;
+    (x & FIELDS & !(0xf_ffff << 12) & !KIND) | root | KIND
+}
+
+/// Whether a message whose completion data arrived as `data` (stamped,
+/// [`sender_stamp`]) comes from `peer`, the rank its receive was posted for, on `n`
+/// ranks, by a receiver whose own descriptor is `ours`: `Ok` where `peer`'s stamp gives
+/// `ours` (P aside) or, failing that, a well-formed descriptor that no other rank's
+/// stamp explains (a call that differs, reported as a mismatch); `Err(Some(q))` where
+/// rank `q`'s stamp gives `ours`; `Err(None)` where `peer`'s stamp gives no descriptor.
+pub(super) fn sender_check(
+    data: u64,
+    peer: usize,
+    n: usize,
+    ours: u64,
+) -> std::result::Result<(), Option<usize>> {
+    let with = |q: usize| Call::from_raw(data ^ sender_stamp(q));
+    if with(peer).unpoisoned().to_raw() == ours {
+        return Ok(());
+    }
+    let from = (0..n)
+        .filter(|&q| q != peer)
+        .find(|&q| with(q).unpoisoned().to_raw() == ours);
+    match from {
+        None if with(peer).is_well_formed() => Ok(()),
+        other => Err(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use halo_collectives::CallKind;
+
+    #[test]
+    fn stamps_of_different_ranks_differ_and_keep_poison_and_kind() {
+        let mut seen = std::collections::HashSet::new();
+        for r in (0..5000).chain([(1 << 20) - 1]) {
+            let s = sender_stamp(r);
+            assert!(seen.insert(s), "rank {r}");
+            assert_eq!(s & 0xf, 0xf);
+            assert_eq!(s >> 62, 0);
+        }
+    }
+
+    #[test]
+    fn a_message_of_another_rank_is_told_from_the_peers() {
+        let call = Call::new(CallKind::AllReduce)
+            .op(1)
+            .dtype(3)
+            .count(64)
+            .to_raw();
+        let other = Call::new(CallKind::AllReduce)
+            .op(3)
+            .dtype(3)
+            .count(64)
+            .to_raw();
+        let n = 4;
+        // From the peer: its own call, another call, poison of another call.
+        assert_eq!(sender_check(call ^ sender_stamp(0), 0, n, call), Ok(()));
+        assert_eq!(sender_check(other ^ sender_stamp(0), 0, n, call), Ok(()));
+        let poison = Call::from_raw(other).poison().to_raw();
+        assert_eq!(sender_check(poison ^ sender_stamp(0), 0, n, call), Ok(()));
+        // Rank 3's message of the same call on a receive posted for rank 0.
+        assert_eq!(
+            sender_check(call ^ sender_stamp(3), 0, n, call),
+            Err(Some(3))
+        );
+        // Point to point (no descriptor) from rank 1 on a receive for rank 2.
+        assert_eq!(sender_check(sender_stamp(1), 2, n, 0), Err(Some(1)));
+        // From a rank beyond the communicator: no rank's stamp explains it.
+        assert_eq!(sender_check(sender_stamp(9), 2, n, 0), Err(None));
+        assert_eq!(sender_check(sender_stamp(2), 2, n, 0), Ok(()));
+    }
+}
