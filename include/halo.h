@@ -288,6 +288,28 @@ typedef enum haloRedOp {
 } haloRedOp;
 
 /**
+ * How `haloMoeHandleCreate` moves the tokens. Passed as a `haloMoeMode_t`.
+ */
+typedef enum haloMoeMode {
+    /**
+     * De-duplicate when the routing has something to de-duplicate (some token has two
+     * experts on one other node), else the direct path; decided the same way on every
+     * rank.
+     */
+    haloMoeAuto = 0,
+    /**
+     * One copy of a token per destination node, replicated inside the node (both
+     * ways: the combine is reduced inside the node before one row per (token, node)
+     * goes back).
+     */
+    haloMoeDedup = 1,
+    /**
+     * One copy per (token, expert) pair, straight to the expert's rank.
+     */
+    haloMoeDirect = 2,
+} haloMoeMode;
+
+/**
  * A communicator: one rank's handle on a group of ranks (opaque).
  *
  * Created by `haloCommInitRank`, `haloCommInitRankConfig`, `haloCommInitFromEnv` or
@@ -411,6 +433,22 @@ typedef void *haloStream_t;
  * A `haloRedOp` value (an `int32_t`, checked like `haloDataType_t`).
  */
 typedef int32_t haloRedOp_t;
+
+/**
+ * A `haloMoeMode` value (an `int32_t`; a value outside the enum is
+ * `haloInvalidArgument`).
+ */
+typedef int32_t haloMoeMode_t;
+
+/**
+ * A MoE routing exchanged by `haloMoeHandleCreate`: which rows each rank's experts
+ * receive, from where, and how they go back. An opaque number (0 is never a handle);
+ * freed by `haloMoeHandleFree`. Used by the data calls (`haloMoeDispatch`,
+ * `haloMoeCombine`, `haloMoeDispatchPairs`, `haloMoeCombinePairs`) on the
+ * communicator it was made on, as often as needed: one MoE layer's forward and
+ * backward use one handle.
+ */
+typedef uint64_t haloMoeHandle_t;
 
 /**
  * A request handle, as `haloI*` return it.
@@ -1031,6 +1069,176 @@ haloResult_t haloRecvTagged(void *recvbuff,
                             int tag,
                             haloComm_t comm,
                             haloStream_t stream);
+
+/**
+ * Exchanges a MoE routing (DeepEP's `get_dispatch_layout` and the metadata of its
+ * `dispatch`, in one collective call): this rank's `numTokens` tokens each go to the
+ * `topK` experts `topkIdx[t * topK + j]` (`int64_t`, as torch's and DeepEP's
+ * `topk_idx`; distinct within a token, each `< numExperts`), expert `e` living on rank
+ * `expertRank[e]` (the same table on every rank: expert placement, so migration is a
+ * new table). Writes a handle for the data calls to `*handle`.
+ *
+ * Collective: every rank of `comm` calls it, with the same `numExperts`, table and
+ * `mode` (`haloMoeMode_t`). Afterwards each rank knows, without further
+ * communication, how many rows its experts receive and from where
+ * (`haloMoeHandleGetLayout`). The rows are ordered by local expert (ascending id),
+ * then source rank, then token index at the source.
+ *
+ * Errors (on every rank: a rank whose routing is wrong gets `haloInvalidArgument`
+ * naming what, the others `haloInvalidUsage` naming that rank; nothing is written to
+ * `*handle`):
+ * - `haloInvalidArgument`: NULL `comm` or `handle`; `topK` < 1; `numExperts` < 1; NULL
+ *   `topkIdx` with `numTokens` > 0; NULL `expertRank`; an expert id negative (DeepEP's
+ *   masked slot -1 is not supported), `>= numExperts`, or twice in one token; a rank in
+ *   `expertRank` outside the communicator; `mode` not a `haloMoeMode_t`; a non-NULL
+ *   `stream`.
+ * - `haloInvalidUsage`: the ranks' tables or modes differ, or another rank's
+ *   arguments were wrong.
+ * - `haloTimeout`, `haloRemoteError`, `haloSystemError`, `haloAborted`.
+ *
+ * # Safety
+ * `topkIdx` is NULL or holds `numTokens * topK` values; `expertRank` holds
+ * `numExperts`; `handle` is NULL or writable.
+ */
+haloResult_t haloMoeHandleCreate(const int64_t *topkIdx,
+                                 size_t numTokens,
+                                 int topK,
+                                 const int32_t *expertRank,
+                                 int numExperts,
+                                 haloMoeMode_t mode,
+                                 haloComm_t comm,
+                                 haloStream_t stream,
+                                 haloMoeHandle_t *handle);
+
+/**
+ * The sizes of a handle's routing at this rank: `*numRecvRows` (rows its experts
+ * receive, in all), `*numLocalExperts` (experts on this rank), `*numTokens` and
+ * `*topK` (this rank's routing). Any pointer may be NULL. Local: no communication.
+ *
+ * Errors: `haloInvalidArgument` when `handle` is not live or not made on `comm`.
+ *
+ * # Safety
+ * Each pointer is NULL or writable.
+ */
+haloResult_t haloMoeHandleGetInfo(haloMoeHandle_t handle,
+                                  haloComm_t comm,
+                                  size_t *numRecvRows,
+                                  int *numLocalExperts,
+                                  size_t *numTokens,
+                                  int *topK);
+
+/**
+ * The layout of the rows a handle dispatches to this rank: `localExperts` (this
+ * rank's experts, ascending; `numLocalExperts` entries), `tokensPerExpert` (rows per
+ * local expert: DeepEP's `num_recv_tokens_per_expert_list`), and per received row
+ * (`numRecvRows` entries each) `rowExpert` (its expert's global id), `rowSrcRank` and
+ * `rowSrcToken` (where it came from). Any pointer may be NULL. Local.
+ *
+ * Errors: `haloInvalidArgument` when `handle` is not live or not made on `comm`.
+ *
+ * # Safety
+ * Each pointer is NULL or writable for the entries above.
+ */
+haloResult_t haloMoeHandleGetLayout(haloMoeHandle_t handle,
+                                    haloComm_t comm,
+                                    int32_t *localExperts,
+                                    int64_t *tokensPerExpert,
+                                    int32_t *rowExpert,
+                                    int32_t *rowSrcRank,
+                                    int64_t *rowSrcToken);
+
+/**
+ * Frees a handle. Local. A handle not live (freed already, never made) is
+ * `haloInvalidArgument` naming it, not undefined behaviour.
+ */
+haloResult_t haloMoeHandleFree(haloMoeHandle_t handle);
+
+/**
+ * Dispatches this rank's tokens along a handle's routing (DeepEP's `dispatch`): `x`
+ * holds `numTokens x hidden` elements (token-major), `recvX` receives `numRecvRows x
+ * hidden`, one row per (token, local expert) in the handle's layout
+ * (`haloMoeHandleGetLayout`). With the handle's mode de-duplicating, each token
+ * crosses the network once per destination node and is replicated inside the node.
+ * Also the backward of `haloMoeCombine` (a token's gradient to each of its experts).
+ * Any `haloDataType_t`. Collective: every rank calls it with the same handle (made in
+ * the same `haloMoeHandleCreate`), `hidden` and `datatype`. Blocking; host buffers
+ * (`stream` must be NULL: the device path of the MoE calls is not built yet).
+ *
+ * Errors (on every rank: the others get `haloInvalidUsage` naming the rank):
+ * - `haloInvalidArgument`: `handle` not live or made on another communicator; NULL,
+ *   unaligned or overlapping buffers; `datatype` unknown; sizes that overflow; a
+ *   non-NULL `stream`.
+ * - `haloInvalidUsage`: ranks that call different MoE calls, on different handles, or
+ *   with different `hidden` or `datatype` (named: both ranks, both calls).
+ * - `haloTimeout`, `haloRemoteError`, `haloSystemError`, `haloAborted`.
+ *
+ * # Safety
+ * `x` is readable and `recvX` writable for the sizes above.
+ */
+haloResult_t haloMoeDispatch(const void *x,
+                             void *recvX,
+                             size_t hidden,
+                             haloDataType_t datatype,
+                             haloMoeHandle_t handle,
+                             haloComm_t comm,
+                             haloStream_t stream);
+
+/**
+ * Combines the experts' rows back to their tokens (DeepEP's `combine`): `y` holds
+ * `numRecvRows x hidden` elements in the handle's layout, `out` receives `numTokens x
+ * hidden`: for each token the **sum** of its rows (the caller weights them by the
+ * gates first, as with DeepEP). De-duplicated: the rows of one token on one node are
+ * added at that node before one row goes back; then the source adds the nodes' rows
+ * in ascending node order (so the order of the additions is fixed by the routing and
+ * the topology, the same in every run). Also the backward of `haloMoeDispatch`.
+ * Floating-point types only (`haloFloat16`, `haloBfloat16`, `haloFloat32`,
+ * `haloFloat64`, added in the type). Collective and blocking, host buffers; errors
+ * as `haloMoeDispatch`.
+ *
+ * # Safety
+ * `y` is readable and `out` writable for the sizes above.
+ */
+haloResult_t haloMoeCombine(const void *y,
+                            void *out,
+                            size_t hidden,
+                            haloDataType_t datatype,
+                            haloMoeHandle_t handle,
+                            haloComm_t comm,
+                            haloStream_t stream);
+
+/**
+ * Sends one value per (token, slot) of this rank's routing (`perSlot`: `numTokens x
+ * topK`, as `topkIdx`) to its expert's rank: `perRow` receives one per received row
+ * (DeepEP's `recv_topk_weights`, for the gate weights). Any `haloDataType_t`.
+ * Collective and blocking, host buffers; errors as `haloMoeDispatch`.
+ *
+ * # Safety
+ * `perSlot` is readable for `numTokens * topK` elements and `perRow` writable for
+ * `numRecvRows`.
+ */
+haloResult_t haloMoeDispatchPairs(const void *perSlot,
+                                  void *perRow,
+                                  haloDataType_t datatype,
+                                  haloMoeHandle_t handle,
+                                  haloComm_t comm,
+                                  haloStream_t stream);
+
+/**
+ * The reverse of `haloMoeDispatchPairs` (its backward: the gradients of the gate
+ * weights): one value per received row (`perRow`) back to its (token, slot) at the
+ * source (`perSlot`, `numTokens x topK`). Collective and blocking, host buffers;
+ * errors as `haloMoeDispatch`.
+ *
+ * # Safety
+ * `perRow` is readable for `numRecvRows` elements and `perSlot` writable for
+ * `numTokens * topK`.
+ */
+haloResult_t haloMoeCombinePairs(const void *perRow,
+                                 void *perSlot,
+                                 haloDataType_t datatype,
+                                 haloMoeHandle_t handle,
+                                 haloComm_t comm,
+                                 haloStream_t stream);
 
 /**
  * Non-blocking `haloAllToAll`: starts the all-to-all and returns at once with a

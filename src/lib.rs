@@ -61,7 +61,8 @@ pub use bootstrap::decode_card_for_fuzzing;
 pub use bootstrap::root_handshake_for_fuzzing;
 pub use comm::{
     AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MAX_USER_TAG, MoeDispatch,
-    MoeExchange, MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request, SPECULATE_V, Scope,
+    MoeExchange, MoeFloat, MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request,
+    SPECULATE_V, Scope,
 };
 pub use error::{Error, Result};
 pub use half::{bf16, f16};

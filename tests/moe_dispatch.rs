@@ -567,3 +567,251 @@ fn dedup_cuts_inter_node_bytes_as_the_routing_predicts() {
         );
     }
 }
+
+/// The DeepEP-shaped calls (issue 29): one routing, rows moved as often as needed.
+/// Per rank: rows (f32), rows again (f64), the unweighted combine of the experts'
+/// outputs, the gates per row, the gates back through `combine_pairs`, the mode.
+type Routed = (
+    Vec<f32>,
+    Vec<f64>,
+    Vec<f32>,
+    Vec<f32>,
+    Vec<f32>,
+    MoeDispatch,
+);
+
+fn run_routed(comm: &mut Communicator, job: &Job, mode: MoeDispatch) -> halo::Result<Routed> {
+    comm.set_timeout(Duration::from_secs(30));
+    let me = comm.rank();
+    let routing = MoeRouting {
+        top_k: job.k,
+        experts: &job.experts[me],
+        gates: &job.gates[me],
+        expert_rank: &job.expert_rank,
+    };
+    let ex = MoeExchange::route(comm, &routing, mode)?;
+    let rows = ex.dispatch_rows(comm, &job.tokens[me], job.d)?;
+    let wide: Vec<f64> = job.tokens[me].iter().map(|&x| f64::from(x)).collect();
+    let rows64 = ex.dispatch_rows(comm, &wide, job.d)?;
+    let experts = ex.row_experts();
+    assert_eq!(experts.len(), ex.num_rows());
+    let y: Vec<f32> = rows
+        .chunks(job.d.max(1))
+        .zip(&experts)
+        .flat_map(|(r, &e)| r.iter().map(move |&x| expert_fn(e, x)))
+        .collect();
+    let back = ex.combine_sum(comm, &y, job.d)?;
+    let gates = ex.dispatch_pairs(comm, &job.gates[me])?;
+    let gates_back = ex.combine_pairs(comm, &gates)?;
+    Ok((rows, rows64, back, gates, gates_back, ex.mode()))
+}
+
+fn check_routed(topo: &Topology, job: &Job, what: &str) {
+    let mut unit = job.clone();
+    for g in &mut unit.gates {
+        g.iter_mut().for_each(|g| *g = 1.0);
+    }
+    let mut sums = vec![];
+    for mode in [
+        MoeDispatch::Dedup,
+        MoeDispatch::AllToAllV,
+        MoeDispatch::Auto,
+    ] {
+        let out = halo::local::run(topo, Emulation::off(), |comm| run_routed(comm, job, mode));
+        let mut mine = vec![];
+        for (rank, r) in out.into_iter().enumerate() {
+            let (rows, rows64, back, gates, gates_back, _) =
+                r.unwrap_or_else(|e| panic!("{what} {mode:?}: rank {rank}: {e}"));
+            let (local, _, origins, want_rows) = reference_rows(job, rank);
+            assert_eq!(
+                bits(&rows),
+                bits(&want_rows),
+                "{what} {mode:?} rank {rank}: rows"
+            );
+            let narrowed: Vec<f32> = rows64.iter().map(|&x| x as f32).collect();
+            assert_eq!(
+                bits(&narrowed),
+                bits(&want_rows),
+                "{what} {mode:?}: f64 rows"
+            );
+            // combine_sum is combine with every gate 1.0 (1.0 * y is y, bit for bit).
+            assert_eq!(
+                bits(&back),
+                bits(&reference_combine(&unit, topo, rank)),
+                "{what} {mode:?} rank {rank}: combine_sum"
+            );
+            // Row r's gate is its (source, token)'s gate for the row's expert.
+            let (_, counts, _, _) = reference_rows(job, rank);
+            let row_expert: Vec<u32> = local
+                .iter()
+                .zip(&counts)
+                .flat_map(|(&e, &c)| std::iter::repeat_n(e, c))
+                .collect();
+            let want_gates: Vec<f32> = origins
+                .iter()
+                .zip(&row_expert)
+                .map(|(&(s, t), &e)| {
+                    let (s, t) = (s as usize, t as usize);
+                    let slot = job.experts[s][t * job.k..(t + 1) * job.k]
+                        .iter()
+                        .position(|&x| x == e)
+                        .unwrap();
+                    job.gates[s][t * job.k + slot]
+                })
+                .collect();
+            assert_eq!(
+                bits(&gates),
+                bits(&want_gates),
+                "{what} {mode:?}: gates per row"
+            );
+            assert_eq!(
+                bits(&gates_back),
+                bits(&job.gates[rank]),
+                "{what} {mode:?} rank {rank}: combine_pairs(dispatch_pairs(g)) != g"
+            );
+            mine.push(bits(&back));
+        }
+        sums.push(mine);
+    }
+    assert_eq!(
+        sums[0], sums[1],
+        "{what}: combine_sum differs between modes"
+    );
+}
+
+#[test]
+fn route_once_move_rows_many_times() {
+    for spec in ["nodes:2x4", "nodes:3x3,ranks=8"] {
+        let topo = Topology::preset(spec).unwrap();
+        for (i, shape) in [
+            Shape::Random,
+            Shape::EmptyOdd,
+            Shape::AllToOne,
+            Shape::OneNode,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for k in [1, 2] {
+                let job = make_job(&topo, 500 + i as u64 * 3 + k as u64, shape, 2, k, 3);
+                check_routed(&topo, &job, &format!("{spec} {shape:?} k={k}"));
+            }
+        }
+        let job = make_job(&topo, 77, Shape::Random, 2, 8, 2);
+        check_routed(&topo, &job, &format!("{spec} k=8"));
+    }
+}
+
+#[test]
+fn auto_goes_direct_only_when_nothing_can_be_saved() {
+    let topo = Topology::preset("nodes:2x4").unwrap();
+    for (k, shape, want) in [
+        (1, Shape::Random, MoeDispatch::AllToAllV),
+        (1, Shape::AllToOne, MoeDispatch::AllToAllV),
+        (2, Shape::OneNode, MoeDispatch::Dedup),
+        (4, Shape::Random, MoeDispatch::Dedup),
+    ] {
+        let mut job = make_job(&topo, 9 + k as u64, shape, 2, k, 2);
+        // At least one token everywhere, so that a Random k = 4 routing has a token
+        // with two experts on one other node.
+        for (s, t) in job.tokens.iter_mut().enumerate() {
+            if t.is_empty() {
+                *t = vec![1.0, 2.0];
+                job.experts[s] = (0..k as u32).collect();
+                job.gates[s] = vec![0.5; k];
+            }
+        }
+        let out = halo::local::run(&topo, Emulation::off(), |comm| {
+            run_routed(comm, &job, MoeDispatch::Auto)
+        });
+        for (rank, r) in out.into_iter().enumerate() {
+            let got = r
+                .unwrap_or_else(|e| panic!("k={k} {shape:?} rank {rank}: {e}"))
+                .5;
+            assert_eq!(got, want, "k={k} {shape:?} rank {rank}");
+        }
+    }
+    assert_eq!("auto".parse::<MoeDispatch>().unwrap(), MoeDispatch::Auto);
+}
+
+#[test]
+fn ranks_that_call_differently_fail_together() {
+    let topo = Topology::preset("nodes:2x2").unwrap();
+    let run = |body: fn(&mut Communicator, &MoeExchange) -> halo::Result<()>| {
+        halo::local::run(&topo, Emulation::off(), move |comm| {
+            comm.set_timeout(Duration::from_secs(20));
+            let routing = MoeRouting {
+                top_k: 2,
+                experts: &[0, 3],
+                gates: &[0.5, 0.5],
+                expert_rank: &[0, 1, 2, 3],
+            };
+            let ex = MoeExchange::route(comm, &routing, MoeDispatch::Dedup)?;
+            body(comm, &ex)
+        })
+    };
+    let expect_all = |out: Vec<halo::Result<()>>, want: &str| {
+        for (rank, r) in out.iter().enumerate() {
+            match r {
+                Err(Error::InvalidUsage { message, .. }) if message.contains(want) => {}
+                other => panic!("rank {rank}: want InvalidUsage with {want:?}, got {other:?}"),
+            }
+        }
+    };
+    // Another row width on rank 1 (its own tokens are consistent with it).
+    let out = run(|comm, ex| {
+        let d = if comm.rank() == 1 { 3 } else { 2 };
+        ex.dispatch_rows(comm, &vec![1f32; d], d).map(|_| ())
+    });
+    expect_all(out, "rows of 3 x f32");
+    // Another element type.
+    let out = run(|comm, ex| {
+        if comm.rank() == 2 {
+            ex.dispatch_rows(comm, &[1f64, 2.0], 2).map(|_| ())
+        } else {
+            ex.dispatch_rows(comm, &[1f32, 2.0], 2).map(|_| ())
+        }
+    });
+    expect_all(out, "x f64");
+    // Another call: rank 0 combines while the others dispatch.
+    let out = run(|comm, ex| {
+        if comm.rank() == 0 {
+            let rows = vec![0f32; ex.num_rows() * 2];
+            ex.combine_sum(comm, &rows, 2).map(|_| ())
+        } else {
+            ex.dispatch_rows(comm, &[1f32, 2.0], 2).map(|_| ())
+        }
+    });
+    expect_all(out, "MoE calls differ");
+    // Another exchange: rank 3 routes twice and uses the second.
+    let out = halo::local::run(&topo, Emulation::off(), |comm| {
+        comm.set_timeout(Duration::from_secs(20));
+        let routing = MoeRouting {
+            top_k: 1,
+            experts: &[1],
+            gates: &[1.0],
+            expert_rank: &[0, 1, 2, 3],
+        };
+        let first = MoeExchange::route(comm, &routing, MoeDispatch::Dedup)?;
+        let second = MoeExchange::route(comm, &routing, MoeDispatch::Dedup)?;
+        let ex = if comm.rank() == 3 { &second } else { &first };
+        ex.dispatch_rows(comm, &[1f32], 1).map(|_| ())
+    });
+    expect_all(out, "routed at call");
+    // A wrong length on one rank: named there, InvalidUsage naming it elsewhere.
+    let out = run(|comm, ex| {
+        let n = if comm.rank() == 1 { 3 } else { 2 };
+        ex.dispatch_pairs(comm, &vec![0.5f32; n]).map(|_| ())
+    });
+    for (rank, r) in out.iter().enumerate() {
+        match (rank, r) {
+            (1, Err(Error::InvalidArgument { message, .. })) => {
+                assert!(message.contains("3 values"), "{message}")
+            }
+            (_, Err(Error::InvalidUsage { peer, .. })) if rank != 1 => {
+                assert_eq!(*peer, Some(1))
+            }
+            (_, other) => panic!("rank {rank}: {other:?}"),
+        }
+    }
+}

@@ -38,7 +38,7 @@ mod waves;
 pub use all_reduce::{ReduceOp, Reducible};
 pub use all_to_all_v::SPECULATE_V;
 pub use init::InitConfig;
-pub use moe::{MoeDispatch, MoeExchange, MoeRouting, MoeStats};
+pub use moe::{MoeDispatch, MoeExchange, MoeFloat, MoeRouting, MoeStats};
 pub(crate) use nonblocking::{Job, Queue, Slot, Task, serve, with_context};
 pub use nonblocking::{Request, Scope};
 pub use p2p::MAX_USER_TAG;

@@ -53,7 +53,7 @@
 //! [`MoeExchange::local_experts`], [`MoeExchange::expert_counts`] and
 //! [`MoeExchange::origins`] describe them.
 
-use super::{Communicator, Partition, exec_options};
+use super::{Communicator, Partition, ReduceOp, exec_options};
 use crate::error::{Error, Result};
 use halo_collectives::{
     Buffers, MoePlan, MoeRelayEntry, Schedule, Step, build_moe_dispatch, build_moe_gather,
@@ -69,6 +69,11 @@ pub enum MoeDispatch {
     Dedup,
     /// One copy per (token, expert) pair: plain all-to-all-v (the baseline).
     AllToAllV,
+    /// [`MoeDispatch::Dedup`] when the routing has something to de-duplicate (some
+    /// token, on some rank, has two experts on one other node), else
+    /// [`MoeDispatch::AllToAllV`] (k = 1, one node, every token's experts on distinct
+    /// nodes): one 8-byte all-reduce decides, the same way on every rank.
+    Auto,
 }
 
 impl std::str::FromStr for MoeDispatch {
@@ -78,8 +83,9 @@ impl std::str::FromStr for MoeDispatch {
         match s {
             "dedup" => Ok(MoeDispatch::Dedup),
             "a2av" => Ok(MoeDispatch::AllToAllV),
+            "auto" => Ok(MoeDispatch::Auto),
             other => Err(Error::invalid_argument(format!(
-                "unknown MoE dispatch {other:?}: expected dedup or a2av"
+                "unknown MoE dispatch {other:?}: expected dedup, a2av or auto"
             ))),
         }
     }
@@ -137,8 +143,12 @@ pub struct MoeStats {
 #[derive(Debug, Clone)]
 pub struct MoeExchange {
     mode: MoeDispatch,
+    /// The communicator's collective sequence number when the routing was exchanged:
+    /// the same on every rank, so the data calls can check they name one exchange.
+    id: u64,
     d: usize,
     num_tokens: usize,
+    top_k: usize,
     /// This rank's part of the schedules (rows of `d` elements of the dispatch's type).
     plan: MoePlan,
     /// Per relay entry (the plan's order), per token, the gate of each slot.
@@ -147,6 +157,15 @@ pub struct MoeExchange {
     expert_counts: Vec<usize>,
     origins: Vec<(u32, u32)>,
     stats: MoeStats,
+    /// The per-(token, expert) channel ([`MoeExchange::dispatch_pairs`]): at the
+    /// source, the slots `t * k + j` in send order (by destination rank, then token,
+    /// then expert id) and how many go to each rank.
+    pair_slots: Vec<usize>,
+    pair_slot_counts: Vec<usize>,
+    /// At the experts' rank, the received rows in the same order (by source rank, then
+    /// token, then expert id) and how many come from each rank.
+    pair_rows: Vec<usize>,
+    pair_row_counts: Vec<usize>,
 }
 
 /// FNV-1a over the expert map: ranks compare it to catch maps that differ.
@@ -163,7 +182,7 @@ fn map_hash(map: &[u32]) -> u64 {
     h
 }
 
-fn check_routing(n: usize, tokens_len: usize, d: usize, r: &MoeRouting<'_>) -> Result<usize> {
+fn check_routing(n: usize, r: &MoeRouting<'_>) -> Result<usize> {
     let bad = |m: String| Err(Error::invalid_argument(format!("moe_dispatch: {m}")));
     if r.top_k == 0 {
         return bad("top_k is 0: every token needs at least one expert".into());
@@ -184,11 +203,6 @@ fn check_routing(n: usize, tokens_len: usize, d: usize, r: &MoeRouting<'_>) -> R
             "{} gate weights for {} expert ids",
             r.gates.len(),
             r.experts.len()
-        ));
-    }
-    if t.checked_mul(d) != Some(tokens_len) {
-        return bad(format!(
-            "tokens has {tokens_len} elements, not {t} tokens x d = {d}"
         ));
     }
     if let Some((e, q)) = r
@@ -352,34 +366,207 @@ fn with_row(plan: &MoePlan, row: usize) -> MoePlan {
     p
 }
 
+/// Element types the combine adds up: `f32`, `f64`, [`f16`](crate::f16) and
+/// [`bf16`](crate::bf16) (added in the type itself, as a model in that type does).
+pub trait MoeFloat: bytemuck::Pod + std::ops::AddAssign + std::ops::Mul<Output = Self> {
+    /// A gate weight in this type.
+    fn from_gate(g: f32) -> Self;
+}
+
+impl MoeFloat for f32 {
+    fn from_gate(g: f32) -> f32 {
+        g
+    }
+}
+
+impl MoeFloat for f64 {
+    fn from_gate(g: f32) -> f64 {
+        f64::from(g)
+    }
+}
+
+impl MoeFloat for half::f16 {
+    fn from_gate(g: f32) -> half::f16 {
+        half::f16::from_f32(g)
+    }
+}
+
+impl MoeFloat for half::bf16 {
+    fn from_gate(g: f32) -> half::bf16 {
+        half::bf16::from_f32(g)
+    }
+}
+
+/// The agreement at the start of every data call: `ours` (`[status, call, exchange,
+/// d, element size, element type]`) to every rank; this rank's error first, then the
+/// first rank that reported one, then the first rank whose call differs.
+fn agree_on(comm: &mut Communicator, ours: [u64; AGREE_WORDS], mine: Result<()>) -> Result<()> {
+    let n = comm.size();
+    let me = comm.rank();
+    let send: Vec<u64> = (0..n).flat_map(|_| ours).collect();
+    let mut all = vec![0u64; AGREE_WORDS * n];
+    comm.all_to_all(&send, &mut all)?;
+    mine?;
+    let name = DataCall::name(ours[1]);
+    for q in 0..n {
+        let theirs = &all[AGREE_WORDS * q..AGREE_WORDS * (q + 1)];
+        if theirs[0] != 0 {
+            return Err(Error::InvalidUsage {
+                peer: Some(q),
+                message: format!("{name}: rank {q} passed invalid arguments"),
+            });
+        }
+        if theirs[1..] != ours[1..] {
+            return Err(Error::InvalidUsage {
+                peer: Some(q),
+                message: format!(
+                    "MoE calls differ: rank {me} called {}, rank {q} {}",
+                    describe_call(&ours),
+                    describe_call(theirs)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The data calls on one [`MoeExchange`], as the agreement names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DataCall {
+    Dispatch = 1,
+    Combine = 2,
+    DispatchPairs = 3,
+    CombinePairs = 4,
+    /// The gate-weighted combine ([`MoeExchange::combine`], `combine_residual`).
+    CombineWeighted = 5,
+}
+
+impl DataCall {
+    fn name(code: u64) -> &'static str {
+        match code {
+            1 => "moe_dispatch",
+            2 => "moe_combine",
+            3 => "moe_dispatch_pairs",
+            4 => "moe_combine_pairs",
+            5 => "moe_combine (gate-weighted)",
+            _ => "an unknown MoE call",
+        }
+    }
+}
+
+/// Element types by name, for the agreement's messages.
+const TYPE_NAMES: [&str; 12] = [
+    "f32",
+    "f64",
+    "u8",
+    "i8",
+    "u16",
+    "i16",
+    "u32",
+    "i32",
+    "u64",
+    "i64",
+    "half::binary16::f16",
+    "half::bfloat::bf16",
+];
+
+fn type_hash(name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn type_name_of(hash: u64, size: u64) -> String {
+    TYPE_NAMES
+        .iter()
+        .find(|n| type_hash(n) == hash)
+        .map(|n| n.rsplit("::").next().unwrap_or(n).to_string())
+        .unwrap_or_else(|| format!("a {size}-byte type"))
+}
+
+/// How a data call is described to the other ranks: `[status, call, exchange, d,
+/// element size, element type]`.
+const AGREE_WORDS: usize = 6;
+
+fn describe_call(w: &[u64]) -> String {
+    format!(
+        "{} on the exchange routed at call {} with rows of {} x {}",
+        DataCall::name(w[1]),
+        w[2],
+        w[3],
+        type_name_of(w[5], w[4])
+    )
+}
+
 impl MoeExchange {
-    /// Dispatches this rank's `tokens` (rows of `d` elements, one per token of
-    /// `routing`) to the ranks of their experts; returns the plan (for
-    /// [`MoeExchange::combine`]) and the rows this rank's experts must process, in the
-    /// order of the module documentation (by expert, then source rank, then token).
-    /// Every rank of the communicator must call it, with the same `d`, expert map and
-    /// mode.
+    /// Exchanges the routing of this rank's tokens (the metadata of a dispatch, no
+    /// token data): every rank learns which rows it will receive, for which of its
+    /// experts, from where ([`MoeExchange::expert_counts`], [`MoeExchange::origins`],
+    /// [`MoeExchange::row_experts`]). The rows then move with
+    /// [`MoeExchange::dispatch_rows`] and come back with [`MoeExchange::combine_sum`]
+    /// (or the weighted [`MoeExchange::combine`]), as often as needed: the forward
+    /// and the backward of one MoE layer use one exchange, both directions
+    /// de-duplicated. Every rank of the communicator calls it, with the same expert
+    /// map and mode.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming what is wrong with this rank's arguments
-    /// (lengths, `top_k` 0, an expert id outside the map, an expert twice in one
-    /// token, a rank outside the communicator); [`Error::InvalidUsage`] on the other
-    /// ranks then, and on every rank when the expert maps (or `d`) differ; the errors
-    /// of [`Communicator::all_to_all_v`] and of the schedule's run (timeout, abort,
-    /// remote errors).
-    pub fn dispatch<E: bytemuck::Pod>(
+    /// [`Error::InvalidArgument`] naming what is wrong with this rank's routing
+    /// (`top_k` 0, lengths, an expert id outside the map, an expert twice in one token,
+    /// a rank outside the communicator); [`Error::InvalidUsage`] on the other ranks
+    /// then, and on every rank when the expert maps or modes differ; the errors of the
+    /// metadata exchanges (timeout, abort, remote errors).
+    pub fn route(
         comm: &mut Communicator,
-        tokens: &[E],
-        d: usize,
         routing: &MoeRouting<'_>,
         mode: MoeDispatch,
-    ) -> Result<(MoeExchange, Vec<E>)> {
+    ) -> Result<MoeExchange> {
+        MoeExchange::route_checked(comm, routing, mode, Ok(()))
+    }
+
+    /// [`MoeExchange::route`] for a caller that checked its own arguments first (the C
+    /// ABI, Python): with `precheck` an error, this rank still takes part in the
+    /// exchange (with an empty `routing`), so that the other ranks fail with
+    /// [`Error::InvalidUsage`] naming it instead of waiting, and returns `precheck`'s
+    /// error.
+    ///
+    /// # Errors
+    /// `precheck`'s, then those of [`MoeExchange::route`].
+    pub fn route_checked(
+        comm: &mut Communicator,
+        routing: &MoeRouting<'_>,
+        mode: MoeDispatch,
+        precheck: Result<()>,
+    ) -> Result<MoeExchange> {
         let n = comm.size();
         let me = comm.rank();
+        let id = comm.core.seq;
         let topo = comm.topology().clone();
-        let checked = check_routing(n, tokens.len(), d, routing);
+        let checked = precheck.and_then(|_| check_routing(n, routing));
         let num_tokens = *checked.as_ref().unwrap_or(&0);
         let k = routing.top_k.max(1);
+        let mode = match mode {
+            MoeDispatch::Auto => {
+                // Rows de-duplication would save: per token, its experts on other
+                // nodes minus those nodes. Summed over the ranks: 0 means nothing to
+                // save anywhere.
+                let saved = if checked.is_ok() {
+                    saved_rows(&topo, me, k, routing)
+                } else {
+                    0
+                };
+                let mut total = [0u64];
+                comm.all_reduce(&[saved], &mut total, ReduceOp::Sum)?;
+                if total[0] == 0 {
+                    MoeDispatch::AllToAllV
+                } else {
+                    MoeDispatch::Dedup
+                }
+            }
+            m => m,
+        };
         let dedup = mode == MoeDispatch::Dedup;
         let sends = checked.and_then(|_| {
             moe_sends(&topo, me, k, routing.experts, routing.expert_rank, dedup)
@@ -387,7 +574,7 @@ impl MoeExchange {
         });
         let mine = sends.as_ref().map(|_| ()).map_err(Clone::clone);
         let sends = sends.unwrap_or_default();
-        let hash = map_hash(routing.expert_rank) ^ (d as u64).rotate_left(32);
+        let hash = map_hash(routing.expert_rank) ^ u64::from(dedup).rotate_left(63);
 
         // Metadata A, source -> relay: per send group [node, tokens, then per token
         // (token, m, m x (expert, gate bits))]: the replication lists.
@@ -479,11 +666,10 @@ impl MoeExchange {
             }
         }
         let (lands, origins) = moe_lands(incoming)?;
-        let row = d * std::mem::size_of::<E>();
         let plan = MoePlan {
             rank: me as u32,
             size: n,
-            row,
+            row: 1,
             send_rows: num_tokens,
             sends,
             relays,
@@ -492,27 +678,17 @@ impl MoeExchange {
             origins,
         };
 
-        // The data: one schedule (Phase II to the relays, Phase III inside the node).
-        let mut out = vec![E::zeroed(); plan.recv_rows * d];
-        let schedule = build_moe_dispatch(&with_row(&plan, row.max(1)))?;
+        // Rows sent, from the dispatch schedule with rows of one byte.
+        let schedule = build_moe_dispatch(&plan)?;
         let mut stats = MoeStats::default();
         let my_node = moe_node_of(&topo, me);
         for step in schedule.steps() {
             if let Step::Send { peer, region, .. } = step {
-                let rows = region.len / row.max(1);
-                stats.rows_sent += rows;
+                stats.rows_sent += region.len;
                 if moe_node_of(&topo, *peer as usize) != my_node {
-                    stats.rows_sent_off_node += rows;
+                    stats.rows_sent_off_node += region.len;
                 }
             }
-        }
-        if row > 0 {
-            run_schedule(
-                comm,
-                &schedule,
-                bytemuck::cast_slice(tokens),
-                bytemuck::cast_slice_mut(&mut out),
-            )?;
         }
         let local_experts: Vec<u32> = routing
             .expert_rank
@@ -531,21 +707,113 @@ impl MoeExchange {
             expert_counts[slot] += 1;
         }
         let origins = plan.origins.iter().map(|&(_, s, t)| (s, t)).collect();
-        let plan = with_row(&plan, d * std::mem::size_of::<f32>());
-        Ok((
-            MoeExchange {
-                mode,
-                d,
-                num_tokens,
-                plan,
-                gates,
-                local_experts,
-                expert_counts,
-                origins,
-                stats,
-            },
-            out,
-        ))
+
+        // The per-(token, expert) channel: both sides order the pairs between two ranks
+        // by (token, expert id).
+        let mut slots: Vec<(u32, u32, u32, usize)> = routing
+            .experts
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| (routing.expert_rank[e as usize], (i / k) as u32, e, i))
+            .collect();
+        slots.sort_unstable();
+        let mut pair_slot_counts = vec![0usize; n];
+        for s in &slots {
+            pair_slot_counts[s.0 as usize] += 1;
+        }
+        let mut rows: Vec<(u32, u32, u32, usize)> = plan
+            .origins
+            .iter()
+            .enumerate()
+            .map(|(r, &(e, s, t))| (s, t, e, r))
+            .collect();
+        rows.sort_unstable();
+        let mut pair_row_counts = vec![0usize; n];
+        for r in &rows {
+            pair_row_counts[r.0 as usize] += 1;
+        }
+        Ok(MoeExchange {
+            mode,
+            id,
+            d: 0,
+            num_tokens,
+            top_k: k,
+            plan,
+            gates,
+            local_experts,
+            expert_counts,
+            origins,
+            stats,
+            pair_slots: slots.into_iter().map(|s| s.3).collect(),
+            pair_slot_counts,
+            pair_rows: rows.into_iter().map(|r| r.3).collect(),
+            pair_row_counts,
+        })
+    }
+
+    /// Dispatches this rank's `tokens` (rows of `d` elements, one per token of
+    /// `routing`) to the ranks of their experts; returns the plan (for
+    /// [`MoeExchange::combine`]) and the rows this rank's experts must process, in the
+    /// order of the module documentation (by expert, then source rank, then token):
+    /// [`MoeExchange::route`], then [`MoeExchange::dispatch_rows`].
+    /// Every rank of the communicator must call it, with the same `d`, expert map and
+    /// mode.
+    ///
+    /// # Errors
+    /// Those of [`MoeExchange::route`] and [`MoeExchange::dispatch_rows`].
+    pub fn dispatch<E: bytemuck::Pod>(
+        comm: &mut Communicator,
+        tokens: &[E],
+        d: usize,
+        routing: &MoeRouting<'_>,
+        mode: MoeDispatch,
+    ) -> Result<(MoeExchange, Vec<E>)> {
+        let mut ex = MoeExchange::route(comm, routing, mode)?;
+        let out = ex.dispatch_rows(comm, tokens, d)?;
+        ex.d = d;
+        Ok((ex, out))
+    }
+
+    /// Moves `tokens` (this rank's tokens, rows of `d` elements, in token order) along
+    /// the routing: returns the rows for this rank's experts in the order of the module
+    /// documentation, each token once per destination node off this node
+    /// ([`MoeDispatch::Dedup`]). The forward of a dispatch, and the backward of
+    /// [`MoeExchange::combine_sum`] (the gradient of each token goes to each of its
+    /// experts). Every rank calls it with the same `d` and element type.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `tokens` does not have `tokens x d` elements;
+    /// [`Error::InvalidUsage`] on every other rank then, and on every rank when the
+    /// ranks' calls differ (another call, another exchange, another `d` or element
+    /// type), naming both ranks and both calls; the errors of the schedule's run.
+    pub fn dispatch_rows<E: bytemuck::Pod>(
+        &self,
+        comm: &mut Communicator,
+        tokens: &[E],
+        d: usize,
+    ) -> Result<Vec<E>> {
+        let t = self.num_tokens;
+        let mine = if t.checked_mul(d) != Some(tokens.len()) {
+            Err(Error::invalid_argument(format!(
+                "moe_dispatch: tokens has {} elements, not {t} tokens x d = {d}",
+                tokens.len()
+            )))
+        } else {
+            Ok(())
+        };
+        self.agree::<E>(comm, DataCall::Dispatch, d, mine)?;
+        let row = d * std::mem::size_of::<E>();
+        let mut out = vec![E::zeroed(); self.plan.recv_rows * d];
+        if row > 0 {
+            let schedule = build_moe_dispatch(&with_row(&self.plan, row))?;
+            run_schedule(
+                comm,
+                &schedule,
+                bytemuck::cast_slice(tokens),
+                bytemuck::cast_slice_mut(&mut out),
+            )?;
+        }
+        Ok(out)
     }
 
     /// Sends the experts' outputs (`expert_out`: one row of `d` per dispatched row, in
@@ -554,8 +822,8 @@ impl MoeExchange {
     /// documentation says (per node in slot order, at the relay; then across nodes in
     /// ascending node order, at the source), bitwise the same in both modes.
     ///
-    /// Three passes: a status all-to-all (so that a rank with a wrong `expert_out` is
-    /// an error on every rank, not a timeout), the gather schedule (outputs to the
+    /// Three passes: an agreement all-to-all (so that a rank with a wrong `expert_out`
+    /// is an error on every rank, not a timeout), the gather schedule (outputs to the
     /// relays over the intra-node links), the return schedule (one partial row per
     /// (token, node) to the source).
     ///
@@ -564,7 +832,27 @@ impl MoeExchange {
     /// and [`Error::InvalidUsage`] naming that rank on every other rank; the errors of
     /// the schedules' runs.
     pub fn combine(&self, comm: &mut Communicator, expert_out: &[f32]) -> Result<Vec<f32>> {
-        self.combine_inner(comm, expert_out, None)
+        self.combine_inner(comm, expert_out, self.d, None, true)
+    }
+
+    /// The unweighted combine (DeepEP's): for each of this rank's tokens the sum of the
+    /// rows (`rows`: one of `d` elements per dispatched row) of its experts, reduced
+    /// inside each node before one row per (token, node) goes back, then over the nodes
+    /// in ascending order at the source (the order of [`MoeExchange::combine`], gates
+    /// left out). The forward of a combine, and the backward of
+    /// [`MoeExchange::dispatch_rows`] (a token's gradient is the sum of its rows'
+    /// gradients). The caller applies the gate weights (on the experts' side, to the
+    /// rows, as Megatron's dispatchers do).
+    ///
+    /// # Errors
+    /// As [`MoeExchange::combine`].
+    pub fn combine_sum<E: MoeFloat>(
+        &self,
+        comm: &mut Communicator,
+        rows: &[E],
+        d: usize,
+    ) -> Result<Vec<E>> {
+        self.combine_inner(comm, rows, d, None, false)
     }
 
     /// [`MoeExchange::combine`] added to a residual (`tokens x d`), in the order a
@@ -584,24 +872,135 @@ impl MoeExchange {
         expert_out: &[f32],
         residual: &[f32],
     ) -> Result<Vec<f32>> {
-        self.combine_inner(comm, expert_out, Some(residual))
+        self.combine_inner(comm, expert_out, self.d, Some(residual), true)
     }
 
-    fn combine_inner(
+    /// Sends one value per (token, expert) pair of this rank's routing (`values`:
+    /// `tokens x top_k`, token-major, in the routing's slot order) to the rank of that
+    /// expert; returns one value per dispatched row, in the rows' order. DeepEP's
+    /// `recv_topk_weights`: the gate of each row, where the expert runs. One small
+    /// all-to-all-v, no de-duplication (every value is another pair's).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `values` does not have `tokens x top_k`
+    /// elements, [`Error::InvalidUsage`] on the other ranks then and when the ranks'
+    /// calls differ; the errors of the all-to-all-v.
+    pub fn dispatch_pairs<E: bytemuck::Pod>(
         &self,
         comm: &mut Communicator,
-        expert_out: &[f32],
-        residual: Option<&[f32]>,
-    ) -> Result<Vec<f32>> {
-        let d = self.d;
-        let n = comm.size();
+        values: &[E],
+    ) -> Result<Vec<E>> {
+        let want = self.num_tokens * self.top_k;
+        let mine = if values.len() != want {
+            Err(Error::invalid_argument(format!(
+                "moe_dispatch_pairs: {} values, not {} tokens x top_k = {}",
+                values.len(),
+                self.num_tokens,
+                self.top_k
+            )))
+        } else {
+            Ok(())
+        };
+        self.agree::<E>(comm, DataCall::DispatchPairs, 1, mine)?;
+        let send: Vec<E> = self.pair_slots.iter().map(|&i| values[i]).collect();
+        let recv = rows_a2av(
+            comm,
+            &send,
+            &self.pair_slot_counts,
+            &self.pair_row_counts,
+            1,
+        )?;
+        let mut out = vec![E::zeroed(); self.plan.recv_rows];
+        for (&r, v) in self.pair_rows.iter().zip(recv) {
+            out[r] = v;
+        }
+        Ok(out)
+    }
+
+    /// The reverse of [`MoeExchange::dispatch_pairs`]: one value per dispatched row
+    /// (`values`, in the rows' order) back to its (token, expert) pair at the source;
+    /// returns `tokens x top_k` values in the routing's slot order. The backward of
+    /// `dispatch_pairs` (the gradient of each gate weight).
+    ///
+    /// # Errors
+    /// As [`MoeExchange::dispatch_pairs`], with one value per dispatched row.
+    pub fn combine_pairs<E: bytemuck::Pod>(
+        &self,
+        comm: &mut Communicator,
+        values: &[E],
+    ) -> Result<Vec<E>> {
+        let want = self.plan.recv_rows;
+        let mine = if values.len() != want {
+            Err(Error::invalid_argument(format!(
+                "moe_combine_pairs: {} values, not one per dispatched row ({want})",
+                values.len()
+            )))
+        } else {
+            Ok(())
+        };
+        self.agree::<E>(comm, DataCall::CombinePairs, 1, mine)?;
+        let send: Vec<E> = self.pair_rows.iter().map(|&r| values[r]).collect();
+        let recv = rows_a2av(
+            comm,
+            &send,
+            &self.pair_row_counts,
+            &self.pair_slot_counts,
+            1,
+        )?;
+        let mut out = vec![E::zeroed(); self.num_tokens * self.top_k];
+        for (&i, v) in self.pair_slots.iter().zip(recv) {
+            out[i] = v;
+        }
+        Ok(out)
+    }
+
+    /// Every rank tells every other what it calls (`[status, call, exchange, d, element
+    /// size, element type]`): a rank with bad arguments, or ranks whose calls differ,
+    /// are an error on every rank before any row moves.
+    fn agree<E>(
+        &self,
+        comm: &mut Communicator,
+        call: DataCall,
+        d: usize,
+        mine: Result<()>,
+    ) -> Result<()> {
+        let ours = [
+            u64::from(mine.is_err()),
+            call as u64,
+            self.id,
+            d as u64,
+            std::mem::size_of::<E>() as u64,
+            type_hash(std::any::type_name::<E>()),
+        ];
+        agree_on(comm, ours, mine)
+    }
+
+    /// Takes part in a data call's agreement for a caller that found its own
+    /// arguments wrong before it could make the call (the C ABI: a handle not live, a
+    /// NULL buffer): the other ranks' call then fails with [`Error::InvalidUsage`]
+    /// naming this rank instead of waiting for it. Returns `error`.
+    pub fn refuse(comm: &mut Communicator, error: Error) -> Error {
+        // This rank's own error is the one it reports, whatever the exchange gave.
+        let _ = agree_on(comm, [1, 0, 0, 0, 0, 0], Err(error.clone()));
+        error
+    }
+
+    fn combine_inner<E: MoeFloat>(
+        &self,
+        comm: &mut Communicator,
+        expert_out: &[E],
+        d: usize,
+        residual: Option<&[E]>,
+        weighted: bool,
+    ) -> Result<Vec<E>> {
         let rows = self.plan.recv_rows;
-        let mine = if expert_out.len() != rows * d {
+        let mine = if rows.checked_mul(d) != Some(expert_out.len()) {
             Err(Error::invalid_argument(format!(
                 "moe_combine: expert_out has {} elements, not {rows} rows x d = {d}",
                 expert_out.len()
             )))
-        } else if let Some(r) = residual.filter(|r| r.len() != self.num_tokens * d) {
+        } else if let Some(r) = residual.filter(|r| Some(r.len()) != self.num_tokens.checked_mul(d))
+        {
             Err(Error::invalid_argument(format!(
                 "moe_combine: residual has {} elements, not {} tokens x d = {d}",
                 r.len(),
@@ -610,30 +1009,27 @@ impl MoeExchange {
         } else {
             Ok(())
         };
-        let status = vec![u64::from(mine.is_err()); n];
-        let mut all = vec![0u64; n];
-        comm.all_to_all(&status, &mut all)?;
-        mine?;
-        if let Some(q) = all.iter().position(|&s| s != 0) {
-            return Err(Error::InvalidUsage {
-                peer: Some(q),
-                message: format!("moe_combine: rank {q} passed invalid arguments"),
-            });
-        }
+        let call = if weighted {
+            DataCall::CombineWeighted
+        } else {
+            DataCall::Combine
+        };
+        self.agree::<E>(comm, call, d, mine)?;
         let mut out = match residual {
             Some(r) => r.to_vec(),
-            None => vec![0f32; self.num_tokens * d],
+            None => vec![E::zeroed(); self.num_tokens * d],
         };
         if d == 0 {
             return Ok(out);
         }
+        let plan = with_row(&self.plan, d * std::mem::size_of::<E>());
         let me = comm.rank() as u32;
         let my_node = moe_node_of(comm.topology(), comm.rank());
         // With a residual, the own node's partial starts from it.
         let own = |e: &MoeRelayEntry| residual.is_some() && e.src == me && e.node == my_node;
         // Gather: every output to the relay of its (token, node).
-        let mut gathered = vec![0f32; self.plan.gather_rows() * d];
-        let schedule = build_moe_gather(&self.plan)?;
+        let mut gathered = vec![E::zeroed(); plan.gather_rows() * d];
+        let schedule = build_moe_gather(&plan)?;
         run_schedule(
             comm,
             &schedule,
@@ -641,10 +1037,10 @@ impl MoeExchange {
             bytemuck::cast_slice_mut(&mut gathered),
         )?;
         // The partial sums at the relay: gate-weighted, in slot order, from 0.0.
-        let offs = self.plan.gather_offsets();
-        let (poffs, prows) = self.plan.partial_offsets();
-        let mut partial = vec![0f32; prows * d];
-        for (ei, e) in self.plan.relays.iter().enumerate() {
+        let offs = plan.gather_offsets();
+        let (poffs, prows) = plan.partial_offsets();
+        let mut partial = vec![E::zeroed(); prows * d];
+        for (ei, e) in plan.relays.iter().enumerate() {
             let rows = e.tokens.iter().zip(&self.gates[ei]).zip(&offs[ei]);
             for (i, ((&t, gates), &first)) in rows.enumerate() {
                 let p = poffs[ei] + i;
@@ -655,16 +1051,24 @@ impl MoeExchange {
                 }
                 for (j, &g) in gates.iter().enumerate() {
                     let r = first + j;
-                    for (a, v) in acc.iter_mut().zip(&gathered[r * d..(r + 1) * d]) {
-                        *a += g * v;
+                    let src = &gathered[r * d..(r + 1) * d];
+                    if weighted {
+                        let g = E::from_gate(g);
+                        for (a, &v) in acc.iter_mut().zip(src) {
+                            *a += g * v;
+                        }
+                    } else {
+                        for (a, &v) in acc.iter_mut().zip(src) {
+                            *a += v;
+                        }
                     }
                 }
             }
         }
         // Return: one partial per (token, node) to the source.
-        let (roffs, rrows) = self.plan.return_offsets();
-        let mut home = vec![0f32; rrows * d];
-        let schedule = build_moe_return(&self.plan)?;
+        let (roffs, rrows) = plan.return_offsets();
+        let mut home = vec![E::zeroed(); rrows * d];
+        let schedule = build_moe_return(&plan)?;
         run_schedule(
             comm,
             &schedule,
@@ -675,14 +1079,12 @@ impl MoeExchange {
         // order); with a residual, the own node's partial (which started from the
         // residual) replaces the row first, and the others are added after it.
         let own_first = residual.is_some();
-        let first = self
-            .plan
+        let first = plan
             .sends
             .iter()
             .enumerate()
             .filter(|(_, s)| own_first && s.node == my_node);
-        let rest = self
-            .plan
+        let rest = plan
             .sends
             .iter()
             .enumerate()
@@ -695,7 +1097,7 @@ impl MoeExchange {
                 if replace {
                     dst.copy_from_slice(&home[r * d..(r + 1) * d]);
                 } else {
-                    for (o, p) in dst.iter_mut().zip(&home[r * d..(r + 1) * d]) {
+                    for (o, &p) in dst.iter_mut().zip(&home[r * d..(r + 1) * d]) {
                         *o += p;
                     }
                 }
@@ -704,14 +1106,30 @@ impl MoeExchange {
         Ok(out)
     }
 
-    /// The mode this exchange was dispatched with.
+    /// The mode this exchange was dispatched with ([`MoeDispatch::Auto`] resolved).
     pub fn mode(&self) -> MoeDispatch {
         self.mode
     }
 
-    /// Elements per row.
+    /// Elements per row of [`MoeExchange::dispatch`] (0 after [`MoeExchange::route`]
+    /// alone: the data calls take `d`).
     pub fn row_len(&self) -> usize {
         self.d
+    }
+
+    /// This rank's tokens in the routing.
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+
+    /// Experts per token.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// Rows this rank's experts receive.
+    pub fn num_rows(&self) -> usize {
+        self.plan.recv_rows
     }
 
     /// This rank's experts, ascending: the order of the dispatched rows.
@@ -729,8 +1147,39 @@ impl MoeExchange {
         &self.origins
     }
 
+    /// The expert (its global id) of each dispatched row.
+    pub fn row_experts(&self) -> Vec<u32> {
+        self.plan.origins.iter().map(|&(e, _, _)| e).collect()
+    }
+
     /// Rows this rank sent in the dispatch (the combine sends as many back).
     pub fn stats(&self) -> MoeStats {
         self.stats
     }
+}
+
+/// Rows de-duplication saves for this rank's routing: per token, its experts on other
+/// nodes minus the number of those nodes.
+fn saved_rows(
+    topo: &halo_topology::Topology,
+    me: usize,
+    k: usize,
+    routing: &MoeRouting<'_>,
+) -> u64 {
+    let mine = moe_node_of(topo, me);
+    let mut saved = 0u64;
+    let mut nodes = Vec::with_capacity(k);
+    for ids in routing.experts.chunks(k) {
+        nodes.clear();
+        nodes.extend(
+            ids.iter()
+                .map(|&e| moe_node_of(topo, routing.expert_rank[e as usize] as usize))
+                .filter(|&n| n != mine),
+        );
+        let off = nodes.len();
+        nodes.sort_unstable();
+        nodes.dedup();
+        saved += (off - nodes.len()) as u64;
+    }
+    saved
 }

@@ -45,6 +45,9 @@ mod collectives;
 
 mod rooted;
 
+// The MoE dispatcher (issue 29): haloMoeHandleCreate, haloMoeDispatch, haloMoeCombine.
+mod moe;
+
 mod requests;
 
 mod boundary;
@@ -56,6 +59,7 @@ pub use collectives::*;
 pub use comm::*;
 pub use error::*;
 pub use handle::{haloComm, haloComm_t};
+pub use moe::*;
 pub use requests::*;
 pub use rooted::*;
 pub use types::*;

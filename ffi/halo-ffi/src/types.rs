@@ -101,6 +101,17 @@ impl haloDataType {
             haloDataType::haloInt64 | haloDataType::haloUint64 | haloDataType::haloFloat64 => 8,
         }
     }
+
+    /// A floating-point type (the four that can be added as floats).
+    pub(crate) fn is_float(self) -> bool {
+        matches!(
+            self,
+            haloDataType::haloFloat16
+                | haloDataType::haloBfloat16
+                | haloDataType::haloFloat32
+                | haloDataType::haloFloat64
+        )
+    }
 }
 
 /// Runs `$body` with `$E` the Rust element type of the `haloDataType` `$dt` (every

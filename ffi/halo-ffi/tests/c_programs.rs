@@ -423,6 +423,26 @@ fn device_calls_without_a_gpu_stack_name_the_places_tried() {
     assert_all_ok(&ranks, "device ok");
 }
 
+/// The MoE calls (issue 29, tests/c/moe.c) on 4 ranks over two nodes: layout,
+/// dispatch, combine and the pairs byte-exact against the reference every rank
+/// computes, in every mode; bad input refused on every rank with its code. The timeout
+/// is short: a rank that failed alone would leave the others waiting for it, which the
+/// test must not survive.
+#[test]
+fn moe_handles_dispatch_and_combine_on_4_ranks() {
+    let dir = scratch("moe4");
+    let ranks = Job::new(4, &program("moe"))
+        .env("HALO_TOPOLOGY", "nodes:2x2")
+        .env("HALO_TIMEOUT_MS", "5000")
+        .limit(Duration::from_secs(60))
+        .run(&dir);
+    assert_all_ok(&ranks, "moe ok");
+    assert!(
+        ranks[0].stdout.contains("10 invalid calls checked"),
+        "{ranks:#?}"
+    );
+}
+
 /// A uniform all-to-all with count 4 on rank 0 and 8 on the others: every rank fails
 /// (never `haloSuccess`), rank 0 and at least one other with `haloInvalidUsage`
 /// saying "size mismatch", the others as soon as they notice, with every algorithm.
