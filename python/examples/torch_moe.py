@@ -3,6 +3,7 @@ HALO, the rest of the job on gloo: the one-line switch is the ``backend="halo"``
 expert-parallel group.
 
     torchrun --nproc-per-node 4 python/examples/torch_moe.py      # or: halo launch -n 4 -- python3 ...
+    torchrun --nproc-per-node 4 python/examples/torch_moe.py --dispatcher [--topk 4]
 
 The layer does what Megatron-LM's ``MoEAlltoAllTokenDispatcher`` does: route each token
 to its top-k experts, permute the tokens by expert, exchange the per-expert counts,
@@ -11,8 +12,14 @@ group (inside an autograd function, so the backward is the reverse all-to-all), 
 by local expert, run the local experts, and undo it all. It then checks itself: the
 outputs and every gradient (tokens, router, experts) against the same layer computed
 in one process, and prints ``ok``.
+
+``--dispatcher`` switches the layer to :class:`halo.torch.MoeDispatcher` (DeepEP's
+dispatch / combine over the same ``"halo"`` group): no permutation, no count exchange,
+the gates applied at the experts, and tokens de-duplicated per destination node in the
+forward and the backward. The same self-check holds.
 """
 
+import argparse
 import os
 
 import torch
@@ -55,9 +62,9 @@ def tokens_of(rank):
     return torch.randn(TOKENS, HIDDEN, generator=g, dtype=DTYPE)
 
 
-def route(x, router):
+def route(x, router, topk=TOPK):
     probs = torch.softmax(x @ router, dim=-1)
-    weights, experts = probs.topk(TOPK, dim=-1)
+    weights, experts = probs.topk(topk, dim=-1)
     return weights, experts
 
 
@@ -65,16 +72,17 @@ def expert(x, w1, w2):
     return torch.nn.functional.gelu(x @ w1) @ w2
 
 
-def moe_layer(x, router, w1_local, w2_local, ep_group):
-    """The distributed layer: this rank's tokens ``x``, its local experts' weights."""
+def moe_layer(x, weights, experts, w1_local, w2_local, ep_group):
+    """The distributed layer (Megatron's all-to-all dispatcher): this rank's tokens
+    ``x``, their routing (``weights``, ``experts``: tokens x k), its local experts'
+    weights."""
     ep = dist.get_world_size(ep_group)
     local = EXPERTS // ep
-    me = dist.get_rank(ep_group)
-    weights, experts = route(x, router)
+    topk = experts.shape[1]
     # Permute: one row per (token, choice), sorted by expert.
     flat = experts.flatten()
     order = flat.argsort(stable=True)
-    permuted = x.repeat_interleave(TOPK, dim=0)[order]
+    permuted = x.repeat_interleave(topk, dim=0)[order]
     per_expert = torch.bincount(flat, minlength=EXPERTS)
     # Exchange the counts (Megatron: all_to_all_single of tokens_per_expert).
     counts_in = per_expert.reshape(ep, local)
@@ -93,20 +101,27 @@ def moe_layer(x, router, w1_local, w2_local, ep_group):
     returned = AllToAll.apply(ep_group, back, input_splits, output_splits)
     # Unpermute and combine with the routing weights.
     unpermuted = torch.empty_like(returned).index_copy(0, order, returned)
-    y = (unpermuted.reshape(-1, TOPK, HIDDEN) * weights.unsqueeze(-1)).sum(1)
-    del me
-    return y
+    return (unpermuted.reshape(-1, topk, x.shape[1]) * weights.unsqueeze(-1)).sum(1)
 
 
-def reference(world):
+def moe_layer_dispatcher(x, weights, experts, w1_local, w2_local, dispatcher):
+    """The same layer on :class:`halo.torch.MoeDispatcher`: the rows arrive grouped by
+    local expert, each with its gate; the experts' rows, weighted, are summed back."""
+    recv_x, _, recv_weights, tokens_per_expert, handle = dispatcher.dispatch(x, experts, weights)
+    outs = [expert(rows, w1_local[e], w2_local[e]) for e, rows in enumerate(recv_x.split(tokens_per_expert))]
+    y = torch.cat(outs) if outs else recv_x
+    return dispatcher.combine(y * recv_weights.unsqueeze(-1), handle)
+
+
+def reference(world, topk=TOPK):
     """The whole layer in one process, on every rank's tokens."""
     router, w1, w2 = (t.clone().requires_grad_() for t in make_weights())
     xs = [tokens_of(r).requires_grad_() for r in range(world)]
     ys = []
     for x in xs:
-        weights, experts = route(x, router)
+        weights, experts = route(x, router, topk)
         y = torch.zeros_like(x)
-        for k in range(TOPK):
+        for k in range(topk):
             for e in range(EXPERTS):
                 rows = experts[:, k] == e
                 if rows.any():
@@ -118,6 +133,10 @@ def reference(world):
 
 
 def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dispatcher", action="store_true", help="use halo.torch.MoeDispatcher")
+    p.add_argument("--topk", type=int, default=TOPK, help=f"experts per token (default {TOPK})")
+    args = p.parse_args()
     dist.init_process_group("gloo")  # the world: gloo (RANK, WORLD_SIZE, MASTER_* from the launcher)
     me, world = dist.get_rank(), dist.get_world_size()
     assert EXPERTS % world == 0, f"{EXPERTS} experts do not split over {world} ranks"
@@ -129,12 +148,17 @@ def main():
     w1_local = w1[me * local : (me + 1) * local].clone().requires_grad_()
     w2_local = w2[me * local : (me + 1) * local].clone().requires_grad_()
     x = tokens_of(me).requires_grad_()
-    y = moe_layer(x, router, w1_local, w2_local, ep_group)
+    weights, experts = route(x, router, args.topk)
+    if args.dispatcher:
+        dispatcher = halo.torch.MoeDispatcher(ep_group, EXPERTS, HIDDEN)
+        y = moe_layer_dispatcher(x, weights, experts, w1_local, w2_local, dispatcher)
+    else:
+        y = moe_layer(x, weights, experts, w1_local, w2_local, ep_group)
     ((y * y).sum() / 2).backward()
     # The router is replicated: its gradient is summed over the ranks (on gloo).
     dist.all_reduce(router.grad)
 
-    ys, xgrads, rgrad, w1grad, w2grad = reference(world)
+    ys, xgrads, rgrad, w1grad, w2grad = reference(world, args.topk)
     checks = [
         ("output", y, ys[me]),
         ("grad of the tokens", x.grad, xgrads[me]),
@@ -147,7 +171,8 @@ def main():
         if err > 1e-12 * max(1.0, want.abs().max().item()):
             raise SystemExit(f"rank {me}: {what} differs from the single-process reference by {err:.3g}")
     dist.destroy_process_group()
-    print(f"rank {me}: MoE layer over halo (EP {world}) matches the single-process reference: ok", flush=True)
+    how = "MoeDispatcher" if args.dispatcher else "all-to-all"
+    print(f"rank {me}: MoE layer over halo ({how}, k={args.topk}, EP {world}) matches the single-process reference: ok", flush=True)
 
 
 if __name__ == "__main__":

@@ -29,12 +29,13 @@ next to this package, else in the HALO repository's ``target/release`` and
 ``target/debug`` (``$CARGO_TARGET_DIR`` first), else by the system loader.
 """
 
-from ._comm import Communicator, Work, get_unique_id, init, init_rank
+from ._comm import Communicator, MoeHandle, Work, get_unique_id, init, init_rank
 from ._lib import (
     MAX_TAG,
     DataType,
     HaloError,
     LibraryNotFoundError,
+    MoeMode,
     ReduceOp,
     Result,
     error_string,
@@ -50,6 +51,8 @@ __all__ = [
     "HaloError",
     "LibraryNotFoundError",
     "MAX_TAG",
+    "MoeHandle",
+    "MoeMode",
     "ReduceOp",
     "Result",
     "Work",

@@ -556,6 +556,53 @@ class Communicator:
         check(library().haloCommSplit(h, color, key, ctypes.byref(new), None), h)
         return Communicator(new) if new.value else None
 
+    def moe_route(self, topk_idx, expert_rank, mode="auto"):
+        """Exchanges a MoE routing (``haloMoeHandleCreate``; DeepEP's
+        ``get_dispatch_layout`` and the metadata of its ``dispatch``): this rank's
+        tokens each go to the experts in their row of ``topk_idx`` (a contiguous int64
+        array, ``tokens x k``: distinct ids ``0 .. len(expert_rank) - 1`` per token),
+        expert ``e`` living on rank ``expert_rank[e]`` (the same table on every rank).
+        ``mode``: ``"auto"``, ``"dedup"`` (one copy of a token per destination node),
+        ``"direct"`` (one per expert), or a :class:`MoeMode`. Collective. Returns a
+        :class:`MoeHandle` for the data calls.
+
+        Raises ``TypeError`` / ``ValueError`` for arguments Python can see are wrong
+        (the other ranks then raise :class:`HaloError` ``INVALID_USAGE`` naming this
+        rank, not a timeout); :class:`HaloError` for what libhalo rejects (an id out
+        of range: ``INVALID_ARGUMENT`` here, ``INVALID_USAGE`` on the others).
+        """
+        h = self._h()
+        lib = library()
+        problem = None
+        try:
+            mode = _moe_mode(mode)
+            table = [operator.index(q) for q in expert_rank]
+            if not table:
+                raise ValueError("expert_rank is empty: at least one expert")
+            idx = as_buffer(topk_idx, "topk_idx")
+            if idx.dtype != _lib.DataType.INT64:
+                raise TypeError(f"topk_idx is {idx.dtype_name}, not int64 (torch.long)")
+            if len(idx.shape) != 2 or idx.shape[1] < 1:
+                raise ValueError(f"topk_idx must be tokens x k with k >= 1, not shape {idx.shape}")
+        except (TypeError, ValueError) as e:
+            problem = e
+        handle = ctypes.c_uint64(0)
+        if problem is not None:
+            # Take part with an argument libhalo refuses collectively (topK 0): the
+            # other ranks fail naming this one instead of waiting for it.
+            one = (ctypes.c_int32 * 1)(0)
+            lib.haloMoeHandleCreate(None, 0, 0, one, 1, 0, h, None, ctypes.byref(handle))
+            raise problem
+        ranks = (ctypes.c_int32 * len(table))(*table)
+        check(
+            lib.haloMoeHandleCreate(
+                idx.ptr, idx.shape[0], idx.shape[1], ranks, len(table), int(mode), h, None,
+                ctypes.byref(handle),
+            ),
+            h,
+        )
+        return MoeHandle(self, handle.value, keep=topk_idx)
+
     def destroy(self) -> None:
         """Frees the communicator (local: the other ranks are not waited for). Later
         calls on it raise ``ValueError``; calling ``destroy`` again does nothing."""
@@ -582,6 +629,139 @@ class Communicator:
         try:
             if getattr(self, "_handle", None) is not None:
                 self.destroy()
+        except Exception:
+            pass
+
+
+def _moe_mode(mode) -> _lib.MoeMode:
+    if isinstance(mode, _lib.MoeMode):
+        return mode
+    names = {"auto": _lib.MoeMode.AUTO, "dedup": _lib.MoeMode.DEDUP, "direct": _lib.MoeMode.DIRECT}
+    if isinstance(mode, str) and mode in names:
+        return names[mode]
+    raise ValueError(f"mode {mode!r} is not 'auto', 'dedup', 'direct' or a halo.MoeMode")
+
+
+class MoeHandle:
+    """A MoE routing exchanged by :meth:`Communicator.moe_route` (``haloMoeHandle_t``):
+    the rows each rank's experts receive, from where, and how they go back. Use it for
+    one layer's forward and backward, as often as needed; freed when collected (or by
+    :meth:`free`).
+
+    The received rows are ordered by local expert (ascending id), then source rank,
+    then token index at the source: already grouped for the experts (no permutation).
+    ``num_recv_rows``, ``num_local_experts``, ``num_tokens``, ``top_k`` and
+    :meth:`layout` are local (no communication).
+    """
+
+    def __init__(self, comm: Communicator, handle: int, keep=None):
+        self._comm = comm
+        self._handle = handle
+        rows, nl, t, k = ctypes.c_size_t(), ctypes.c_int(), ctypes.c_size_t(), ctypes.c_int()
+        h = comm._h()
+        check(
+            library().haloMoeHandleGetInfo(
+                handle, h, ctypes.byref(rows), ctypes.byref(nl), ctypes.byref(t), ctypes.byref(k)
+            ),
+            h,
+        )
+        self.num_recv_rows = rows.value
+        self.num_local_experts = nl.value
+        self.num_tokens = t.value
+        self.top_k = k.value
+        del keep
+
+    def __repr__(self) -> str:
+        return (
+            f"<halo.MoeHandle {self._handle} tokens={self.num_tokens} k={self.top_k} "
+            f"recv_rows={self.num_recv_rows} local_experts={self.num_local_experts}>"
+        )
+
+    def _id(self) -> int:
+        if self._handle is None:
+            raise ValueError("the MoE handle was freed")
+        return self._handle
+
+    def layout(self) -> dict:
+        """This rank's side of the routing, as lists: ``local_experts`` (ascending),
+        ``tokens_per_expert`` (rows per local expert), and per received row
+        ``row_expert``, ``row_src_rank``, ``row_src_token``."""
+        r, e = self.num_recv_rows, self.num_local_experts
+        arrays = {
+            "local_experts": (ctypes.c_int32 * e)(),
+            "tokens_per_expert": (ctypes.c_int64 * e)(),
+            "row_expert": (ctypes.c_int32 * r)(),
+            "row_src_rank": (ctypes.c_int32 * r)(),
+            "row_src_token": (ctypes.c_int64 * r)(),
+        }
+        h = self._comm._h()
+        check(library().haloMoeHandleGetLayout(self._id(), h, *arrays.values()), h)
+        return {name: list(a) for name, a in arrays.items()}
+
+    def _data(self, name, inp, out, in_rows, out_rows, rows_of, what_in, what_out):
+        """One data call: ``inp`` (``in_rows`` x hidden) to ``out`` (``out_rows`` x
+        hidden) with ``rows_of`` true, else one element per row (the pairs)."""
+        h = self._comm._h()
+        lib = library()
+        fn = getattr(lib, "haloMoe" + name)
+        try:
+            i = as_buffer(inp, what_in)
+            o = as_buffer(out, what_out, writable=True)
+            if i.dtype_name != o.dtype_name:
+                raise TypeError(f"{what_in} is {i.dtype_name} but {what_out} is {o.dtype_name}")
+            hidden = i.row_elements if rows_of else 1
+            for b, rows, what in ((i, in_rows, what_in), (o, out_rows, what_out)):
+                want = (rows, hidden) if rows_of else (rows,)
+                if rows_of and (not b.shape or b.shape[0] != rows or b.row_elements != hidden):
+                    raise ValueError(f"{what} has shape {b.shape}, not {rows} rows of {hidden} elements")
+                if not rows_of and b.numel != rows:
+                    raise ValueError(f"{what} has {b.numel} elements, not {want[0]}")
+        except (TypeError, ValueError):
+            # Take part with a data type libhalo refuses collectively: the other ranks
+            # fail naming this one instead of waiting for it.
+            args = (None, None, 0, -1) if rows_of else (None, None, -1)
+            fn(*args, self._id(), h, None)
+            raise
+        args = (i.ptr, o.ptr, hidden, i.dtype) if rows_of else (i.ptr, o.ptr, i.dtype)
+        check(fn(*args, self._id(), h, None), h)
+        return out
+
+    def dispatch(self, x, out):
+        """``x`` (``num_tokens`` rows) to ``out`` (``num_recv_rows`` rows of the same
+        width and type): each token to each of its experts (``haloMoeDispatch``).
+        Collective; returns ``out``."""
+        return self._data("Dispatch", x, out, self.num_tokens, self.num_recv_rows, True, "x", "out")
+
+    def combine(self, y, out):
+        """``y`` (``num_recv_rows`` rows, float types) back to ``out`` (``num_tokens``
+        rows): each token gets the sum of its rows (``haloMoeCombine``, reduced inside
+        each node first). Collective; returns ``out``."""
+        return self._data("Combine", y, out, self.num_recv_rows, self.num_tokens, True, "y", "out")
+
+    def dispatch_pairs(self, per_slot, out):
+        """One value per (token, slot) (``num_tokens x top_k``) to one per received
+        row (``haloMoeDispatchPairs``: each row's gate weight). Collective."""
+        return self._data(
+            "DispatchPairs", per_slot, out, self.num_tokens * self.top_k, self.num_recv_rows, False,
+            "per_slot", "out",
+        )
+
+    def combine_pairs(self, per_row, out):
+        """The reverse of :meth:`dispatch_pairs` (``haloMoeCombinePairs``). Collective."""
+        return self._data(
+            "CombinePairs", per_row, out, self.num_recv_rows, self.num_tokens * self.top_k, False,
+            "per_row", "out",
+        )
+
+    def free(self) -> None:
+        """Frees the handle (local); later calls raise ``ValueError``."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            check(library().haloMoeHandleFree(handle), None)
+
+    def __del__(self):
+        try:
+            self.free()
         except Exception:
             pass
 

@@ -18,6 +18,7 @@ __all__ = [
     "Result",
     "DataType",
     "ReduceOp",
+    "MoeMode",
     "HaloError",
     "LibraryNotFoundError",
     "library",
@@ -73,6 +74,18 @@ class ReduceOp(enum.IntEnum):
     MAX = 2
     MIN = 3
     AVG = 4
+
+
+class MoeMode(enum.IntEnum):
+    """How a MoE routing moves its tokens (``haloMoeMode``)."""
+
+    #: De-duplicate where the routing lets it save rows (a token with two experts on
+    #: one other node), else the direct path; decided by one small all-reduce.
+    AUTO = 0
+    #: One copy of a token per destination node, replicated inside the node.
+    DEDUP = 1
+    #: One copy per (token, expert): an all-to-all-v.
+    DIRECT = 2
 
 
 class HaloError(Exception):
@@ -351,6 +364,20 @@ _PROTOTYPES = {
     "haloScatter": (_result_t, [_vp, _vp, _sz, _i32, _int, _comm_t, _vp]),
     "haloSendTagged": (_result_t, [_vp, _sz, _i32, _int, _int, _comm_t, _vp]),
     "haloRecvTagged": (_result_t, [_vp, _sz, _i32, _int, _int, _comm_t, _vp]),
+    "haloMoeHandleCreate": (
+        _result_t,
+        [_vp, _sz, _int, _vp, _int, _i32, _comm_t, _vp, ctypes.POINTER(ctypes.c_uint64)],
+    ),
+    "haloMoeHandleGetInfo": (
+        _result_t,
+        [ctypes.c_uint64, _comm_t, ctypes.POINTER(_sz), _c_int_p, ctypes.POINTER(_sz), _c_int_p],
+    ),
+    "haloMoeHandleGetLayout": (_result_t, [ctypes.c_uint64, _comm_t, _vp, _vp, _vp, _vp, _vp]),
+    "haloMoeHandleFree": (_result_t, [ctypes.c_uint64]),
+    "haloMoeDispatch": (_result_t, [_vp, _vp, _sz, _i32, ctypes.c_uint64, _comm_t, _vp]),
+    "haloMoeCombine": (_result_t, [_vp, _vp, _sz, _i32, ctypes.c_uint64, _comm_t, _vp]),
+    "haloMoeDispatchPairs": (_result_t, [_vp, _vp, _i32, ctypes.c_uint64, _comm_t, _vp]),
+    "haloMoeCombinePairs": (_result_t, [_vp, _vp, _i32, ctypes.c_uint64, _comm_t, _vp]),
     "haloWait": (_result_t, [ctypes.c_void_p]),
     "haloTest": (_result_t, [ctypes.c_void_p, _c_int_p]),
     "haloAllReduce": (

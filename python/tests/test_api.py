@@ -42,6 +42,10 @@ class HeaderTest(unittest.TestCase):
         ops = header_enum("haloRedOp")
         self.assertEqual({camel_to_caps(k): v for k, v in ops.items()}, {o.name: o.value for o in halo.ReduceOp})
 
+    def test_moe_modes(self):
+        modes = header_enum("haloMoeMode")
+        self.assertEqual({camel_to_caps(k)[len("MOE_"):]: v for k, v in modes.items()}, {m.name: m.value for m in halo.MoeMode})
+
     def test_defines(self):
         self.assertEqual(_lib.UNIQUE_ID_BYTES, header_define("HALO_UNIQUE_ID_BYTES"))
         self.assertEqual(ctypes.sizeof(_lib.UniqueId), header_define("HALO_UNIQUE_ID_BYTES"))

@@ -12,6 +12,7 @@ import unittest
 from _support import PYTHON_DIR, WORKERS, child_env, launch, need_torch, torchrun
 
 BACKEND = WORKERS / "torch_backend.py"
+DISPATCHER = WORKERS / "torch_moe_dispatcher.py"
 EXAMPLE = PYTHON_DIR / "examples" / "torch_moe.py"
 
 
@@ -67,6 +68,19 @@ class BackendTest(unittest.TestCase):
     @need_torch
     def test_the_megatron_style_moe_example_on_4_ranks(self):
         self.run_job(4, [EXAMPLE], "matches the single-process reference: ok")
+
+    @need_torch
+    def test_the_moe_example_on_the_dispatcher_for_k_1_2_8(self):
+        for k in (1, 2, 8):
+            self.run_job(4, [EXAMPLE, "--dispatcher", "--topk", str(k)], f"(MoeDispatcher, k={k}, EP 4) matches the single-process reference: ok")
+
+    @need_torch
+    def test_the_dispatcher_layer_equals_the_all_to_all_layer(self):
+        # Two emulated nodes (HALO_TOPOLOGY), so that the dedup path replicates inside
+        # the node and reduces there; 84 cases (k, routings, modes, dtypes, tables),
+        # then the layout, then bad input on every rank.
+        for topology in ("nodes:2x2", ""):
+            self.run_job(4, [DISPATCHER], "moe dispatcher ok (84 cases)", extra_env={"HALO_TOPOLOGY": topology, "HALO_TIMEOUT_MS": "20000"})
 
     @need_torch
     def test_the_moe_example_under_halo_launch(self):

@@ -568,6 +568,13 @@ impl MoeExchange {
             m => m,
         };
         let dedup = mode == MoeDispatch::Dedup;
+        tracing::debug!(
+            rank = me,
+            tokens = num_tokens,
+            top_k = k,
+            ?mode,
+            "moe route"
+        );
         let sends = checked.and_then(|_| {
             moe_sends(&topo, me, k, routing.experts, routing.expert_rank, dedup)
                 .map_err(|e| Error::invalid_argument(format!("moe_dispatch: {e}")))
@@ -853,6 +860,26 @@ impl MoeExchange {
         d: usize,
     ) -> Result<Vec<E>> {
         self.combine_inner(comm, rows, d, None, false)
+    }
+
+    /// [`MoeExchange::combine_sum`] added to a residual (`tokens x d`), in the order of
+    /// [`MoeExchange::combine_residual`] (the token's own node first, from `residual`,
+    /// then the other nodes' partial sums in ascending node order). The backward of a
+    /// dispatch whose input also feeds another path: `d_u = d_other + sum_j d_x_j`
+    /// (the pipeline executor's de-duplicated MoE layer, with the router's gradient as
+    /// `residual`); with every expert on the token's own node this is exactly
+    /// `((r + d_0) + d_1) + ...`.
+    ///
+    /// # Errors
+    /// As [`MoeExchange::combine_residual`].
+    pub fn combine_sum_residual<E: MoeFloat>(
+        &self,
+        comm: &mut Communicator,
+        rows: &[E],
+        d: usize,
+        residual: &[E],
+    ) -> Result<Vec<E>> {
+        self.combine_inner(comm, rows, d, Some(residual), false)
     }
 
     /// [`MoeExchange::combine`] added to a residual (`tokens x d`), in the order a

@@ -175,8 +175,10 @@ pub(super) struct LayerTape<C: StageCompute> {
 enum CombineTape<C: StageCompute> {
     /// The model's combine at the source, on every (token, slot) output.
     Model(C::CombineState),
-    /// [`MoeExchange::combine_residual`]: per local expert its outputs, and the gates.
+    /// [`MoeExchange::combine_residual`]: the exchange (the backward runs on it too),
+    /// per local expert its outputs, and the gates.
     Dedup {
+        exchange: Box<MoeExchange>,
         expert_y: Vec<Vec<f32>>,
         gates: Vec<f32>,
     },
@@ -187,9 +189,9 @@ impl<C: StageCompute> CombineTape<C> {
         use super::compute::Footprint;
         match self {
             CombineTape::Model(s) => s.bytes(),
-            CombineTape::Dedup { expert_y, gates } => {
-                4 * (expert_y.iter().map(Vec::len).sum::<usize>() + gates.len())
-            }
+            CombineTape::Dedup {
+                expert_y, gates, ..
+            } => 4 * (expert_y.iter().map(Vec::len).sum::<usize>() + gates.len()),
         }
     }
 }
@@ -508,6 +510,7 @@ fn forward_dedup<C: StageCompute>(
             dense,
             router,
             combine: CombineTape::Dedup {
+                exchange: Box::new(ex),
                 expert_y,
                 gates: routing.gates.clone(),
             },
@@ -517,86 +520,60 @@ fn forward_dedup<C: StageCompute>(
     ))
 }
 
-/// [`dispatch`] / [`combine`] with rows of `w` elements instead of `d`.
-fn widened(dp: &Dispatch, d: usize, w: usize) -> (Vec<usize>, Vec<usize>) {
-    let f = |c: &Vec<usize>| c.iter().map(|&x| x / d * w).collect();
-    (f(&dp.send_counts), f(&dp.recv_counts))
-}
-
-/// Backward of the expert part with the de-duplicated combine: `d_out` and the gate
-/// of every (token, slot) go to the expert (rows of `d + 1`), which computes
-/// `d_y = gate * d_out` and the gate's gradient `<y, d_out>` where `y` is, and returns
-/// `d_x` with the gate gradient (rows of `d + 1`). Returns the slot-indexed
-/// `(d_expert_in, d_gates)`: the same bits as the model's combine backward on the
-/// all-to-all-v path.
+/// Backward of the expert part with the de-duplicated exchange, on the forward's
+/// [`MoeExchange`]: `d_out` goes to the experts as the forward's tokens did (once per
+/// destination node, replicated inside it), each row's gate with it
+/// ([`MoeExchange::dispatch_pairs`]); the expert computes `d_y = gate * d_out` and the
+/// gate's gradient `<y, d_out>` where `y` is; the gate gradients go back per (token,
+/// slot) ([`MoeExchange::combine_pairs`]), then the router's backward, and the experts'
+/// `d_x` rows come back summed inside each node onto the router's gradient
+/// ([`MoeExchange::combine_sum_residual`]): one row per (token, node) each way, as in
+/// the forward. Returns `d_u` (the gradient of the MoE input: router path plus every
+/// slot's `d_x`, which is what `moe_input_backward` computes on the other path).
 #[allow(clippy::too_many_arguments)]
-fn backward_dedup_experts<C: StageCompute>(
+fn backward_dedup<C: StageCompute>(
     ep: &mut Communicator,
     st: &Stage,
     model: &mut C,
     layer: usize,
     plan: &Dispatch,
-    (expert_y, gates): (Vec<Vec<f32>>, Vec<f32>),
-    states: Vec<Option<C::ExpertState>>,
+    (exchange, expert_y, gates): (MoeExchange, Vec<Vec<f32>>, Vec<f32>),
+    (states, router): (Vec<Option<C::ExpertState>>, C::RouterState),
     d_out: &[f32],
     times: &mut StepTimes,
-) -> Result<(Vec<f32>, Vec<f32>)> {
+) -> Result<Vec<f32>> {
     let d = st.hidden;
-    let w = d + 1;
-    let k = model.top_k();
     let local = st.local(layer);
-    let mut send = Vec::with_capacity(plan.send_slots.len() * w);
-    for &s in &plan.send_slots {
-        let t = s / k;
-        send.extend_from_slice(&d_out[t * d..(t + 1) * d]);
-        send.push(gates[s]);
-    }
-    let (sc, rc) = widened(plan, d, w);
-    let mut recv = vec![0.0f32; plan.recv_rows * w];
-    timed(&mut times.all_to_all, || {
-        ep.all_to_all_v(
-            &send,
-            &Partition::packed(&sc),
-            &mut recv,
-            &Partition::packed(&rc),
-        )
-        .map_err(PiperError::from)
+    let (rows, row_gates) = timed(&mut times.all_to_all, || {
+        let rows = exchange.dispatch_rows(ep, d_out, d)?;
+        let g = exchange.dispatch_pairs(ep, &gates)?;
+        Ok::<_, halo::Error>((rows, g))
     })?;
-    let mut din_recv = vec![0.0f32; recv.len()];
+    let mut dx_rows = vec![0.0f32; rows.len()];
+    let mut dg_rows = vec![0.0f32; row_gates.len()];
+    let mut start = 0usize;
     for (j, (rows_j, es)) in plan.expert_rows.iter().zip(states).enumerate() {
+        let (first, c) = (start, rows_j.len());
+        start += c;
         let Some(es) = es else { continue };
         let y = &expert_y[j];
-        let mut dy = vec![0.0f32; rows_j.len() * d];
-        let mut dg = Vec::with_capacity(rows_j.len());
-        for (i, &r) in rows_j.iter().enumerate() {
-            let row = &recv[r * w..(r + 1) * w];
-            let (dr, g) = (&row[..d], row[d]);
-            axpy(g, dr, &mut dy[i * d..(i + 1) * d]);
-            dg.push(dot(&y[i * d..(i + 1) * d], dr));
+        let mut dy = vec![0.0f32; c * d];
+        for i in 0..c {
+            let r = first + i;
+            let dr = &rows[r * d..(r + 1) * d];
+            axpy(row_gates[r], dr, &mut dy[i * d..(i + 1) * d]);
+            dg_rows[r] = dot(&y[i * d..(i + 1) * d], dr);
         }
         let dxe = model.expert_backward(layer, local[j], es, &dy)?;
-        for (i, &r) in rows_j.iter().enumerate() {
-            din_recv[r * w..r * w + d].copy_from_slice(&dxe[i * d..(i + 1) * d]);
-            din_recv[r * w + d] = dg[i];
-        }
+        dx_rows[first * d..(first + c) * d].copy_from_slice(&dxe);
     }
-    let mut back = vec![0.0f32; plan.send_slots.len() * w];
-    timed(&mut times.all_to_all, || {
-        ep.all_to_all_v(
-            &din_recv,
-            &Partition::packed(&rc),
-            &mut back,
-            &Partition::packed(&sc),
-        )
-        .map_err(PiperError::from)
+    let d_gates = timed(&mut times.all_to_all, || {
+        exchange.combine_pairs(ep, &dg_rows)
     })?;
-    let mut d_expert_in = vec![0.0f32; plan.send_slots.len() * d];
-    let mut d_gates = vec![0.0f32; plan.send_slots.len()];
-    for (i, &s) in plan.send_slots.iter().enumerate() {
-        d_expert_in[s * d..(s + 1) * d].copy_from_slice(&back[i * w..i * w + d]);
-        d_gates[s] = back[i * w + d];
-    }
-    Ok((d_expert_in, d_gates))
+    let d_router = model.router_backward(layer, router, &d_gates)?;
+    Ok(timed(&mut times.all_to_all, || {
+        exchange.combine_sum_residual(ep, &dx_rows, d, &d_router)
+    })?)
 }
 
 /// Backward of block `layer` from `d_out`; returns `d_x`.
@@ -614,20 +591,22 @@ pub(super) fn backward<C: StageCompute>(
     let local = st.local(layer);
     let cg = match tape.combine {
         CombineTape::Model(state) => model.combine_backward(state, d_out)?,
-        CombineTape::Dedup { expert_y, gates } => {
-            let (d_expert_in, d_gates) = backward_dedup_experts(
+        CombineTape::Dedup {
+            exchange,
+            expert_y,
+            gates,
+        } => {
+            let du = backward_dedup(
                 ep,
                 st,
                 model,
                 layer,
                 plan,
-                (expert_y, gates),
-                tape.experts,
+                (*exchange, expert_y, gates),
+                (tape.experts, tape.router),
                 d_out,
                 times,
             )?;
-            let d_router = model.router_backward(layer, tape.router, &d_gates)?;
-            let du = model.moe_input_backward(&d_router, &d_expert_in)?;
             return model.dense_backward(layer, tape.dense, d_out, &du);
         }
     };
