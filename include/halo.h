@@ -1241,6 +1241,71 @@ haloResult_t haloMoeCombinePairs(const void *perRow,
                                  haloStream_t stream);
 
 /**
+ * Non-blocking `haloMoeDispatch`: checks the arguments as `haloMoeDispatch` does, queues the
+ * call on the communicator's worker and returns at once with a request in `*request`
+ * (completed by `haloWait`, `haloWaitAll` or `haloTest`, like the other `haloI*`
+ * calls; the communicator's operations run in the order they were started). The
+ * buffers must not be touched until the request has completed; the handle may be
+ * freed meanwhile (the request keeps the routing). A wrong argument is returned now
+ * (`*request` left alone) and the other ranks' requests fail naming this rank.
+ * There is no stream argument (host buffers).
+ *
+ * # Safety
+ * As `haloMoeDispatch`, for as long as the request is live; `request` is NULL or
+ * writable.
+ */
+haloResult_t haloIMoeDispatch(const void *x,
+                              void *recvX,
+                              size_t hidden,
+                              haloDataType_t datatype,
+                              haloMoeHandle_t handle,
+                              haloComm_t comm,
+                              haloRequest_t *request);
+
+/**
+ * Non-blocking `haloMoeCombine`, as `haloIMoeDispatch` is of `haloMoeDispatch`.
+ *
+ * # Safety
+ * As `haloMoeCombine`, for as long as the request is live; `request` is NULL or
+ * writable.
+ */
+haloResult_t haloIMoeCombine(const void *y,
+                             void *out,
+                             size_t hidden,
+                             haloDataType_t datatype,
+                             haloMoeHandle_t handle,
+                             haloComm_t comm,
+                             haloRequest_t *request);
+
+/**
+ * Non-blocking `haloMoeDispatchPairs`, as `haloIMoeDispatch` is of `haloMoeDispatch`.
+ *
+ * # Safety
+ * As `haloMoeDispatchPairs`, for as long as the request is live; `request` is NULL or
+ * writable.
+ */
+haloResult_t haloIMoeDispatchPairs(const void *perSlot,
+                                   void *perRow,
+                                   haloDataType_t datatype,
+                                   haloMoeHandle_t handle,
+                                   haloComm_t comm,
+                                   haloRequest_t *request);
+
+/**
+ * Non-blocking `haloMoeCombinePairs`, as `haloIMoeDispatch` is of `haloMoeDispatch`.
+ *
+ * # Safety
+ * As `haloMoeCombinePairs`, for as long as the request is live; `request` is NULL or
+ * writable.
+ */
+haloResult_t haloIMoeCombinePairs(const void *perRow,
+                                  void *perSlot,
+                                  haloDataType_t datatype,
+                                  haloMoeHandle_t handle,
+                                  haloComm_t comm,
+                                  haloRequest_t *request);
+
+/**
  * Non-blocking `haloAllToAll`: starts the all-to-all and returns at once with a
  * request in `*request`. Arguments are checked as `haloAllToAll` checks them, before
  * anything is queued (a failure queues nothing and leaves `*request` alone).

@@ -207,6 +207,58 @@ static void bad_input(haloComm_t comm, int n, int me) {
     CHECK(haloBarrier(comm));
 }
 
+/* The non-blocking forms: two requests in flight, the handle freed before they
+ * complete, results equal to the blocking calls' bits; a NULL buffer on rank 1 returned
+ * at the start there and failing the other ranks' requests naming rank 1. */
+static void nonblocking(haloComm_t comm, int me) {
+    int64_t ids[2 * 2] = {me % NEXP, (me + 3) % NEXP, (me + 5) % NEXP, (me + 6) % NEXP};
+    haloMoeHandle_t h = 0;
+    CHECK(haloMoeHandleCreate(ids, 2, 2, expert_rank, NEXP, haloMoeDedup, comm, NULL, &h));
+    size_t rows = 0;
+    CHECK(haloMoeHandleGetInfo(h, comm, &rows, NULL, NULL, NULL));
+    double x[2 * HIDDEN], want[96 * HIDDEN], recv[96 * HIDDEN], y[96 * HIDDEN];
+    double out[2 * HIDDEN], out_want[2 * HIDDEN];
+    float gates[4] = {0.5f, 0.25f, 0.125f, 2.0f}, row_gate[96], row_gate_want[96];
+    for (size_t i = 0; i < 2 * HIDDEN; i++)
+        x[i] = token_value(me, i / HIDDEN, i % HIDDEN);
+    CHECK(haloMoeDispatch(x, want, HIDDEN, haloFloat64, h, comm, NULL));
+    CHECK(haloMoeDispatchPairs(gates, row_gate_want, haloFloat32, h, comm, NULL));
+    for (size_t i = 0; i < rows * HIDDEN; i++)
+        y[i] = want[i] * 3.0;
+    CHECK(haloMoeCombine(y, out_want, HIDDEN, haloFloat64, h, comm, NULL));
+
+    haloRequest_t req[3] = {NULL, NULL, NULL};
+    memset(recv, 0, sizeof(recv));
+    CHECK(haloIMoeDispatch(x, recv, HIDDEN, haloFloat64, h, comm, &req[0]));
+    CHECK(haloIMoeDispatchPairs(gates, row_gate, haloFloat32, h, comm, &req[1]));
+    CHECK(haloIMoeCombine(y, out, HIDDEN, haloFloat64, h, comm, &req[2]));
+    CHECK(haloMoeHandleFree(h)); /* the requests keep the routing */
+    CHECK(haloWaitAll(3, req));
+    if (memcmp(recv, want, rows * HIDDEN * sizeof(double)) != 0)
+        FAIL("haloIMoeDispatch's rows differ from haloMoeDispatch's");
+    if (memcmp(row_gate, row_gate_want, rows * sizeof(float)) != 0)
+        FAIL("haloIMoeDispatchPairs's values differ from haloMoeDispatchPairs's");
+    if (memcmp(out, out_want, sizeof(out)) != 0)
+        FAIL("haloIMoeCombine's tokens differ from haloMoeCombine's");
+
+    CHECK(haloMoeHandleCreate(ids, 2, 2, expert_rank, NEXP, haloMoeAuto, comm, NULL, &h));
+    haloRequest_t r = NULL;
+    if (me == 1) {
+        EXPECT_ERR(comm, haloIMoeDispatch(NULL, recv, HIDDEN, haloFloat64, h, comm, &r),
+                   haloInvalidArgument, "x is NULL");
+        if (r != NULL)
+            FAIL("a refused haloIMoeDispatch wrote the request");
+    } else {
+        CHECK(haloIMoeDispatch(x, recv, HIDDEN, haloFloat64, h, comm, &r));
+        EXPECT_ERR(comm, haloWait(r), haloInvalidUsage, "rank 1");
+    }
+    EXPECT_ERR(comm, haloIMoeDispatch(x, recv, HIDDEN, haloFloat64, h, comm, NULL),
+               haloInvalidArgument, "request is NULL");
+    /* Still usable: a blocking call after the refused ones. */
+    CHECK(haloMoeDispatch(x, recv, HIDDEN, haloFloat64, h, comm, NULL));
+    CHECK(haloMoeHandleFree(h));
+}
+
 int main(void) {
     test_rank = env_int("RANK", -1);
     haloComm_t comm = NULL;
@@ -226,6 +278,7 @@ int main(void) {
         round_trip(comm, n, me, round++, k, haloMoeDirect);
     }
     bad_input(comm, n, me);
+    nonblocking(comm, me);
     CHECK(haloCommDestroy(comm));
     printf("moe ok (rank %d of %d, %d invalid calls checked)\n", me, n, checked_errors);
     return 0;

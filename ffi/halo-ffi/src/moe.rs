@@ -8,10 +8,12 @@
 //! second free, or a number HALO never gave out is `haloInvalidArgument` naming it,
 //! always (unlike a pointer, an id is never reused).
 
-use crate::boundary::{call, call_comm};
+use crate::boundary::{call, call_borrowed, call_comm};
 use crate::error::{Failure, FfiResult, haloResult_t};
 use crate::handle::{haloComm, haloComm_t};
+use crate::requests::{check_request_out, haloRequest_t, start};
 use crate::types::{check_stream, haloDataType, haloDataType_t, haloStream_t};
+use halo_rs::c_abi::OpJob;
 use halo_rs::{Communicator, MoeDispatch, MoeExchange, MoeRouting};
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
@@ -123,21 +125,6 @@ unsafe fn input<'a, E>(ptr: *const c_void, len: usize, what: &str) -> FfiResult<
     }
     // SAFETY: not NULL, aligned, and readable for `len` elements by the contract.
     Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<E>(), len) })
-}
-
-/// A writable C array of `len` elements of `E`: NULL only when `len` is 0, aligned.
-///
-/// # Safety
-/// `ptr` is NULL or writable for `len` elements, and not accessed by anyone else
-/// during the call.
-unsafe fn output<'a, E>(ptr: *mut c_void, len: usize, what: &str) -> FfiResult<&'a mut [E]> {
-    if len == 0 {
-        return Ok(&mut []);
-    }
-    // SAFETY: the same checks as `input`, for a writable array.
-    let s = unsafe { input::<E>(ptr, len, what) }?;
-    // SAFETY: `ptr` is writable for `len` elements and nobody else accesses it.
-    Ok(unsafe { std::slice::from_raw_parts_mut(s.as_ptr().cast_mut(), len) })
 }
 
 fn no_overlap(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> FfiResult<()> {
@@ -410,8 +397,167 @@ enum Data {
     CombinePairs,
 }
 
-/// The body of the four data calls: checks the handle, the data type, the buffers,
-/// and runs the call with `E` the element type.
+/// A data call's arguments, checked against the handle (sizes, NULL, alignment,
+/// overlap, the type): what runs now (blocking) or on the communicator's worker
+/// (`haloIMoe*`). The buffers are kept as addresses so that a queued call can move to
+/// the worker.
+struct DataArgs {
+    what: Data,
+    inp: usize,
+    out: usize,
+    n_in: usize,
+    n_out: usize,
+    hidden: usize,
+    dt: haloDataType,
+}
+
+/// Checks one buffer of a data call: NULL only when it holds nothing, aligned to the
+/// element type.
+fn check_buffer(ptr: *const c_void, len: usize, dt: haloDataType, what: &str) -> FfiResult<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    if ptr.is_null() {
+        return Err(Failure::invalid(format!(
+            "{what} is NULL but holds {len} elements"
+        )));
+    }
+    if !(ptr as usize).is_multiple_of(dt.size()) {
+        return Err(Failure::invalid(format!(
+            "{what} is not aligned to its element type ({} bytes)",
+            dt.size()
+        )));
+    }
+    Ok(())
+}
+
+impl DataArgs {
+    /// Checks a data call's arguments on `ex` (nothing is read or written).
+    fn check(
+        ex: &MoeExchange,
+        what: Data,
+        inp: *const c_void,
+        out: *mut c_void,
+        hidden: usize,
+        dt: haloDataType,
+    ) -> FfiResult<DataArgs> {
+        let (n_in, n_out) = sizes(ex, what, hidden)?;
+        let size = dt.size();
+        no_overlap(
+            inp,
+            bytes_of(n_in, size, "input")?,
+            out,
+            bytes_of(n_out, size, "output")?,
+        )?;
+        if what == Data::Combine && !dt.is_float() {
+            return Err(Failure::invalid(format!(
+                "haloMoeCombine adds rows: datatype {dt:?} is not a floating-point type \
+                 (haloFloat16, haloBfloat16, haloFloat32, haloFloat64)"
+            )));
+        }
+        let (in_name, out_name) = match what {
+            Data::Dispatch => ("x", "recvX"),
+            Data::Combine => ("y", "out"),
+            Data::DispatchPairs => ("perSlot", "perRow"),
+            Data::CombinePairs => ("perRow", "perSlot"),
+        };
+        check_buffer(inp, n_in, dt, in_name)?;
+        check_buffer(out, n_out, dt, out_name)?;
+        Ok(DataArgs {
+            what,
+            inp: inp as usize,
+            out: out as usize,
+            n_in,
+            n_out,
+            hidden,
+            dt,
+        })
+    }
+
+    /// Runs the call on `comm` with `ex`'s routing.
+    ///
+    /// # Safety
+    /// The buffers checked by [`DataArgs::check`] are readable (input) and writable
+    /// (output) for their sizes, and nobody else accesses them until this returns.
+    unsafe fn run(&self, comm: &mut Communicator, ex: &MoeExchange) -> halo_rs::Result<()> {
+        let (what, hidden) = (self.what, self.hidden);
+        // The combine adds rows, so only the float types have one (`$combine`); the
+        // integer arms never reach theirs: refused by `check`.
+        macro_rules! go {
+            ($E:ty, $combine:expr) => {{
+                let src: &[$E] = if self.n_in == 0 {
+                    &[]
+                } else {
+                    // SAFETY: not NULL, aligned (checked), readable for `n_in`
+                    // elements and not written meanwhile (this function's contract).
+                    unsafe { std::slice::from_raw_parts(self.inp as *const $E, self.n_in) }
+                };
+                let got = match what {
+                    Data::Dispatch => ex.dispatch_rows(comm, src, hidden)?,
+                    Data::DispatchPairs => ex.dispatch_pairs(comm, src)?,
+                    Data::CombinePairs => ex.combine_pairs(comm, src)?,
+                    Data::Combine => $combine(comm, src)?,
+                };
+                if self.n_out > 0 {
+                    let out = self.out as *mut $E;
+                    // SAFETY: not NULL, aligned (checked), writable for `n_out`
+                    // elements, disjoint from the input (checked) and accessed by
+                    // nobody else (this function's contract).
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out, self.n_out) };
+                    dst.copy_from_slice(&got);
+                }
+                Ok(())
+            }};
+            ($E:ty) => {
+                go!($E, |_: &mut Communicator,
+                         _: &[$E]|
+                 -> halo_rs::Result<Vec<$E>> {
+                    unreachable!("the combine of an integer type is refused")
+                })
+            };
+        }
+        match self.dt {
+            haloDataType::haloFloat32 => go!(f32, |m: &mut Communicator, s: &[f32]| ex
+                .combine_sum::<f32>(m, s, hidden)),
+            haloDataType::haloFloat64 => go!(f64, |m: &mut Communicator, s: &[f64]| ex
+                .combine_sum::<f64>(m, s, hidden)),
+            haloDataType::haloFloat16 => {
+                go!(halo_rs::f16, |m: &mut Communicator, s: &[halo_rs::f16]| {
+                    ex.combine_sum::<halo_rs::f16>(m, s, hidden)
+                })
+            }
+            haloDataType::haloBfloat16 => go!(
+                halo_rs::bf16,
+                |m: &mut Communicator, s: &[halo_rs::bf16]| ex
+                    .combine_sum::<halo_rs::bf16>(m, s, hidden)
+            ),
+            haloDataType::haloInt8 => go!(i8),
+            haloDataType::haloUint8 => go!(u8),
+            haloDataType::haloInt32 => go!(i32),
+            haloDataType::haloUint32 => go!(u32),
+            haloDataType::haloInt64 => go!(i64),
+            haloDataType::haloUint64 => go!(u64),
+        }
+    }
+}
+
+/// The handle, the type and the buffers of a data call, checked.
+fn check_data(
+    what: Data,
+    input: *const c_void,
+    output: *mut c_void,
+    hidden: usize,
+    datatype: haloDataType_t,
+    handle: haloMoeHandle_t,
+    comm: haloComm_t,
+) -> FfiResult<(Arc<MoeHandle>, DataArgs)> {
+    let h = lookup(handle, comm)?;
+    let dt = haloDataType::from_raw(datatype)?;
+    let args = DataArgs::check(&h.exchange, what, input, output, hidden, dt)?;
+    Ok((h, args))
+}
+
+/// The body of the four blocking data calls.
 ///
 /// # Safety
 /// `input` / `output` are readable / writable for the sizes the call's contract says.
@@ -429,12 +575,59 @@ unsafe fn data_call(
 ) -> haloResult_t {
     call_comm(name, comm, |c| {
         let checked = check_stream(stream)
-            .and_then(|_| lookup(handle, comm))
-            .and_then(|h| Ok((h, haloDataType::from_raw(datatype)?)));
+            .and_then(|_| check_data(what, input, output, hidden, datatype, handle, comm));
+        let (h, args) = checked.map_err(|f| refuse(c, f))?;
+        let mut comm = c.lock()?;
+        // SAFETY: as this function's contract.
+        unsafe { args.run(&mut comm, &h.exchange) }?;
+        Ok(())
+    })
+}
+
+/// The body of the four non-blocking data calls (`haloIMoe*`): checks as the blocking
+/// ones, then queues the call on the communicator's worker and writes its request. A
+/// wrong argument is returned now and queues this rank's refusal in its place, so the
+/// other ranks' requests fail naming it instead of waiting.
+///
+/// # Safety
+/// The buffers stay readable / writable for the sizes the call's contract says, and
+/// untouched by the caller, until the request completes.
+#[allow(clippy::too_many_arguments)]
+unsafe fn nonblocking_data_call(
+    name: &'static str,
+    op: &'static str,
+    what: Data,
+    input: *const c_void,
+    output: *mut c_void,
+    hidden: usize,
+    datatype: haloDataType_t,
+    handle: haloMoeHandle_t,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    call_borrowed(name, comm, |b| {
+        let checked = check_request_out(request)
+            .and_then(|_| check_data(what, input, output, hidden, datatype, handle, comm));
         match checked {
-            // SAFETY: as this function's contract.
-            Ok((h, dt)) => unsafe { run_data(c, &h.exchange, what, input, output, hidden, dt) },
-            Err(f) => Err(refuse(c, f)),
+            Ok((h, args)) => {
+                let job: OpJob = Box::new(move |comm: &mut Communicator| {
+                    // SAFETY: checked by `DataArgs::check`; the buffers stay valid and
+                    // untouched by the caller until the request completes, which is
+                    // after this returns (this function's contract).
+                    unsafe { args.run(comm, &h.exchange) }
+                });
+                start(b.shared(), name, op, job, request)
+            }
+            Err(f) => {
+                let error = halo_rs::Error::invalid_argument(f.message.clone());
+                // The refusal fails in this rank's queue as the other ranks' call fails
+                // in theirs, so that the operations queued after it are skipped on every
+                // rank alike (a queue's later operations fail after a failed one).
+                let refusal: OpJob =
+                    Box::new(move |comm: &mut Communicator| Err(MoeExchange::refuse(comm, error)));
+                haloComm::submit(b.shared(), op, refusal)?;
+                Err(f)
+            }
         }
     })
 }
@@ -465,91 +658,6 @@ fn sizes(ex: &MoeExchange, what: Data, hidden: usize) -> FfiResult<(usize, usize
         Data::DispatchPairs => (pairs, ex.num_rows()),
         Data::CombinePairs => (ex.num_rows(), pairs),
     })
-}
-
-/// # Safety
-/// As [`data_call`].
-unsafe fn run_data(
-    c: &haloComm,
-    ex: &MoeExchange,
-    what: Data,
-    inp: *const c_void,
-    out: *mut c_void,
-    hidden: usize,
-    dt: haloDataType,
-) -> FfiResult<()> {
-    let checked = sizes(ex, what, hidden).and_then(|(n_in, n_out)| {
-        let size = dt.size();
-        no_overlap(
-            inp,
-            bytes_of(n_in, size, "input")?,
-            out,
-            bytes_of(n_out, size, "output")?,
-        )?;
-        if what == Data::Combine && !dt.is_float() {
-            return Err(Failure::invalid(format!(
-                "haloMoeCombine adds rows: datatype {dt:?} is not a floating-point type \
-                 (haloFloat16, haloBfloat16, haloFloat32, haloFloat64)"
-            )));
-        }
-        Ok((n_in, n_out))
-    });
-    let (n_in, n_out) = checked.map_err(|f| refuse(c, f))?;
-    let (in_name, out_name) = match what {
-        Data::Dispatch => ("x", "recvX"),
-        Data::Combine => ("y", "out"),
-        Data::DispatchPairs => ("perSlot", "perRow"),
-        Data::CombinePairs => ("perRow", "perSlot"),
-    };
-    // The combine adds rows, so only the float types have one (`$combine`); the
-    // integer arms never reach theirs: refused below.
-    macro_rules! go {
-        ($E:ty, $combine:expr) => {{
-            // SAFETY: readable / writable for these sizes by the contract.
-            let src = unsafe { input::<$E>(inp, n_in, in_name) };
-            // SAFETY: as above.
-            let dst = unsafe { output::<$E>(out, n_out, out_name) };
-            let (src, dst) = src.and_then(|s| Ok((s, dst?))).map_err(|f| refuse(c, f))?;
-            let mut comm = c.lock()?;
-            let got = match what {
-                Data::Dispatch => ex.dispatch_rows(&mut comm, src, hidden)?,
-                Data::DispatchPairs => ex.dispatch_pairs(&mut comm, src)?,
-                Data::CombinePairs => ex.combine_pairs(&mut comm, src)?,
-                Data::Combine => $combine(&mut comm, src)?,
-            };
-            dst.copy_from_slice(&got);
-            Ok(())
-        }};
-        ($E:ty) => {
-            go!($E, |_: &mut Communicator,
-                     _: &[$E]|
-             -> halo_rs::Result<Vec<$E>> {
-                unreachable!("the combine of an integer type is refused")
-            })
-        };
-    }
-    match dt {
-        haloDataType::haloFloat32 => go!(f32, |m: &mut Communicator, s: &[f32]| ex
-            .combine_sum::<f32>(m, s, hidden)),
-        haloDataType::haloFloat64 => go!(f64, |m: &mut Communicator, s: &[f64]| ex
-            .combine_sum::<f64>(m, s, hidden)),
-        haloDataType::haloFloat16 => {
-            go!(halo_rs::f16, |m: &mut Communicator, s: &[halo_rs::f16]| {
-                ex.combine_sum::<halo_rs::f16>(m, s, hidden)
-            })
-        }
-        haloDataType::haloBfloat16 => go!(
-            halo_rs::bf16,
-            |m: &mut Communicator, s: &[halo_rs::bf16]| ex
-                .combine_sum::<halo_rs::bf16>(m, s, hidden)
-        ),
-        haloDataType::haloInt8 => go!(i8),
-        haloDataType::haloUint8 => go!(u8),
-        haloDataType::haloInt32 => go!(i32),
-        haloDataType::haloUint32 => go!(u32),
-        haloDataType::haloInt64 => go!(i64),
-        haloDataType::haloUint64 => go!(u64),
-    }
 }
 
 /// Dispatches this rank's tokens along a handle's routing (DeepEP's `dispatch`): `x`
@@ -699,6 +807,139 @@ pub unsafe extern "C" fn haloMoeCombinePairs(
             handle,
             comm,
             stream,
+        )
+    }
+}
+
+/// Non-blocking `haloMoeDispatch`: checks the arguments as `haloMoeDispatch` does, queues the
+/// call on the communicator's worker and returns at once with a request in `*request`
+/// (completed by `haloWait`, `haloWaitAll` or `haloTest`, like the other `haloI*`
+/// calls; the communicator's operations run in the order they were started). The
+/// buffers must not be touched until the request has completed; the handle may be
+/// freed meanwhile (the request keeps the routing). A wrong argument is returned now
+/// (`*request` left alone) and the other ranks' requests fail naming this rank.
+/// There is no stream argument (host buffers).
+///
+/// # Safety
+/// As `haloMoeDispatch`, for as long as the request is live; `request` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIMoeDispatch(
+    x: *const c_void,
+    recvX: *mut c_void,
+    hidden: usize,
+    datatype: haloDataType_t,
+    handle: haloMoeHandle_t,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    // SAFETY: as the contract says.
+    unsafe {
+        nonblocking_data_call(
+            "haloIMoeDispatch",
+            "moe dispatch",
+            Data::Dispatch,
+            x,
+            recvX,
+            hidden,
+            datatype,
+            handle,
+            comm,
+            request,
+        )
+    }
+}
+
+/// Non-blocking `haloMoeCombine`, as `haloIMoeDispatch` is of `haloMoeDispatch`.
+///
+/// # Safety
+/// As `haloMoeCombine`, for as long as the request is live; `request` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIMoeCombine(
+    y: *const c_void,
+    out: *mut c_void,
+    hidden: usize,
+    datatype: haloDataType_t,
+    handle: haloMoeHandle_t,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    // SAFETY: as the contract says.
+    unsafe {
+        nonblocking_data_call(
+            "haloIMoeCombine",
+            "moe combine",
+            Data::Combine,
+            y,
+            out,
+            hidden,
+            datatype,
+            handle,
+            comm,
+            request,
+        )
+    }
+}
+
+/// Non-blocking `haloMoeDispatchPairs`, as `haloIMoeDispatch` is of `haloMoeDispatch`.
+///
+/// # Safety
+/// As `haloMoeDispatchPairs`, for as long as the request is live; `request` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIMoeDispatchPairs(
+    perSlot: *const c_void,
+    perRow: *mut c_void,
+    datatype: haloDataType_t,
+    handle: haloMoeHandle_t,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    // SAFETY: as the contract says.
+    unsafe {
+        nonblocking_data_call(
+            "haloIMoeDispatchPairs",
+            "moe dispatch pairs",
+            Data::DispatchPairs,
+            perSlot,
+            perRow,
+            1,
+            datatype,
+            handle,
+            comm,
+            request,
+        )
+    }
+}
+
+/// Non-blocking `haloMoeCombinePairs`, as `haloIMoeDispatch` is of `haloMoeDispatch`.
+///
+/// # Safety
+/// As `haloMoeCombinePairs`, for as long as the request is live; `request` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn haloIMoeCombinePairs(
+    perRow: *const c_void,
+    perSlot: *mut c_void,
+    datatype: haloDataType_t,
+    handle: haloMoeHandle_t,
+    comm: haloComm_t,
+    request: *mut haloRequest_t,
+) -> haloResult_t {
+    // SAFETY: as the contract says.
+    unsafe {
+        nonblocking_data_call(
+            "haloIMoeCombinePairs",
+            "moe combine pairs",
+            Data::CombinePairs,
+            perRow,
+            perSlot,
+            1,
+            datatype,
+            handle,
+            comm,
+            request,
         )
     }
 }

@@ -63,7 +63,7 @@ fn not_live(request: haloRequest_t) -> Failure {
 }
 
 /// Queues `job` on `comm` and writes its handle to `request`.
-fn start(
+pub(crate) fn start(
     comm: &Arc<haloComm>,
     function: &'static str,
     name: &'static str,
@@ -86,7 +86,7 @@ fn start(
     Ok(())
 }
 
-fn check_request_out(request: *mut haloRequest_t) -> FfiResult<()> {
+pub(crate) fn check_request_out(request: *mut haloRequest_t) -> FfiResult<()> {
     if request.is_null() {
         return Err(Failure::invalid("request is NULL"));
     }
