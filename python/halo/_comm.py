@@ -698,12 +698,15 @@ class MoeHandle:
         check(library().haloMoeHandleGetLayout(self._id(), h, *arrays.values()), h)
         return {name: list(a) for name, a in arrays.items()}
 
-    def _data(self, name, inp, out, in_rows, out_rows, rows_of, what_in, what_out):
+    def _data(self, name, inp, out, in_rows, out_rows, rows_of, what_in, what_out, async_op=False):
         """One data call: ``inp`` (``in_rows`` x hidden) to ``out`` (``out_rows`` x
-        hidden) with ``rows_of`` true, else one element per row (the pairs)."""
+        hidden) with ``rows_of`` true, else one element per row (the pairs). With
+        ``async_op``, ``haloIMoe<name>``: returns a :class:`Work`."""
         h = self._comm._h()
         lib = library()
-        fn = getattr(lib, "haloMoe" + name)
+        fn = getattr(lib, ("haloIMoe" if async_op else "haloMoe") + name)
+        req = ctypes.c_void_p()
+        last = ctypes.byref(req) if async_op else None
         try:
             i = as_buffer(inp, what_in)
             o = as_buffer(out, what_out, writable=True)
@@ -720,37 +723,49 @@ class MoeHandle:
             # Take part with a data type libhalo refuses collectively: the other ranks
             # fail naming this one instead of waiting for it.
             args = (None, None, 0, -1) if rows_of else (None, None, -1)
-            fn(*args, self._id(), h, None)
+            fn(*args, self._id(), h, last)
             raise
         args = (i.ptr, o.ptr, hidden, i.dtype) if rows_of else (i.ptr, o.ptr, i.dtype)
-        check(fn(*args, self._id(), h, None), h)
+        check(fn(*args, self._id(), h, last), h)
+        if async_op:
+            # The request keeps the routing (the handle may be freed meanwhile); the
+            # work keeps the arrays.
+            return Work(req, h, (inp, out))
         return out
 
-    def dispatch(self, x, out):
+    def dispatch(self, x, out, async_op=False):
         """``x`` (``num_tokens`` rows) to ``out`` (``num_recv_rows`` rows of the same
         width and type): each token to each of its experts (``haloMoeDispatch``).
-        Collective; returns ``out``."""
-        return self._data("Dispatch", x, out, self.num_tokens, self.num_recv_rows, True, "x", "out")
-
-    def combine(self, y, out):
-        """``y`` (``num_recv_rows`` rows, float types) back to ``out`` (``num_tokens``
-        rows): each token gets the sum of its rows (``haloMoeCombine``, reduced inside
-        each node first). Collective; returns ``out``."""
-        return self._data("Combine", y, out, self.num_recv_rows, self.num_tokens, True, "y", "out")
-
-    def dispatch_pairs(self, per_slot, out):
-        """One value per (token, slot) (``num_tokens x top_k``) to one per received
-        row (``haloMoeDispatchPairs``: each row's gate weight). Collective."""
+        Collective; returns ``out``, or with ``async_op=True`` a :class:`Work`
+        (``haloIMoeDispatch``; ``out`` is filled once it has completed)."""
         return self._data(
-            "DispatchPairs", per_slot, out, self.num_tokens * self.top_k, self.num_recv_rows, False,
-            "per_slot", "out",
+            "Dispatch", x, out, self.num_tokens, self.num_recv_rows, True, "x", "out", async_op
         )
 
-    def combine_pairs(self, per_row, out):
-        """The reverse of :meth:`dispatch_pairs` (``haloMoeCombinePairs``). Collective."""
+    def combine(self, y, out, async_op=False):
+        """``y`` (``num_recv_rows`` rows, float types) back to ``out`` (``num_tokens``
+        rows): each token gets the sum of its rows (``haloMoeCombine``, reduced inside
+        each node first). Collective; returns ``out``, or with ``async_op=True`` a
+        :class:`Work` (``haloIMoeCombine``)."""
+        return self._data(
+            "Combine", y, out, self.num_recv_rows, self.num_tokens, True, "y", "out", async_op
+        )
+
+    def dispatch_pairs(self, per_slot, out, async_op=False):
+        """One value per (token, slot) (``num_tokens x top_k``) to one per received
+        row (``haloMoeDispatchPairs``: each row's gate weight). Collective; with
+        ``async_op=True`` a :class:`Work` (``haloIMoeDispatchPairs``)."""
+        return self._data(
+            "DispatchPairs", per_slot, out, self.num_tokens * self.top_k, self.num_recv_rows, False,
+            "per_slot", "out", async_op,
+        )
+
+    def combine_pairs(self, per_row, out, async_op=False):
+        """The reverse of :meth:`dispatch_pairs` (``haloMoeCombinePairs``; with
+        ``async_op=True`` ``haloIMoeCombinePairs``). Collective."""
         return self._data(
             "CombinePairs", per_row, out, self.num_recv_rows, self.num_tokens * self.top_k, False,
-            "per_row", "out",
+            "per_row", "out", async_op,
         )
 
     def free(self) -> None:

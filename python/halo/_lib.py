@@ -378,6 +378,10 @@ _PROTOTYPES = {
     "haloMoeCombine": (_result_t, [_vp, _vp, _sz, _i32, ctypes.c_uint64, _comm_t, _vp]),
     "haloMoeDispatchPairs": (_result_t, [_vp, _vp, _i32, ctypes.c_uint64, _comm_t, _vp]),
     "haloMoeCombinePairs": (_result_t, [_vp, _vp, _i32, ctypes.c_uint64, _comm_t, _vp]),
+    "haloIMoeDispatch": (_result_t, [_vp, _vp, _sz, _i32, ctypes.c_uint64, _comm_t, _c_void_pp]),
+    "haloIMoeCombine": (_result_t, [_vp, _vp, _sz, _i32, ctypes.c_uint64, _comm_t, _c_void_pp]),
+    "haloIMoeDispatchPairs": (_result_t, [_vp, _vp, _i32, ctypes.c_uint64, _comm_t, _c_void_pp]),
+    "haloIMoeCombinePairs": (_result_t, [_vp, _vp, _i32, ctypes.c_uint64, _comm_t, _c_void_pp]),
     "haloWait": (_result_t, [ctypes.c_void_p]),
     "haloTest": (_result_t, [ctypes.c_void_p, _c_int_p]),
     "haloAllReduce": (

@@ -57,6 +57,7 @@ from ._comm import Communicator, MoeHandle
 from ._torch_pg import NAME, ProcessGroupHalo, create_backend
 
 __all__ = [
+    "EventOverlap",
     "MoeDispatcher",
     "NAME",
     "ProcessGroupHalo",
@@ -102,14 +103,56 @@ def communicator(group=None) -> Communicator:
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _run(call, inp, out, works) -> None:
+    """``call(inp, out)``, blocking when ``works`` is None, else started non-blocking
+    (``haloIMoe*``) with its work appended to ``works``."""
+    if works is None:
+        call(inp, out)
+    else:
+        works.append(call(inp, out, async_op=True))
+
+
+class EventOverlap:
+    """What ``dispatch`` and ``combine`` return last with ``async_finish=True``
+    (DeepEP's ``EventOverlap``): the exchange is running on the communicator's worker
+    and its outputs are not ready until :meth:`current_stream_wait` (or the end of a
+    ``with event:`` block) returns. Work queued on the same group after it runs after
+    it; a blocking call on the group waits for it first."""
+
+    def __init__(self, works):
+        self._works = list(works)
+
+    def current_stream_wait(self) -> None:
+        """Blocks until the exchange has finished (CPU tensors: there is no stream to
+        make wait); raises ``halo.HaloError`` if it failed. A second call returns at
+        once."""
+        works, self._works = self._works, []
+        for w in works:
+            w.wait()
+
+    def is_completed(self) -> bool:
+        """Whether the exchange has finished, without blocking."""
+        return all(w.is_completed() for w in self._works)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.current_stream_wait()
+        return False
+
+    def __repr__(self) -> str:
+        return f"<halo.torch.EventOverlap {len(self._works)} pending>"
+
+
 class _Dispatch(torch.autograd.Function):
     """Tokens to their experts' rows; backward: the rows' gradients summed back."""
 
     @staticmethod
-    def forward(ctx, x, handle):
+    def forward(ctx, x, handle, works):
         ctx.handle = handle
         out = x.new_empty((handle.num_recv_rows, x.shape[1]))
-        handle.dispatch(x.detach().contiguous(), out)
+        _run(handle.dispatch, x.detach().contiguous(), out, works)
         return out
 
     @staticmethod
@@ -117,17 +160,17 @@ class _Dispatch(torch.autograd.Function):
         h = ctx.handle
         gx = grad.new_empty((h.num_tokens, grad.shape[1]))
         h.combine(grad.contiguous(), gx)
-        return gx, None
+        return gx, None, None
 
 
 class _Combine(torch.autograd.Function):
     """Rows summed back to their tokens; backward: each token's gradient to its rows."""
 
     @staticmethod
-    def forward(ctx, y, handle):
+    def forward(ctx, y, handle, works):
         ctx.handle = handle
         out = y.new_empty((handle.num_tokens, y.shape[1]))
-        handle.combine(y.detach().contiguous(), out)
+        _run(handle.combine, y.detach().contiguous(), out, works)
         return out
 
     @staticmethod
@@ -135,17 +178,17 @@ class _Combine(torch.autograd.Function):
         h = ctx.handle
         gy = grad.new_empty((h.num_recv_rows, grad.shape[1]))
         h.dispatch(grad.contiguous(), gy)
-        return gy, None
+        return gy, None, None
 
 
 class _DispatchPairs(torch.autograd.Function):
     """One value per (token, slot) to its row; backward: the rows' values back."""
 
     @staticmethod
-    def forward(ctx, w, handle):
+    def forward(ctx, w, handle, works):
         ctx.handle = handle
         out = w.new_empty((handle.num_recv_rows,))
-        handle.dispatch_pairs(w.detach().contiguous(), out)
+        _run(handle.dispatch_pairs, w.detach().contiguous(), out, works)
         return out
 
     @staticmethod
@@ -153,7 +196,7 @@ class _DispatchPairs(torch.autograd.Function):
         h = ctx.handle
         gw = grad.new_empty((h.num_tokens, h.top_k))
         h.combine_pairs(grad.contiguous(), gw)
-        return gw, None
+        return gw, None, None
 
 
 class MoeDispatchHandle:
@@ -205,8 +248,10 @@ class MoeDispatcher:
     token, so no permutation is needed before the grouped GEMM; ``recv_topk_idx`` and
     ``recv_topk_weights`` are therefore 1-D (one expert id and one gate per row), and
     ``tokens_per_expert`` is a list of Python ints known once the routing is exchanged.
-    CPU tensors only (the device path of the MoE calls is not built yet); blocking (no
-    ``async_finish``, no ``previous_event``); no masked (``-1``) slots; no FP8.
+    CPU tensors only (the device path of the MoE calls is not built yet);
+    ``async_finish=True`` overlaps the rows' exchange with the caller's work (the
+    routing is exchanged first, blocking), there is no ``previous_event`` (CPU work
+    is done when the call is made); no masked (``-1``) slots; no FP8.
     """
 
     def __init__(self, group, num_experts: int, hidden: int, expert_rank=None, mode="auto"):
@@ -248,7 +293,7 @@ class MoeDispatcher:
                 "of the MoE calls is not built yet)"
             )
 
-    def dispatch(self, x, topk_idx, topk_weights=None):
+    def dispatch(self, x, topk_idx, topk_weights=None, async_finish=False):
         """Sends this rank's tokens ``x`` (``tokens x hidden``, a float type) to their
         experts ``topk_idx`` (``tokens x k``, int64, distinct per token). Collective.
 
@@ -258,6 +303,12 @@ class MoeDispatcher:
         x k``; ``None`` without it), the rows per local expert, and the handle for
         :meth:`combine`. ``recv_x`` and ``recv_topk_weights`` carry gradients back to
         ``x`` and ``topk_weights``.
+
+        With ``async_finish=True`` (DeepEP's) the routing is exchanged before it returns
+        (``tokens_per_expert`` is known) but the rows move in the background: a sixth
+        element, an :class:`EventOverlap`, says when ``recv_x`` and
+        ``recv_topk_weights`` are ready (``event.current_stream_wait()``); ``x`` and
+        ``topk_weights`` must not be written until then.
         """
         try:
             self._check_dispatch(x, topk_idx, topk_weights)
@@ -271,9 +322,11 @@ class MoeDispatcher:
             raise
         h = self.comm.moe_route(topk_idx.detach().to(torch.long).contiguous(), self.expert_rank, self.mode)
         handle = MoeDispatchHandle(h)
-        recv_x = _Dispatch.apply(x, h)
-        weights = None if topk_weights is None else _DispatchPairs.apply(topk_weights, h)
-        return recv_x, handle.row_expert, weights, list(handle.tokens_per_expert), handle
+        works = [] if async_finish else None
+        recv_x = _Dispatch.apply(x, h, works)
+        weights = None if topk_weights is None else _DispatchPairs.apply(topk_weights, h, works)
+        out = (recv_x, handle.row_expert, weights, list(handle.tokens_per_expert), handle)
+        return (*out, EventOverlap(works)) if async_finish else out
 
     def _check_dispatch(self, x, topk_idx, topk_weights) -> None:
         self._check(x, "x")
@@ -294,14 +347,18 @@ class MoeDispatcher:
                     f"{tuple(topk_idx.shape)}"
                 )
 
-    def combine(self, y, handle: MoeDispatchHandle):
+    def combine(self, y, handle: MoeDispatchHandle, async_finish=False):
         """Brings the experts' rows ``y`` (``recv_x``'s rows, the gates applied by the
         caller) back: returns ``tokens x hidden``, each token the sum of its rows, added
         inside each node first and then over the nodes in ascending order (an order
-        fixed by the routing and the topology). Collective."""
+        fixed by the routing and the topology). Collective. With ``async_finish=True``
+        returns ``(out, event)``: ``out`` is ready once ``event.current_stream_wait()``
+        has returned (:class:`EventOverlap`)."""
         self._check(y, "y")
         if not isinstance(handle, MoeDispatchHandle):
             raise TypeError("handle must be the one dispatch returned")
         if y.dtype not in _FLOATS:
             raise TypeError(f"y is {y.dtype}: float16, bfloat16, float32 or float64")
-        return _Combine.apply(y, handle.handle)
+        works = [] if async_finish else None
+        out = _Combine.apply(y, handle.handle, works)
+        return (out, EventOverlap(works)) if async_finish else out

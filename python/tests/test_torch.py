@@ -78,7 +78,7 @@ class BackendTest(unittest.TestCase):
     def test_the_dispatcher_layer_equals_the_all_to_all_layer(self):
         # Two emulated nodes (HALO_TOPOLOGY), so that the dedup path replicates inside
         # the node and reduces there; 84 cases (k, routings, modes, dtypes, tables),
-        # then the layout, then bad input on every rank.
+        # then the layout, async_finish, then bad input on every rank.
         for topology in ("nodes:2x2", ""):
             self.run_job(4, [DISPATCHER], "moe dispatcher ok (84 cases)", extra_env={"HALO_TOPOLOGY": topology, "HALO_TIMEOUT_MS": "20000"})
 

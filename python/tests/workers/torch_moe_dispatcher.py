@@ -3,7 +3,8 @@ MoE layer of python/examples/torch_moe.py on ``halo.torch.MoeDispatcher`` agains
 same layer on ``dist.all_to_all_single`` over the same "halo" group — outputs and
 every gradient (tokens, router, experts) — for k = 1, 2, 8, uneven routings, empty
 experts, every token to one expert, a rank without tokens, a shuffled expert table
-(migration), in float64 and float32, every mode; then bad input raising on every rank.
+(migration), in float64 and float32, every mode; ``async_finish`` bit for bit the
+blocking calls; then bad input raising on every rank.
 
 Summation orders differ (the dispatcher adds each token's rows per node in slot order,
 then the nodes ascending; the all-to-all version sums the k weighted rows with
@@ -157,6 +158,48 @@ def main():
     out = dispatcher.combine(recv_x, handle)
     if not torch.equal(out, 2 * x):
         fail("combine of the dispatched rows is not 2 x")
+
+    # async_finish (DeepEP's): two dispatches in flight, then the combine; rows, gates
+    # and gradients bit for bit those of the blocking calls.
+    w0 = torch.rand(x.shape[0], 2, dtype=torch.float64, generator=torch.Generator().manual_seed(me))
+    grads = []
+    for async_finish in (True, False):
+        xa, wa = x.clone().requires_grad_(), w0.clone().requires_grad_()
+        if async_finish:
+            first = dispatcher.dispatch(xa, ids_of[me], wa, async_finish=True)
+            second = dispatcher.dispatch(2 * x, ids_of[me], async_finish=True)
+            if len(first) != 6 or not isinstance(first[5], halo.torch.EventOverlap):
+                fail(f"dispatch(async_finish=True) returned {len(first)} elements")
+            with second[5]:
+                first[5].current_stream_wait()
+            if not torch.equal(second[0], 2 * first[0]):
+                fail("the second dispatch in flight differs")
+            recv, _, rw, _, h = first[:5]
+            out, event = dispatcher.combine(recv * rw.unsqueeze(-1), h, async_finish=True)
+            event.current_stream_wait()
+            if not event.is_completed():
+                fail("an event waited for is not completed")
+        else:
+            recv, _, rw, _, h = dispatcher.dispatch(xa, ids_of[me], wa)
+            out = dispatcher.combine(recv * rw.unsqueeze(-1), h)
+        (out * out).sum().backward()
+        grads.append([recv.detach(), rw.detach(), out.detach(), xa.grad, wa.grad])
+    for what, a, b in zip(("recv_x", "recv_topk_weights", "combine", "grad of x", "grad of the gates"), *grads):
+        if not torch.equal(a, b):
+            fail(f"async_finish: {what} differs from the blocking call's")
+    # A combine with the wrong rows on rank 3, async: ValueError there at once, the
+    # others' event raising INVALID_USAGE naming rank 3.
+    recv_x, _, _, _, handle = dispatcher.dispatch(x, ids_of[me])
+    try:
+        _, event = dispatcher.combine(recv_x[1:] if me == 3 else recv_x, handle, async_finish=True)
+        event.current_stream_wait()
+        fail("an async combine with a wrong row count was accepted")
+    except ValueError as e:
+        if me != 3:
+            fail(f"async wrong rows: {e}")
+    except halo.HaloError as e:
+        if me == 3 or e.code != halo.Result.INVALID_USAGE or "rank 3" not in str(e):
+            fail(f"async wrong rows elsewhere: {e.code!r} {e}")
 
     # Bad input: an expert id out of range on rank 2 -> HaloError INVALID_ARGUMENT
     # there, INVALID_USAGE naming rank 2 elsewhere; a wrong shape on rank 0 ->
