@@ -3,12 +3,13 @@
 # each HALO against Open MPI in the same run. Needs root for the emulated hosts
 # (network namespaces) and Open MPI (bash scripts/deps.sh test).
 #   bash scripts/bench-suite.sh [OUT_DIR] [CONFIG...]
-# OUT_DIR defaults to docs/bench; CONFIGs default to all of:
+# OUT_DIR defaults to target/bench-suite (copy what docs/BENCHMARKS.md should cite into
+# docs/bench, SVG only); CONFIGs default to all of:
 #   emu4x2 emu4x2-sync emu4x2-v emu4x2-v-sync emu2-p2p host4 host8 threads8
-# Each CONFIG writes OUT_DIR/CONFIG/{output.txt,rows.json,*.svg,*.png} (docs/bench keeps the SVGs only).
+# Each CONFIG writes OUT_DIR/CONFIG/{output.txt,rows.json,*.svg,*.png}
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-docs/bench}
+out=${1:-target/bench-suite}
 shift || true
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(emu4x2 emu4x2-sync emu4x2-v emu4x2-v-sync emu2-p2p host4 host8 threads8)
