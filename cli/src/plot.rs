@@ -156,7 +156,7 @@ fn load_font() -> Result<()> {
     static FONT: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
     FONT.get_or_init(|| {
         let mut tried: Vec<String> = Vec::new();
-        let env = std::env::var("HALO_PLOT_FONT").ok();
+        let env = halo_params::PLOT_FONT.raw();
         for p in env.iter().map(String::as_str).chain(FONT_PATHS) {
             match std::fs::read(p) {
                 Ok(bytes) => {

@@ -19,7 +19,7 @@ use std::io::IsTerminal as _;
 use tracing_subscriber::EnvFilter;
 
 /// The environment variable read by [`init_from_env`].
-pub const ENV_VAR: &str = "HALO_DEBUG";
+pub const ENV_VAR: &str = halo_params::DEBUG.name;
 
 /// The filter directive for a value of `HALO_DEBUG` (`None` when unset).
 ///

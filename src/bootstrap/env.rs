@@ -98,7 +98,7 @@ impl EnvBootstrap {
                 "rank {rank} out of range for a job of {size} ranks"
             )));
         }
-        let root = if let Some(a) = vars.get("HALO_BOOTSTRAP_ADDR") {
+        let root = if let Some(a) = vars.get(halo_params::BOOTSTRAP_ADDR.name) {
             parse_host_port(a, DEFAULT_BOOTSTRAP_PORT)?
         } else if let Some(a) = vars.get("MASTER_ADDR") {
             let port = match number(&vars, "MASTER_PORT")? {
@@ -125,11 +125,20 @@ impl EnvBootstrap {
                 "no rendezvous address: set HALO_BOOTSTRAP_ADDR (ip:port) or MASTER_ADDR/MASTER_PORT",
             ));
         };
-        let timeout = match number(&vars, "HALO_BOOTSTRAP_TIMEOUT_MS")? {
-            Some(ms) => Duration::from_millis(ms as u64),
+        let timeout = match halo_params::BOOTSTRAP_TIMEOUT_MS
+            .number_from(
+                vars.get(halo_params::BOOTSTRAP_TIMEOUT_MS.name)
+                    .map(String::as_str),
+            )
+            .map_err(|e| Error::invalid_argument(e.to_string()))?
+        {
+            Some(ms) => Duration::from_millis(ms),
             None => Duration::from_secs(120),
         };
-        let root_served = match vars.get("HALO_BOOTSTRAP_SERVED").map(|v| v.trim()) {
+        let root_served = match vars
+            .get(halo_params::BOOTSTRAP_SERVED.name)
+            .map(|v| v.trim())
+        {
             None | Some("0") | Some("") => false,
             Some("1") => true,
             Some(v) => {

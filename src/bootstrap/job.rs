@@ -155,8 +155,8 @@ pub(crate) fn establish(
         (None, Some(root)) => route_to(root)?,
         // Bootstrapped another way (MPI): HALO_BOOTSTRAP_ADDR, where a launcher set
         // it, is the job's root on another host for most ranks — bind what reaches it.
-        (None, None) => match std::env::var("HALO_BOOTSTRAP_ADDR")
-            .ok()
+        (None, None) => match halo_params::BOOTSTRAP_ADDR
+            .raw()
             .and_then(|v| super::parse_host_port(&v, 1).ok())
         {
             Some(root) => route_to(root)?,

@@ -176,12 +176,12 @@ pub fn random_secret() -> Result<Secret> {
 /// `NCCL_SOCKET_IFNAME`), else the first non-loopback IPv4 interface that is up, else
 /// 127.0.0.1.
 pub fn default_bootstrap_ip() -> Result<IpAddr> {
-    if let Ok(v) = std::env::var("HALO_BOOTSTRAP_ADDR") {
+    if let Some(v) = halo_params::BOOTSTRAP_ADDR.raw() {
         return parse_host_port(&v, 0).map(|a| a.ip());
     }
     let ifs = crate::transport::sys::interfaces()
         .map_err(|e| sys_err(format!("cannot list network interfaces: {e}")))?;
-    if let Ok(name) = std::env::var("HALO_SOCKET_IFNAME") {
+    if let Some(name) = halo_params::SOCKET_IFNAME.raw() {
         return ifs
             .iter()
             .find(|i| i.name == name && i.ip.is_ipv4())

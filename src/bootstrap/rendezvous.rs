@@ -80,9 +80,12 @@ pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time the root waits for every rank, and a rank for the answer:
 /// `HALO_BOOTSTRAP_TIMEOUT_MS`, default 120 s.
 pub fn bootstrap_timeout() -> Duration {
-    std::env::var("HALO_BOOTSTRAP_TIMEOUT_MS")
+    // A malformed value is refused where the communicator's configuration is read
+    // (`InitConfig::from_env`); here it is only not taken.
+    halo_params::BOOTSTRAP_TIMEOUT_MS
+        .number()
         .ok()
-        .and_then(|v| v.parse::<u64>().ok())
+        .flatten()
         .map(Duration::from_millis)
         .unwrap_or(Duration::from_secs(120))
 }

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 pub const INSECURE_DERIVED: &str = "insecure-derived";
 
 /// The variable naming the per-user key file.
-pub const SECRET_FILE_VAR: &str = "HALO_SECRET_FILE";
+pub const SECRET_FILE_VAR: &str = halo_params::SECRET_FILE.name;
 
 /// Where the per-user key file is when `HALO_SECRET_FILE` is not set, below `$HOME`.
 pub const DEFAULT_KEY_FILE: &str = ".config/halo/secret";
@@ -267,7 +267,7 @@ pub(super) fn resolve(
     root: SocketAddr,
     size: usize,
 ) -> Result<(Secret, SecretSource)> {
-    match vars.get("HALO_SECRET").map(|v| v.trim()) {
+    match vars.get(halo_params::SECRET.name).map(|v| v.trim()) {
         Some(INSECURE_DERIVED) => {
             return Ok((
                 insecure_derived_secret(vars, root, size),

@@ -257,6 +257,14 @@ pub const SPECULATE_V: usize = 512 * 1024;
 /// The largest `HALO_A2AV_SPECULATE` taken.
 pub(crate) const SPECULATE_V_MAX: usize = 16 << 20;
 
+// The bounds of `HALO_A2AV_EAGER` and `HALO_A2AV_SPECULATE` in the parameter table are
+// these.
+const _: () = assert!(
+    matches!(halo_params::A2AV_EAGER.kind, halo_params::Kind::Number { max, .. } if max == EAGER_V_MAX as u64)
+        && matches!(halo_params::A2AV_SPECULATE.kind, halo_params::Kind::Number { max, .. } if max == SPECULATE_V_MAX as u64),
+    "the bounds in halo-params differ from EAGER_V_MAX / SPECULATE_V_MAX"
+);
+
 /// The least bytes of each block that the direct exchange's count messages carry on
 /// a communicator that spans hosts, where the eager bytes are learned (neither
 /// `HALO_A2AV_EAGER` nor [`Communicator::set_eager_v`] fix them). Those messages are
@@ -344,10 +352,16 @@ impl VState {
     }
 }
 
-/// The environment variable `name` as a count, if set, cut to `max`. An unparsable
-/// value is logged and ignored.
-fn env_count(name: &str, max: usize) -> Option<usize> {
-    let v = std::env::var(name).ok()?;
+/// The parameter `p` as a count, if set, cut to its upper bound. An unparsable value
+/// is logged and ignored.
+fn env_count(p: &halo_params::Param) -> Option<usize> {
+    let (name, max) = match p.kind {
+        halo_params::Kind::Number { max, .. } => {
+            (p.name, usize::try_from(max).unwrap_or(usize::MAX))
+        }
+        _ => (p.name, usize::MAX),
+    };
+    let v = p.raw()?;
     match v.trim().parse::<usize>() {
         Ok(c) if c > max => {
             tracing::warn!("{name}={v:?} is above {max}: {max} taken");
@@ -365,20 +379,20 @@ fn env_count(name: &str, max: usize) -> Option<usize> {
 /// the count exchange then the data pass as before), at most [`EAGER_V_MAX`].
 fn eager_env() -> Option<usize> {
     static EAGER: OnceLock<Option<usize>> = OnceLock::new();
-    *EAGER.get_or_init(|| env_count("HALO_A2AV_EAGER", EAGER_V_MAX))
+    *EAGER.get_or_init(|| env_count(&halo_params::A2AV_EAGER))
 }
 
 /// `HALO_A2AV_GATHER_MAX`, if set: the most ranks that all-gather the counts.
 fn gather_max_env() -> Option<usize> {
     static MAX: OnceLock<Option<usize>> = OnceLock::new();
-    *MAX.get_or_init(|| env_count("HALO_A2AV_GATHER_MAX", usize::MAX))
+    *MAX.get_or_init(|| env_count(&halo_params::A2AV_GATHER_MAX))
 }
 
 /// `HALO_A2AV_SPECULATE`, if set: the largest remainder sent right behind the count
 /// message (0: none), at most [`SPECULATE_V_MAX`].
 fn speculate_env() -> Option<usize> {
     static SPEC: OnceLock<Option<usize>> = OnceLock::new();
-    *SPEC.get_or_init(|| env_count("HALO_A2AV_SPECULATE", SPECULATE_V_MAX))
+    *SPEC.get_or_init(|| env_count(&halo_params::A2AV_SPECULATE))
 }
 
 /// The remainder of a block of `count` bytes (`u64::MAX`: its sender's arguments are

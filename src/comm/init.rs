@@ -51,40 +51,31 @@ impl InitConfig {
     /// and `HALO_ALGO` (and checks `HALO_BARRIER_ALGO`, which the barrier reads). A
     /// malformed value is an error naming the variable.
     pub fn from_env() -> Result<InitConfig> {
-        let ms = |name: &str| -> Result<Option<Duration>> {
-            match std::env::var(name) {
-                Err(_) => Ok(None),
-                Ok(v) => v
-                    .trim()
-                    .parse::<u64>()
-                    .map(|m| Some(Duration::from_millis(m)))
-                    .map_err(|_| {
-                        Error::invalid_argument(format!(
-                            "{name}={v:?} is not a number of milliseconds"
-                        ))
-                    }),
-            }
+        let ms = |p: &halo_params::Param| -> Result<Option<Duration>> {
+            p.number()
+                .map(|m| m.map(Duration::from_millis))
+                .map_err(|e| Error::invalid_argument(e.to_string()))
         };
         let mut c = InitConfig {
             fabric: FabricConfig::from_env()?,
-            topology: std::env::var("HALO_TOPOLOGY").unwrap_or_default(),
+            topology: halo_params::TOPOLOGY.raw().unwrap_or_default(),
             bootstrap_timeout: bootstrap_timeout(),
             ..InitConfig::default()
         };
-        if let Some(t) = ms("HALO_TIMEOUT_MS")? {
+        if let Some(t) = ms(&halo_params::TIMEOUT_MS)? {
             c.timeout = t;
         }
-        if let Some(t) = ms("HALO_BOOTSTRAP_TIMEOUT_MS")? {
+        if let Some(t) = ms(&halo_params::BOOTSTRAP_TIMEOUT_MS)? {
             c.bootstrap_timeout = t;
         }
-        if let Ok(t) = std::env::var("HALO_TRANSPORT") {
+        if let Some(t) = halo_params::TRANSPORT.raw() {
             c.transport = t.parse()?;
         }
-        if let Ok(a) = std::env::var("HALO_BARRIER_ALGO") {
+        if let Some(a) = halo_params::BARRIER_ALGO.raw() {
             a.parse::<Algorithm>()
                 .map_err(|e| Error::invalid_argument(format!("HALO_BARRIER_ALGO: {e}")))?;
         }
-        if let Ok(a) = std::env::var("HALO_ALGO")
+        if let Some(a) = halo_params::ALGO.raw()
             && a != "auto"
         {
             c.algorithm = Some(a.parse().map_err(|e: halo_collectives::CollectiveError| {

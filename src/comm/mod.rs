@@ -202,12 +202,12 @@ pub(crate) fn exec_options(timeout: Duration, abort: &AbortHandle) -> ExecOption
 /// name is logged and ignored.
 fn barrier_algorithm() -> Algorithm {
     static ALGO: std::sync::OnceLock<Algorithm> = std::sync::OnceLock::new();
-    *ALGO.get_or_init(|| match std::env::var("HALO_BARRIER_ALGO") {
-        Ok(a) => a.parse().unwrap_or_else(|e| {
+    *ALGO.get_or_init(|| match halo_params::BARRIER_ALGO.raw() {
+        Some(a) => a.parse().unwrap_or_else(|e| {
             tracing::warn!("HALO_BARRIER_ALGO={a:?} ignored: {e}");
             Algorithm::Bruck
         }),
-        Err(_) => Algorithm::Bruck,
+        None => Algorithm::Bruck,
     })
 }
 
@@ -216,9 +216,9 @@ fn barrier_algorithm() -> Algorithm {
 fn spin_polls() -> u32 {
     static SPIN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
-        std::env::var("HALO_SPIN")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
+        halo_params::SPIN
+            .number_or_warn()
+            .and_then(|v| u32::try_from(v).ok())
             .unwrap_or(ExecOptions::default().spin)
     })
 }

@@ -214,10 +214,7 @@ fn algorithms(list: &[String]) -> Result<Vec<BenchAlgo>, Failure> {
 
 fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, Failure> {
     check_iterations(args)?;
-    let timeout = timeout(
-        args.timeout,
-        std::env::var("HALO_TIMEOUT_MS").ok().as_deref(),
-    )?;
+    let timeout = timeout(args.timeout, halo_params::TIMEOUT_MS.raw().as_deref())?;
     let (min_size, max_size) = match &args.sizes {
         Some(s) => parse_sizes(s)?,
         None if in_process && op.is_collective() => (1, 65536),

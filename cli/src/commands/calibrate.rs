@@ -77,7 +77,9 @@ pub(crate) fn run(args: &CalibrateArgs) -> Result<(), Failure> {
          trip / 2 (device: one memory copy); HALO_PROGRESS={}",
         topo.size(),
         topo.name(),
-        std::env::var("HALO_PROGRESS").unwrap_or_else(|_| "sleep (default)".into())
+        halo_params::PROGRESS
+            .raw()
+            .unwrap_or_else(|| "sleep (default)".into())
     );
     let _ = writeln!(
         out,

@@ -4,6 +4,7 @@ mod bench;
 mod calibrate;
 mod check;
 mod launch;
+mod params;
 mod plan;
 mod secret;
 mod simulate;
@@ -42,6 +43,8 @@ enum Command {
     Train(train::TrainArgs),
     /// The per-user key file torchrun/srun-style jobs derive their secret from (`init`).
     Secret(secret::SecretArgs),
+    /// Every HALO_* environment variable, its value here and its default (like `ucx_info -c`).
+    Params(params::ParamsArgs),
 }
 
 /// A failed command: what to print after `error: ` and the exit status.
@@ -81,6 +84,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
         Command::Plan(args) => plan::run(&args),
         Command::Train(args) => train::run(&args),
         Command::Secret(args) => secret::run(&args),
+        Command::Params(args) => params::run(&args),
     }
 }
 

@@ -5,14 +5,14 @@ use libloading::Library;
 use std::path::{Path, PathBuf};
 
 /// The environment variable naming the NCCL / RCCL library to use.
-pub const NCCL_ENV: &str = "HALO_NCCL_LIBRARY";
+pub const NCCL_ENV: &str = halo_params::NCCL_LIBRARY.name;
 /// The environment variable naming the CUDA / HIP runtime library to use.
-pub const RUNTIME_ENV: &str = "HALO_CUDART_LIBRARY";
+pub const RUNTIME_ENV: &str = halo_params::CUDART_LIBRARY.name;
 /// Directories of the running Python interpreter's packages (`sys.path`, separated by
 /// `:`): HALO's Python package sets it before it loads libhalo, so the wheels of the
 /// interpreter that runs the job (a virtual environment, a user site, pyenv, conda)
 /// are searched whether or not that environment is activated.
-pub const PYTHON_SITE_ENV: &str = "HALO_PYTHON_SITE";
+pub const PYTHON_SITE_ENV: &str = halo_params::PYTHON_SITE.name;
 
 /// What the search looks at: the explicit paths and the Python environments' roots.
 /// [`Search::from_env`] reads the process environment; tests build one by hand.
@@ -308,7 +308,7 @@ mod tests {
     fn the_running_interpreters_site_is_searched() {
         // HALO's Python package sets HALO_PYTHON_SITE; the search reads it. Checked in
         // a child process so this process's environment stays as it is.
-        if std::env::var_os("HALO_SEARCH_CHILD").is_some() {
+        if std::env::var_os(halo_params::SEARCH_CHILD.name).is_some() {
             let s = Search::from_env();
             assert!(
                 s.python_dirs.contains(&PathBuf::from("/opt/site-a")),
@@ -325,7 +325,7 @@ mod tests {
                 "search::tests::the_running_interpreters_site_is_searched",
                 "--nocapture",
             ])
-            .env("HALO_SEARCH_CHILD", "1")
+            .env(halo_params::SEARCH_CHILD.name, "1")
             .env(PYTHON_SITE_ENV, "/opt/site-a:/opt/site-b")
             .output()
             .unwrap();

@@ -240,26 +240,25 @@ impl FabricConfig {
     /// `HALO_WATCHDOG_MS`.
     pub fn from_env() -> Result<Self> {
         let mut c = FabricConfig::default();
-        if let Ok(p) = std::env::var("HALO_FABRIC_PROVIDER") {
+        if let Some(p) = halo_params::FABRIC_PROVIDER.raw() {
             c.force(&p);
         }
-        if let Ok(p) = std::env::var("HALO_FABRIC_NET_PROVIDER") {
+        if let Some(p) = halo_params::FABRIC_NET_PROVIDER.raw() {
             c.net_provider = p;
         }
-        if let Ok(a) = std::env::var("HALO_FABRIC_ADDR") {
+        if let Some(a) = halo_params::FABRIC_ADDR.raw() {
             c.addr = Some(a.parse().map_err(|_| {
                 Error::invalid_argument(format!("HALO_FABRIC_ADDR={a:?} is not an IP address"))
             })?);
         }
-        if let Ok(p) = std::env::var("HALO_PROGRESS") {
+        if let Some(p) = halo_params::PROGRESS.raw() {
             c.progress = p.parse()?;
         }
-        if let Ok(v) = std::env::var("HALO_WATCHDOG_MS") {
-            c.watchdog = Duration::from_millis(v.trim().parse::<u64>().map_err(|_| {
-                Error::invalid_argument(format!(
-                    "HALO_WATCHDOG_MS={v:?} is not a number of milliseconds"
-                ))
-            })?);
+        if let Some(ms) = halo_params::WATCHDOG_MS
+            .number()
+            .map_err(|e| Error::invalid_argument(e.to_string()))?
+        {
+            c.watchdog = Duration::from_millis(ms);
         }
         Ok(c)
     }

@@ -86,7 +86,7 @@ pub(crate) struct CmaConfig {
 impl CmaConfig {
     /// From `HALO_SHM_CMA` and `HALO_SHM_CMA_MIN`.
     pub(super) fn from_env() -> Result<CmaConfig> {
-        let mode = match std::env::var("HALO_SHM_CMA") {
+        let mode = match halo_params::SHM_CMA.raw().ok_or(()) {
             Err(_) => CmaMode::Auto,
             Ok(v) => match v.trim() {
                 "" | "auto" => CmaMode::Auto,
@@ -99,12 +99,10 @@ impl CmaConfig {
                 }
             },
         };
-        let min = match std::env::var("HALO_SHM_CMA_MIN") {
-            Err(_) => MIN_DEFAULT,
-            Ok(v) => v.trim().parse::<usize>().map_err(|_| {
-                Error::invalid_argument(format!("HALO_SHM_CMA_MIN={v:?} is not a number of bytes"))
-            })?,
-        };
+        let min = halo_params::SHM_CMA_MIN
+            .number()
+            .map_err(|e| Error::invalid_argument(e.to_string()))?
+            .map_or(MIN_DEFAULT, |m| usize::try_from(m).unwrap_or(usize::MAX));
         Ok(CmaConfig {
             mode,
             min: min.max(1),

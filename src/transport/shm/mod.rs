@@ -282,17 +282,12 @@ impl ShmTransport {
         let (cma_pid, cma_pidfd) = probe_peers(&seg, rank, size, &peers, cma)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let yield_spin = size > cores;
-        let spin = match std::env::var("HALO_SHM_SPIN_US") {
-            Ok(v) => Duration::from_micros(v.trim().parse::<u64>().map_err(|_| {
-                Error::invalid_argument(format!(
-                    "HALO_SHM_SPIN_US={v:?} is not a number of microseconds"
-                ))
-            })?),
-            Err(_) => SPIN_DEFAULT,
-        };
-        let pure = std::env::var("HALO_SHM_PURE_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
+        let spin = halo_params::SHM_SPIN_US
+            .number()
+            .map_err(|e| Error::invalid_argument(e.to_string()))?
+            .map_or(SPIN_DEFAULT, Duration::from_micros);
+        let pure = halo_params::SHM_PURE_US
+            .number_or_warn()
             .map_or(spin, Duration::from_micros);
         tracing::info!(
             rank,

@@ -234,25 +234,30 @@ impl std::fmt::Debug for Segment {
 // single-producer/single-consumer protocol; the pointer itself is owned by this value.
 unsafe impl Send for Segment {}
 
+/// `HALO_SHM_CELL`'s smallest value (the table's bound): a cell's head and one word.
+const CELL_MIN: u64 = match halo_params::SHM_CELL.kind {
+    halo_params::Kind::Number { min, .. } => min,
+    _ => 0,
+};
+const _: () = assert!(
+    CELL_MIN == (CELL_HEAD + 8) as u64,
+    "HALO_SHM_CELL's lower bound in halo-params is the cell head plus one word"
+);
+
 /// The layout for `nranks` ranks: (slots per ring, bytes per cell).
 pub(super) fn geometry(nranks: usize) -> (usize, usize) {
-    let slots = match std::env::var("HALO_SHM_SLOTS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
-        Some(s) if (2..=1 << 16).contains(&s) => s,
+    // A malformed or out-of-bounds value is logged and the default taken.
+    let slots = match halo_params::SHM_SLOTS.number_or_warn() {
+        Some(s) => s as usize,
         // Every ring is used in an all-to-all, so all of it ends up resident:
         // N x N x slots x cell bytes (8 ranks: 16 MiB; 64 ranks: 512 MiB; 128: 1 GiB).
         _ if nranks <= 16 => 32,
         _ if nranks <= 64 => 16,
         _ => 8,
     };
-    let cell = match std::env::var("HALO_SHM_CELL")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
-        Some(c) if (CELL_HEAD + 8..=1 << 24).contains(&c) => c.next_multiple_of(64),
-        _ => 8192,
+    let cell = match halo_params::SHM_CELL.number_or_warn() {
+        Some(c) => (c as usize).next_multiple_of(64),
+        None => 8192,
     };
     (slots, cell)
 }
