@@ -17,11 +17,7 @@ use crate::error::{Error, Result};
 pub use halo_rccl_sys::{MemoryKind, NcclVersion, RuntimeFlavor};
 use std::ffi::c_void;
 
-/// How the message of an [`Error::UnhandledDeviceError`] starts when the device path
-/// could not start (libraries missing, too old, or another rank's were): nothing was
-/// enqueued and the communicator's host path is untouched, so the C ABI does not mark
-/// the communicator failed for it.
-pub const UNAVAILABLE: &str = "device path unavailable";
+pub use crate::transport::device::UNAVAILABLE;
 
 /// What the device path found on this machine.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -50,6 +50,7 @@ pub mod c_abi;
 mod comm;
 pub mod device;
 mod error;
+pub mod local;
 pub mod select;
 mod transport;
 pub mod tune;
@@ -70,7 +71,6 @@ pub use halo_collectives as collectives;
 pub use halo_collectives::{
     AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm, BroadcastAlgorithm,
 };
+pub use local::{Emulation, LocalCluster, Traffic};
 pub use transport::fabric::{FabricConfig, FabricProgress};
-pub use transport::local;
-pub use transport::local::{Emulation, LocalCluster, Traffic};
 pub use transport::shm::TransportChoice;

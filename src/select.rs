@@ -77,10 +77,7 @@ use halo_topology::{Level, LinkClass, Topology};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Seconds a NIC spends per message besides its bytes (LogGP's gap *g*): 0.2 us,
-/// i.e. 5 million messages per second per NIC, a host-driven commodity NIC. Used by
-/// the cost model and, by default, by the in-process transport's link emulation.
-pub const NIC_MESSAGE_GAP: f64 = 0.2e-6;
+pub use crate::transport::emulation::NIC_MESSAGE_GAP;
 
 /// What the cost model needs of a topology, computed once.
 #[derive(Debug, Clone)]

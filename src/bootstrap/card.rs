@@ -4,23 +4,9 @@
 //! before anything uses it.
 
 use crate::error::{Error, Result};
-use crate::transport::fabric::{LOCAL, MAX_NAME, NET, Proc};
-
-/// `bytes` in lower-case hexadecimal (how a card carries fabric addresses).
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The bytes `s` spells in hexadecimal, two digits each (see [`hex`]); `None` if it
-/// does not.
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect()
-}
+use crate::transport::fabric::{LOCAL, MAX_NAME, NET};
+use crate::transport::liveness::Proc;
+use crate::transport::text::{hex, unhex};
 
 /// What one rank publishes at bootstrap.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,8 +6,9 @@
 use super::card::Card;
 use crate::error::{Error, Result};
 use crate::transport::Backend;
-use crate::transport::fabric::{FabricConfig, FabricTransport, LOCAL, this_process};
+use crate::transport::fabric::{FabricConfig, FabricTransport, LOCAL};
 use crate::transport::hybrid::HybridTransport;
+use crate::transport::liveness::this_process;
 use crate::transport::shm::{Reservation, Segment, ShmTransport, TransportChoice};
 
 /// This host's name, as the kernel has it (per UTS namespace, so emulated hosts differ).
@@ -238,10 +239,17 @@ pub(crate) fn establish(
             path,
             group.len(),
             crate::bootstrap::bootstrap_timeout(),
-            || watched.is_some_and(crate::transport::fabric::has_ended),
+            || watched.is_some_and(crate::transport::liveness::has_ended),
         )?
     };
-    let shm = ShmTransport::new_group(rank, size, &group, seg, procs.clone())?;
+    let shm = ShmTransport::new_group(
+        rank,
+        size,
+        &group,
+        seg,
+        procs.clone(),
+        crate::bootstrap::bootstrap_timeout(),
+    )?;
     if group.len() == size {
         // The fabric endpoints of an `auto` rank are not needed.
         drop(fabric);
@@ -342,7 +350,7 @@ fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::fabric::Proc;
+    use crate::transport::liveness::Proc;
 
     fn card(host: &str, ns: &str, transport: &str, shm: Option<&str>) -> Card {
         Card {

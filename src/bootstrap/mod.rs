@@ -41,7 +41,6 @@ mod secret;
 
 #[doc(hidden)]
 pub use card::decode_card_for_fuzzing;
-pub(crate) use card::hex;
 pub(crate) use job::establish;
 #[doc(hidden)]
 pub use root::root_handshake_for_fuzzing;

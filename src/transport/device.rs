@@ -23,13 +23,19 @@ use halo_rccl_sys::{MemcpyKind, MemoryKind, Nccl, NcclComm, RcclError, Runtime, 
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
+/// How the message of an [`Error::UnhandledDeviceError`] starts when the device path
+/// could not start (libraries missing, too old, or another rank's were): nothing was
+/// enqueued and the communicator's host path is untouched, so the C ABI does not mark
+/// the communicator failed for it.
+pub const UNAVAILABLE: &str = "device path unavailable";
+
 /// A library error as HALO's: NCCL's own result codes keep their meaning (NCCL's
 /// numbering is HALO's); loading and runtime failures are `UnhandledDeviceError`.
 pub(crate) fn device_error(e: RcclError) -> Error {
     let message = match &e {
         RcclError::Unavailable { .. }
         | RcclError::MissingSymbol { .. }
-        | RcclError::TooOld { .. } => format!("{}: {e}", crate::device::UNAVAILABLE),
+        | RcclError::TooOld { .. } => format!("{}: {e}", UNAVAILABLE),
         _ => format!("device path: {e}"),
     };
     match &e {

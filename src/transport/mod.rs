@@ -1,7 +1,8 @@
 //! Transports: the ways ranks move bytes. One folder entry per backend; the
 //! collectives never know which one they run on.
 //!
-//! - [`local`]: ranks as threads of one process, with optional link emulation.
+//! - [`local`]: ranks as threads of one process, with optional link emulation (the
+//!   thread launcher that makes them communicators is `crate::local`, above).
 //! - [`fabric`]: ranks as processes over libfabric (`shm` within a host, `tcp;ofi_rxm`
 //!   or `cxi` between hosts).
 //! - [`shm`]: ranks as processes on one host, over HALO's own shared-memory rings in
@@ -11,6 +12,9 @@
 //! - `shared`: any of them shared by a communicator and its sub-communicators.
 //! - `sys`: safe wrappers over the system calls the library needs elsewhere
 //!   (the host's network interfaces, for the bootstrap).
+//! - `liveness`: same-host peers' processes in `/proc` (whether one ended), for the
+//!   fabric transport, the rings and the bootstrap.
+//! - `text`: bytes in hexadecimal (fabric addresses on bootstrap cards).
 //!
 //! # Which transport carries a pair (`HALO_TRANSPORT`)
 //! Decided at bootstrap from every rank's card, so every rank decides alike
@@ -32,14 +36,16 @@
 //! carrier of each peer (`halo-shm` for the rings).
 
 pub(crate) mod device;
-mod emulation;
+pub(crate) mod emulation;
 pub(crate) mod fabric;
 pub(crate) mod hybrid;
-pub mod local;
+pub(crate) mod liveness;
+pub(crate) mod local;
 mod raw;
 mod shared;
 pub(crate) mod shm;
 pub(crate) mod sys;
+pub(crate) mod text;
 
 pub(crate) use shared::{MAX_COMMS, SharedBackend, SharedTickets, Ticket};
 

@@ -4,8 +4,8 @@
 
 use super::signals::restore_crash_signals;
 use super::{check, cstr};
-use crate::bootstrap::hex;
 use crate::error::{Error, Result};
+use crate::transport::text::hex;
 use halo_collectives::Call;
 use halo_fabric_sys as fi;
 use std::ffi::{CString, c_int, c_void};

@@ -71,9 +71,10 @@
 //!   refused posts, waiting.
 //! - `endpoint.rs`: `fi_getinfo` and one provider's endpoint (open, address checks and
 //!   insertion, memory registration, close).
-//! - `bell.rs`: the futex doorbell; `watchdog.rs`: the watchdog; `liveness.rs`:
-//!   same-host peers' processes (`/proc`) and stale `/dev/shm` regions; `signals.rs`:
-//!   PSM's crash signal handlers.
+//! - `bell.rs`: the futex doorbell; `watchdog.rs`: the watchdog; `stale.rs`: stale
+//!   `/dev/shm` regions (same-host peers' processes in `/proc` are
+//!   `transport::liveness`, shared with the rings); `signals.rs`: PSM's crash signal
+//!   handlers.
 //!
 //! The bootstrap card and the exchange that brings a transport up live in
 //! `crate::bootstrap` (`card.rs`, `job.rs`).
@@ -83,14 +84,13 @@
 mod bell;
 mod completion;
 mod endpoint;
-mod liveness;
 mod session;
 mod signals;
+mod stale;
 mod transport;
 mod watchdog;
 
 pub(crate) use endpoint::MAX_NAME;
-pub(crate) use liveness::{Proc, has_ended, this_process};
 pub(crate) use session::FabricSession;
 pub(crate) use transport::FabricTransport;
 

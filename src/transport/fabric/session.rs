@@ -2,10 +2,10 @@
 //! refused for now), waiting, and the [`Session`] impl.
 
 use super::endpoint::close;
-use super::liveness::has_ended;
 use super::transport::FabricTransport;
 use super::watchdog::{CALL_TRECV, CALL_TSEND, watched};
 use super::{CResult, EAGAIN, FabricProgress, LOCAL, NET, SLEEP_MAX, YIELD_BELOW};
+use crate::transport::liveness::has_ended;
 use crate::transport::raw::RawBuffers;
 use halo_collectives::{Buf, CollectiveError, Region, Session, TAG_BITS};
 use halo_fabric_sys as fi;

@@ -3,11 +3,12 @@
 
 use super::bell::Bell;
 use super::endpoint::FabricEndpoint;
-use super::liveness::{Proc, remove_stale_shm_regions};
 use super::session::{Deferred, FabricSession};
+use super::stale::remove_stale_shm_regions;
 use super::watchdog::{CALL_CLOSE, Watched, watched};
 use super::{CResult, FabricConfig, FabricProgress, LOCAL, NET};
 use crate::error::{Error, Result};
+use crate::transport::liveness::Proc;
 use crate::transport::raw::RawBuffers;
 use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Transport};
 use halo_fabric_sys as fi;

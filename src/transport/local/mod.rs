@@ -1,11 +1,10 @@
 //! The in-process transport: ranks as threads of one process.
 //!
-//! [`LocalCluster::new`] creates the endpoints of `N` ranks over a [`Topology`];
-//! [`run`] spawns one thread per rank, each with its [`Communicator`], and collects
-//! what they return. Used by the tests, the benchmarks (`halo bench` without a
-//! cluster) and anyone who wants to see a collective's behaviour on one machine; with
-//! [`Emulation`] on, it also shows a cluster's *shape* (latency per link class, a NIC
-//! shared by a node's ranks).
+//! [`LocalCluster::new`] creates the endpoints of `N` ranks over a [`Topology`]
+//! ([`LocalTransport`], one per rank); `crate::local` (the thread launcher above the
+//! communicator) makes them communicators and runs one thread per rank. With
+//! [`Emulation`] on, the transport also shows a cluster's *shape* (latency per link
+//! class, a NIC shared by a node's ranks).
 //!
 //! # How a message moves (zero extra copy, rendezvous)
 //!
@@ -22,8 +21,9 @@
 //! dropping it withdraws every descriptor no receiver has claimed (an atomic
 //! `posted -> withdrawn` transition the receiver respects) and waits for the copies
 //! already claimed, which are plain memory copies and finish promptly. The session
-//! type is private to the crate and only the [`Communicator`] opens sessions, always
-//! dropping them before its call returns, so no `mem::forget` can defeat that.
+//! type is private to the crate and only the [`Communicator`](crate::Communicator)
+//! opens sessions, always dropping them before its call returns, so no `mem::forget`
+//! can defeat that.
 //!
 //! A descriptor also carries its call's descriptor (`halo_collectives::Call`): a
 //! receiver whose call differs refuses it — on matching, and for a message of the same
@@ -37,7 +37,6 @@
 pub use super::emulation::Emulation;
 use super::emulation::LinkModel;
 use super::{Expected, mismatch, poisoned};
-use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crossbeam::queue::SegQueue;
 use crossbeam::sync::{Parker, Unparker};
@@ -216,101 +215,24 @@ impl LocalCluster {
         self.shared.traffic.clone()
     }
 
-    /// Runs `f` on every rank of this cluster, one thread per rank, as [`run`] does.
-    pub fn run<R, F>(self, f: F) -> Vec<Result<R>>
-    where
-        R: Send,
-        F: Fn(&mut Communicator) -> Result<R> + Sync,
-    {
-        run_comms(self.into_communicators(), f)
-    }
-
-    /// One communicator per rank, in rank order. Move each to its own thread.
-    pub fn into_communicators(self) -> Vec<Communicator> {
+    /// The topology, shared, and one endpoint per rank, in rank order
+    /// (`crate::local` makes each a communicator).
+    pub(crate) fn into_transports(self) -> (Arc<Topology>, Vec<LocalTransport>) {
         let shared = self.shared;
-        self.parkers
+        let transports = self
+            .parkers
             .into_iter()
             .enumerate()
-            .map(|(rank, parker)| {
-                let transport = LocalTransport {
-                    rank,
-                    shared: Arc::clone(&shared),
-                    parker,
-                    unexpected: HashMap::new(),
-                    pool: SessionPool::default(),
-                };
-                Communicator::from_local(transport, Arc::clone(&shared.topology))
-            })
-            .collect()
-    }
-}
-
-/// Runs `f` on every rank of `topology`, one thread per rank, each with its own
-/// [`Communicator`], and returns what each rank returned, in rank order.
-///
-/// A rank that panics yields [`Error::InternalError`] naming the rank and the panic;
-/// its peers see it gone ([`Error::RemoteError`]) instead of waiting for it.
-///
-/// ```
-/// use halo::local::{self, Emulation};
-/// use halo::topology::Topology;
-///
-/// let topo = Topology::preset("nodes:2x2").unwrap();
-/// let out = local::run(&topo, Emulation::off(), |comm| {
-///     let me = comm.rank() as u32;
-///     let send: Vec<u32> = (0..comm.size() as u32).map(|q| me * 10 + q).collect();
-///     let mut recv = vec![0u32; comm.size()];
-///     comm.all_to_all(&send, &mut recv)?;
-///     Ok(recv)
-/// });
-/// assert_eq!(out[1].as_ref().unwrap(), &vec![1, 11, 21, 31]);
-/// ```
-pub fn run<R, F>(topology: &Topology, emulation: Emulation, f: F) -> Vec<Result<R>>
-where
-    R: Send,
-    F: Fn(&mut Communicator) -> Result<R> + Sync,
-{
-    let cluster = match LocalCluster::new(topology.clone(), emulation) {
-        Ok(c) => c,
-        Err(e) => return (0..topology.size()).map(|_| Err(e.clone())).collect(),
-    };
-    cluster.run(f)
-}
-
-fn run_comms<R, F>(comms: Vec<Communicator>, f: F) -> Vec<Result<R>>
-where
-    R: Send,
-    F: Fn(&mut Communicator) -> Result<R> + Sync,
-{
-    let f = &f;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, mut comm)| {
-                std::thread::Builder::new()
-                    .name(format!("halo-rank-{rank}"))
-                    .spawn_scoped(s, move || f(&mut comm))
+            .map(|(rank, parker)| LocalTransport {
+                rank,
+                shared: Arc::clone(&shared),
+                parker,
+                unexpected: HashMap::new(),
+                pool: SessionPool::default(),
             })
             .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, h)| match h {
-                Ok(h) => h.join().unwrap_or_else(|p| {
-                    let what = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a non-string payload".into());
-                    Err(Error::internal(format!("rank {rank} panicked: {what}")))
-                }),
-                Err(e) => Err(Error::SystemError {
-                    message: format!("cannot start the thread of rank {rank}: {e}"),
-                }),
-            })
-            .collect()
-    })
+        (Arc::clone(&shared.topology), transports)
+    }
 }
 
 /// Bytes and messages the ranks of a [`LocalCluster`] sent, by the level of the
@@ -518,22 +440,18 @@ pub(crate) struct LocalSession<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::Backend;
     use crate::transport::testing::{a_longer_message_is_a_mismatch, receives_up_to};
 
     /// The transports of a two-rank cluster, one per thread, running `f`.
     fn on_two(f: impl Fn(&mut LocalTransport) + Sync) {
         let topo = Topology::preset("nodes:1x2").unwrap();
-        let comms = LocalCluster::new(topo, Emulation::off())
+        let (_, transports) = LocalCluster::new(topo, Emulation::off())
             .unwrap()
-            .into_communicators();
+            .into_transports();
         std::thread::scope(|s| {
-            for mut comm in comms {
+            for mut t in transports {
                 let f = &f;
-                s.spawn(move || match &mut comm.core.backend {
-                    Backend::Local(t) => f(t),
-                    other => panic!("not the in-process transport: {other:?}"),
-                });
+                s.spawn(move || f(&mut t));
             }
         });
     }

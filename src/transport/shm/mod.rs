@@ -107,7 +107,7 @@ mod session;
 pub(crate) use segment::{Reservation, Segment, is_segment_path};
 
 use crate::error::{Error, Result};
-use crate::transport::fabric::Proc;
+use crate::transport::liveness::Proc;
 use crate::transport::raw::RawBuffers;
 use cma::{CMA_NO, CMA_OK, CmaConfig, CmaMode};
 use halo_collectives::{Buffers, Call, CollectiveError, Transport};
@@ -241,7 +241,8 @@ impl std::fmt::Debug for ShmTransport {
 impl ShmTransport {
     /// The transport of `rank` of `size` over the mapped segment `seg`, which holds
     /// every rank (every rank calls [`Segment::attach`] through this); `procs[r]`:
-    /// rank r's process, watched while waiting for it.
+    /// rank r's process, watched while waiting for it; every rank attached within the
+    /// bootstrap timeout's default (120 s).
     #[cfg(test)]
     pub(crate) fn new(
         rank: usize,
@@ -249,18 +250,28 @@ impl ShmTransport {
         seg: Segment,
         procs: Vec<Option<Proc>>,
     ) -> Result<ShmTransport> {
-        Self::new_group(rank, size, &(0..size).collect::<Vec<_>>(), seg, procs)
+        let attach_timeout = Duration::from_secs(120);
+        Self::new_group(
+            rank,
+            size,
+            &(0..size).collect::<Vec<_>>(),
+            seg,
+            procs,
+            attach_timeout,
+        )
     }
 
     /// The transport of `rank` of `size` over the mapped segment `seg` of the ranks
     /// `group` (ascending, `rank` among them; the ranks of this host): messages to
-    /// the ranks of `group` only. Every rank of the group calls it.
+    /// the ranks of `group` only. Every rank of the group calls it, and waits up to
+    /// `attach_timeout` (the bootstrap timeout) for the others to map the segment.
     pub(crate) fn new_group(
         rank: usize,
         size: usize,
         group: &[usize],
         mut seg: Segment,
         procs: Vec<Option<Proc>>,
+        attach_timeout: Duration,
     ) -> Result<ShmTransport> {
         if procs.len() != size
             || rank >= size
@@ -277,7 +288,7 @@ impl ShmTransport {
         let cma = CmaConfig::from_env()?;
         publish_probe(&seg, rank, cma.mode);
         seg.attach();
-        wait_attached(&seg, rank, group, &procs)?;
+        wait_attached(&seg, rank, group, &procs, attach_timeout)?;
         let peers: Vec<usize> = group.iter().copied().filter(|&p| p != rank).collect();
         let (cma_pid, cma_pidfd) = probe_peers(&seg, rank, size, &peers, cma)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -434,15 +445,16 @@ fn probe_peers(
 /// Waits until every rank of `group` has mapped the segment (so that none is left
 /// unable to open it because the file is gone: the last rank to attach unlinks it,
 /// and its maker removes it when it ends before that). Fails when a rank's process
-/// ended first, or after the bootstrap timeout (`HALO_BOOTSTRAP_TIMEOUT_MS`).
+/// ended first, or after `limit` (the caller's bootstrap timeout,
+/// `HALO_BOOTSTRAP_TIMEOUT_MS`).
 fn wait_attached(
     seg: &Segment,
     rank: usize,
     group: &[usize],
     procs: &[Option<Proc>],
+    limit: Duration,
 ) -> Result<()> {
     let start = std::time::Instant::now();
-    let limit = crate::bootstrap::bootstrap_timeout();
     let mut pause = Duration::from_micros(10);
     let mut looked = start;
     while seg.attached() < group.len() {
@@ -450,7 +462,7 @@ fn wait_attached(
             looked = std::time::Instant::now();
             if let Some(&p) = group
                 .iter()
-                .find(|&&p| procs[p].is_some_and(crate::transport::fabric::has_ended))
+                .find(|&&p| procs[p].is_some_and(crate::transport::liveness::has_ended))
             {
                 return Err(Error::RemoteError {
                     peer: p,

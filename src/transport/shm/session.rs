@@ -7,7 +7,7 @@ use super::segment::{
     write_head,
 };
 use super::{CResult, ShmTransport};
-use crate::transport::fabric::has_ended;
+use crate::transport::liveness::has_ended;
 use crate::transport::raw::RawBuffers;
 use crate::transport::{Expected, mismatch, poisoned, take_len};
 use halo_collectives::{Call, CollectiveError, Region, Session, TAG_BITS};

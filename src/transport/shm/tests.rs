@@ -461,8 +461,8 @@ fn start_time(pid: u32) -> u64 {
     rest.split_whitespace().nth(19).unwrap().parse().unwrap()
 }
 
-fn proc_of(pid: u32) -> crate::transport::fabric::Proc {
-    crate::transport::fabric::Proc {
+fn proc_of(pid: u32) -> crate::transport::liveness::Proc {
+    crate::transport::liveness::Proc {
         pid,
         start: start_time(pid),
     }
