@@ -75,7 +75,7 @@ impl EnvBootstrap {
                 (Some(rank), Some(size)) => {
                     // The size first: a world too large is refused before anything else
                     // (the secret included) is looked at for it.
-                    crate::comm::check_world_size(size, s)?;
+                    super::check_world_size(size, s)?;
                     found = Some((launcher, rank, size));
                     break;
                 }

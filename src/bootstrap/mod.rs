@@ -38,6 +38,7 @@ mod mpi;
 mod rendezvous;
 mod root;
 mod secret;
+mod wire;
 
 #[doc(hidden)]
 pub use card::decode_card_for_fuzzing;
@@ -168,6 +169,20 @@ pub fn random_secret() -> Result<Secret> {
     getrandom::fill(&mut s)
         .map_err(|e| sys_err(format!("cannot get random bytes for the job secret: {e}")))?;
     Ok(s)
+}
+
+/// The most ranks a job may have (2^20 = 1,048,576): larger world sizes are refused
+/// before anything is allocated for them (docs/RELIABILITY.md, "Limits").
+pub const MAX_RANKS: usize = 1 << 20;
+
+/// Refuses a world size above [`MAX_RANKS`]; `what` names where it came from.
+pub(crate) fn check_world_size(size: usize, what: &str) -> crate::Result<()> {
+    if size > MAX_RANKS {
+        return Err(crate::Error::invalid_argument(format!(
+            "{what} is {size}: at most {MAX_RANKS} ranks (2^20) are supported"
+        )));
+    }
+    Ok(())
 }
 
 /// The address a rendezvous root binds by default: `HALO_BOOTSTRAP_ADDR`'s IP if set,

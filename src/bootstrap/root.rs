@@ -12,7 +12,7 @@
 //! bounded: `poll` by the nearest of those deadlines and the job's own timeout.
 
 use super::Secret;
-use super::rendezvous::{
+use super::wire::{
     ANSWER_LABEL, HELLO_MAGIC, HELLO_TIMEOUT, MAX_PAYLOAD, NONCE, PROOF, RANK_LABEL, ROOT_LABEL,
     ROOT_MAGIC, VERSION, mac, nonce,
 };

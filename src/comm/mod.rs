@@ -63,19 +63,8 @@ use std::time::Duration;
 /// The default per-operation timeout: 60 seconds.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The most ranks a job may have (2^20 = 1,048,576): larger world sizes are refused
-/// before anything is allocated for them (docs/RELIABILITY.md, "Limits").
-pub const MAX_RANKS: usize = 1 << 20;
-
-/// Refuses a world size above [`MAX_RANKS`]; `what` names where it came from.
-pub(crate) fn check_world_size(size: usize, what: &str) -> crate::Result<()> {
-    if size > MAX_RANKS {
-        return Err(crate::Error::invalid_argument(format!(
-            "{what} is {size}: at most {MAX_RANKS} ranks (2^20) are supported"
-        )));
-    }
-    Ok(())
-}
+pub use crate::bootstrap::MAX_RANKS;
+pub(crate) use crate::bootstrap::check_world_size;
 
 /// Bits of the collective sequence number in a tag: the 16 bits above [`TAG_BITS`] hold,
 /// from the top, the communicator id (5 bits), the point-to-point flag (1 bit) and the
@@ -510,7 +499,7 @@ impl Communicator {
     }
 
     /// The in-process transport's link emulation, if this communicator runs on it.
-    pub fn emulation(&self) -> Option<crate::local::Emulation> {
+    pub fn emulation(&self) -> Option<crate::transport::emulation::Emulation> {
         match &self.core.backend {
             Backend::Local(t) => Some(t.emulation()),
             Backend::Fabric(_) | Backend::Shm(_) | Backend::Hybrid(_) => None,

@@ -1,13 +1,14 @@
 //! One collective's operations: posting (with the backlog of posts the provider
-//! refused for now), waiting, and the [`Session`] impl.
+//! refused for now), waiting, the [`Session`] impl, and the [`Transport`] impl that
+//! begins one.
 
 use super::endpoint::close;
-use super::transport::FabricTransport;
+use super::transport::{Deferred, FabricTransport};
 use super::watchdog::{CALL_TRECV, CALL_TSEND, watched};
 use super::{CResult, EAGAIN, FabricProgress, LOCAL, NET, SLEEP_MAX, YIELD_BELOW};
 use crate::transport::liveness::has_ended;
 use crate::transport::raw::RawBuffers;
-use halo_collectives::{Buf, CollectiveError, Region, Session, TAG_BITS};
+use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Session, TAG_BITS, Transport};
 use halo_fabric_sys as fi;
 use std::ffi::c_void;
 use std::ptr;
@@ -33,25 +34,6 @@ const WATCH_EVERY: Duration = Duration::from_millis(50);
 /// How long completions are still read after a peer's process was found ended, for
 /// what it sent before it ended.
 const LAST_WORDS: Duration = Duration::from_millis(20);
-
-/// A post the provider refused with `-FI_EAGAIN`, retried as the engine progresses.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Deferred {
-    pub(super) peer: usize,
-    pub(super) token: u32,
-    pub(super) is_send: bool,
-    pub(super) region: Region,
-    /// The full tag (tag base included).
-    pub(super) tag: u64,
-    pub(super) since: Instant,
-    /// A poison message ([`Session::post_poison`]): no bytes, [`FabricEndpoint::poison_data`]
-    /// as completion data.
-    ///
-    /// [`FabricEndpoint::poison_data`]: super::endpoint::FabricEndpoint::poison_data
-    pub(super) poison: bool,
-    /// A receive that a shorter message completes too ([`Session::post_recv_up_to`]).
-    pub(super) up_to: bool,
-}
 
 /// One collective's operations on the fabric transport.
 pub(crate) struct FabricSession<'a> {
@@ -605,5 +587,48 @@ impl Drop for FabricSession<'_> {
             // caller's buffers, whatever it still held.
             self.t.break_down(why);
         }
+    }
+}
+
+impl Transport for FabricTransport {
+    type Session<'a> = FabricSession<'a>;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<FabricSession<'a>> {
+        let call = bufs.call;
+        self.begin_raw(tag_base, RawBuffers::new(bufs), call)
+    }
+}
+
+impl FabricTransport {
+    /// [`Transport::begin`] over buffers already taken as raw pointers (the hybrid
+    /// transport's, whose other half uses the same buffers for other peers).
+    pub(crate) fn begin_raw<'a>(
+        &'a mut self,
+        tag_base: u64,
+        raw: RawBuffers<'a>,
+        call: Call,
+    ) -> CResult<FabricSession<'a>> {
+        if let Some(why) = &self.broken {
+            return Err(CollectiveError::InvalidUsage(format!(
+                "rank {}: this communicator can no longer be used: {why}; drop it and create \
+                 a new one (HALO_TIMEOUT_MS sets the timeout)",
+                self.rank
+            )));
+        }
+        if self.routes.len() != self.size {
+            return Err(CollectiveError::Internal(
+                "fabric transport used before connect".into(),
+            ));
+        }
+        self.call = call;
+        FabricSession::begin(self, raw, tag_base)
     }
 }

@@ -1,18 +1,36 @@
 //! The transport of one rank: its endpoints, routes and pool of operation contexts,
-//! opened and connected here; [`Transport`] begins a [`FabricSession`] per collective.
+//! opened and connected here (the [`Transport`](halo_collectives::Transport) impl that
+//! begins a session per collective is in `session.rs`).
 
 use super::bell::Bell;
 use super::endpoint::FabricEndpoint;
-use super::session::{Deferred, FabricSession};
 use super::stale::remove_stale_shm_regions;
 use super::watchdog::{CALL_CLOSE, Watched, watched};
-use super::{CResult, FabricConfig, FabricProgress, LOCAL, NET};
+use super::{FabricConfig, FabricProgress, LOCAL, NET};
 use crate::error::{Error, Result};
 use crate::transport::liveness::Proc;
-use crate::transport::raw::RawBuffers;
-use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Transport};
+use halo_collectives::{Buf, Call, Region};
 use halo_fabric_sys as fi;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A post the provider refused with `-FI_EAGAIN`, retried as the engine progresses.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deferred {
+    pub(super) peer: usize,
+    pub(super) token: u32,
+    pub(super) is_send: bool,
+    pub(super) region: Region,
+    /// The full tag (tag base included).
+    pub(super) tag: u64,
+    pub(super) since: Instant,
+    /// A poison message ([`Session::post_poison`](halo_collectives::Session::post_poison)): no bytes, [`FabricEndpoint::poison_data`]
+    /// as completion data.
+    ///
+    /// [`FabricEndpoint::poison_data`]: super::endpoint::FabricEndpoint::poison_data
+    pub(super) poison: bool,
+    /// A receive that a shorter message completes too ([`Session::post_recv_up_to`](halo_collectives::Session::post_recv_up_to)).
+    pub(super) up_to: bool,
+}
 
 /// The context of one posted operation; libfabric returns its address in completions.
 #[repr(C)]
@@ -390,48 +408,5 @@ impl Drop for FabricTransport {
         // Closing an shm endpoint touches peers' shared memory too: watched.
         let eps = std::mem::take(&mut self.eps);
         watched(&self.watched, CALL_CLOSE, None, || drop(eps));
-    }
-}
-
-impl Transport for FabricTransport {
-    type Session<'a> = FabricSession<'a>;
-
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn begin<'a>(&'a mut self, tag_base: u64, bufs: Buffers<'a>) -> CResult<FabricSession<'a>> {
-        let call = bufs.call;
-        self.begin_raw(tag_base, RawBuffers::new(bufs), call)
-    }
-}
-
-impl FabricTransport {
-    /// [`Transport::begin`] over buffers already taken as raw pointers (the hybrid
-    /// transport's, whose other half uses the same buffers for other peers).
-    pub(crate) fn begin_raw<'a>(
-        &'a mut self,
-        tag_base: u64,
-        raw: RawBuffers<'a>,
-        call: Call,
-    ) -> CResult<FabricSession<'a>> {
-        if let Some(why) = &self.broken {
-            return Err(CollectiveError::InvalidUsage(format!(
-                "rank {}: this communicator can no longer be used: {why}; drop it and create \
-                 a new one (HALO_TIMEOUT_MS sets the timeout)",
-                self.rank
-            )));
-        }
-        if self.routes.len() != self.size {
-            return Err(CollectiveError::Internal(
-                "fabric transport used before connect".into(),
-            ));
-        }
-        self.call = call;
-        FabricSession::begin(self, raw, tag_base)
     }
 }
