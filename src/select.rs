@@ -57,8 +57,8 @@
 //!   pack + Phase II (`c` messages of `R b / c` to each other node) + Phase III
 //!   (redistribution inside the node of the fraction `f` of blocks not already at
 //!   their rank):
-//!   `max( I, (H-1) R b / B_dev + α_off + max(nic(c R (H-1), R b / c), R b / (c B_off))
-//!   + [f > 0] (α_node + f (H-1) b / B_node) )`. As the builder cuts the packet
+//!   `max( I, (H-1) R b / B_dev + α_off + max(nic(c R (H-1), R b / c), R b / (c B_off)) +
+//!   [f > 0] (α_node + f (H-1) b / B_node) )`. As the builder cuts the packet
 //!   (`AlgoOptions::chunks`): `c = 1`, `f = 1` (one message to the aligned rank) while
 //!   it is one chunk; once it is cut, chunks of `p = min(⌈R / chunks⌉, 2)` blocks go to
 //!   one of their blocks' ranks, `c = ⌈R / p⌉`, `f = (p - 1) / p`.

@@ -1,6 +1,6 @@
 //! Measured automatic selection: which algorithm a communicator's all-to-all (uniform)
 //! and all-to-all-v data pass use when the caller forced none, decided by timing the
-//! candidates on the run itself. One tuner serves both, with separate keys ([`Key`]).
+//! candidates on the run itself. One tuner serves both, with separate keys (`Key`).
 //!
 //! A model can be fooled (the simulator has no processor, no lock contention, no
 //! oversubscribed cores), so the automatic mode measures. Per size class
