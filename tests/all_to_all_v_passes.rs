@@ -3,7 +3,7 @@
 //! whole, and then the rest of larger blocks right behind them — counted on the
 //! in-process transport's traffic counters, blocking and non-blocking alike — and the
 //! bytes are right. (The three-pass way for large communicators, forced, the eager bytes forced
-//! off, and the errors of each way are tested in `src/comm/all_to_all_v.rs`.)
+//! off, and the errors of each way are tested in `src/comm/all_to_all_v/tests.rs`.)
 
 use halo::local::{Emulation, LocalCluster};
 use halo::topology::{Level, Topology};

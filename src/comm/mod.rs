@@ -22,7 +22,6 @@ mod all_reduce;
 mod all_to_all;
 mod all_to_all_v;
 mod broadcast;
-mod count_hops;
 mod device;
 mod gather;
 mod init;

@@ -20,11 +20,61 @@
 //! rest of the call is the same. Over the network each rank sends `N - 1` messages
 //! instead of `L (N - 1)`.
 
-use super::all_to_all_v::{eager_len, flush_sends, wrong_length};
+use super::V_CALL;
+use super::wire::{eager_len, flush_sends, wrong_length};
+use crate::comm::{Communicator, exec_options, sized};
+use crate::transport::Program;
 use halo_collectives::{
-    Buf, CollectiveError, ExecOptions, Idle, META_BLOCK, Region, Result, Session,
+    Algorithm, Buf, Buffers, CollectiveError, ExecOptions, Idle, META_BLOCK, Region, Result,
+    Session,
 };
 use halo_topology::{Level, Topology};
+
+impl Communicator {
+    /// The count messages in two hops across hosts ([`hop_exchange_driven`]), staged and
+    /// landing where [`Communicator::meta_direct`] has them.
+    pub(super) fn meta_hops(
+        &mut self,
+        base: u64,
+        c: usize,
+        valid: bool,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> crate::error::Result<()> {
+        let (n, me) = (self.size(), self.rank());
+        let f = n * META_BLOCK + c;
+        let core = &mut self.core;
+        let pool = &mut self.pool;
+        let layout = Layout::new(&core.topology, c, 2 * n * f);
+        let stage = sized(&mut pool.v.stage, 2 * n * f + layout.len());
+        let x = HopExchange {
+            topo: &core.topology,
+            me,
+            c,
+            send: &pool.send_bytes,
+            valid,
+            layout,
+        };
+        let state = &mut pool.v.hops;
+        let mut driver = |session: &mut dyn Session, opts: &ExecOptions<'_>| {
+            hop_exchange_driven(session, opts, &x, state)
+        };
+        let opts = exec_options(core.timeout, &core.abort);
+        core.backend.run_program(
+            Program::Driven(&mut driver),
+            base,
+            Buffers {
+                send,
+                recv,
+                scratch: stage,
+                call: V_CALL,
+            },
+            &opts,
+        )?;
+        core.last = Some(Algorithm::Halo);
+        Ok(())
+    }
+}
 
 /// Tags of the two hops' messages within their collective (the direct exchange's
 /// message to a rank of the same host keeps its tag, 0).
@@ -44,7 +94,7 @@ pub(super) fn applies(topo: &Topology) -> bool {
 /// direct exchange's `n` count messages out (at 0) and in (at `n f`) of `f = 16 n + c`
 /// bytes each, which they use as the direct exchange does.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Layout {
+struct Layout {
     n: usize,
     hosts: usize,
     local: usize,
@@ -54,7 +104,7 @@ pub(super) struct Layout {
 }
 
 impl Layout {
-    pub(super) fn new(topo: &Topology, c: usize, at: usize) -> Layout {
+    fn new(topo: &Topology, c: usize, at: usize) -> Layout {
         Layout {
             n: topo.size(),
             hosts: topo.num_domains(Level::Node),
@@ -100,29 +150,29 @@ impl Layout {
     }
 
     /// Bytes of scratch the hops need beyond `at`.
-    pub(super) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         2 * self.hosts * self.hop() + 2 * self.local * self.forward()
     }
 }
 
 /// One rank's part of the two-hop count exchange. The scratch holds the direct
 /// exchange's count messages out (at 0: `[row][first bytes][...]` for each rank) and
-/// receives them in (at `n f`), as [`super::all_to_all_v`] reads them afterwards.
-pub(super) struct HopExchange<'a> {
-    pub(super) topo: &'a Topology,
-    pub(super) me: usize,
+/// receives them in (at `n f`), as [`super::eager`] reads them afterwards.
+struct HopExchange<'a> {
+    topo: &'a Topology,
+    me: usize,
     /// Eager bytes per block.
-    pub(super) c: usize,
+    c: usize,
     /// This rank's byte counts per peer, sending (its row says the same), and whether
     /// its arguments are valid (else it sends no data).
-    pub(super) send: &'a [usize],
-    pub(super) valid: bool,
-    pub(super) layout: Layout,
+    send: &'a [usize],
+    valid: bool,
+    layout: Layout,
 }
 
 /// The bookkeeping of [`hop_exchange_driven`], kept between calls.
 #[derive(Debug, Default)]
-pub(crate) struct HopState {
+pub(super) struct HopState {
     /// Whether the message from each host (first hop) and from each rank of this host
     /// (direct, then second hop) has landed: `[hop per host][direct per local][forward
     /// per local]`.
@@ -159,7 +209,7 @@ fn count_in_row(session: &mut dyn Session, row_at: usize, q: usize) -> Result<u6
 /// size mismatch (here or from a peer) the second hops not yet sent are poison in
 /// their place ([`Session::post_poison`]), so that this host's ranks fail at once
 /// too, not at their timeout.
-pub(super) fn hop_exchange_driven(
+fn hop_exchange_driven(
     session: &mut dyn Session,
     opts: &ExecOptions<'_>,
     x: &HopExchange<'_>,
