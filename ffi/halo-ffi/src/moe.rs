@@ -7,6 +7,13 @@
 //! every call looks it up there first. So a handle used after `haloMoeHandleFree`, a
 //! second free, or a number HALO never gave out is `haloInvalidArgument` naming it,
 //! always (unlike a pointer, an id is never reused).
+//!
+//! Over 800 lines: it is the whole C surface of one object, the handle: its table,
+//! create, info, layout and free, and the eight data calls (four blocking, four
+//! `haloIMoe*`), which are thin wrappers with their C contracts over one shared set of
+//! checks and runners (`DataArgs`, `check_data`, `data_call`, `nonblocking_data_call`,
+//! `refuse`); split, those private helpers would become crate-wide for one caller, so
+//! it stays one file.
 
 use crate::boundary::{call, call_borrowed, call_comm};
 use crate::error::{Failure, FfiResult, haloResult_t};
