@@ -5,7 +5,7 @@ imports that go up the layers (docs/ARCHITECTURE.md, "Layers").
     python3 scripts/layers.py            # check: exit 1 on a circle or an upward import
     python3 scripts/layers.py --edges    # also print every edge between modules
 
-A module is a file of src/ (`src/comm/moe.rs` is `comm::moe`, `src/comm/mod.rs` is
+A module is a file of src/ (`src/comm/p2p.rs` is `comm::p2p`, `src/comm/mod.rs` is
 `comm`). An edge A -> B is a path in A's code (outside comments and string literals)
 that names `crate::B...`, `super::...` or `self::...` resolving to B. Edges between a
 module and its own ancestors or descendants are not counted (a child uses its
