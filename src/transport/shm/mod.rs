@@ -17,7 +17,7 @@
 //! its own when it fails, `halo launch` those of every rank it reaps (the name carries
 //! the rank's pid, like the doorbells, `cli/src/launch/leftovers.rs`), and the next
 //! file made in the same PID namespace removes those of processes that no longer run.
-//! Layout: `segment.rs`.
+//! Layout: `segment/layout.rs`.
 //!
 //! # Rings
 //! One ring per ordered pair of ranks (sender, receiver): `slots` cells of `cell`
@@ -94,8 +94,13 @@
 //!   mismatch too, not at their timeout.
 //!
 //! # Files
-//! `segment.rs`: the segment, its layout, bells and the futex (all the `unsafe`);
-//! `session.rs`: posting, matching, progress, waiting and the [`Session`] impl;
+//! `segment/`: the segment (all the `unsafe`): `mod.rs` the mapping and the rings' raw
+//! access, `file.rs` the file's life cycle, `layout.rs` its layout, `cell.rs` a cell's
+//! header and protocol, `bell.rs` the bells and the futex;
+//! `session/`: one collective's operations: `mod.rs` the session's state, its end and
+//! the [`Session`] impl, `send.rs` posting and pushing sends, `recv.rs` posting
+//! receives and draining the rings (matching, holding), `rdv.rs` the rendezvous on both
+//! sides, `agree.rs` call agreement, `wait.rs` spinning, sleeping, watching peers;
 //! `cma.rs`: cross-memory attach (the probe, the read, the rendezvous states).
 //!
 //! [`Session`]: halo_collectives::Session
