@@ -7,6 +7,9 @@
 //!
 //! The emulated-host tests and the tests that give ranks their own host names skip
 //! with a printed reason when not root or when namespaces cannot be created.
+//!
+//! Over 800 lines: every test drives the same launch-and-check helpers and the
+//! emulated-host set-up (namespaces, veths, byte counters); one binary builds them once.
 
 use halo::{Communicator, Error, InitConfig, TransportChoice, UniqueId};
 use halo_cli::check::{CheckOptions, pair_bytes};

@@ -9,6 +9,9 @@
 //! size overflows (so the library must refuse before touching them), or real buffers
 //! as large as the counts say — so a crash is HALO's, not the harness's. Nothing
 //! leaves this process: unique ids that are not HALO's own are forced to loopback.
+//!
+//! Over 800 lines: one harness for every C call, since a fuzzed sequence mixes them
+//! on one communicator; each call's generator and its expectation sit side by side.
 
 #![no_main]
 

@@ -3,6 +3,10 @@
 //! processes of a job started by `halo launch` (or another launcher).
 //!
 //! Self-contained: everything the command needs is in this file.
+//!
+//! Over 800 lines: the command's options, its two ways of running (threads or a
+//! launched job), the progress report and the JSON summary read as one flow; none of it
+//! is used elsewhere.
 
 use std::io::Write as _;
 use std::path::PathBuf;

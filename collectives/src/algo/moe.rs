@@ -44,6 +44,10 @@
 //! will forward to it ([`moe_forwards`]); the target places them ([`moe_lands`]).
 //! [`moe_plans`] runs the same steps for all ranks at once (for the verifier, the
 //! simulator and tests); `halo::MoeExchange` runs them over real exchanges.
+//!
+//! Over 800 lines: the dispatch and the combine share the entry table, the relay
+//! choice and the replication lists; the builders, the reference plans and their
+//! property tests stay together so that the two directions cannot drift apart.
 
 use crate::error::{CollectiveError, Result};
 use crate::schedule::{Buf, Region, Schedule, ScheduleBuilder, StepId};

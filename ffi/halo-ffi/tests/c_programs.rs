@@ -29,6 +29,10 @@
 //! temporary prefix and builds the README's example through pkg-config, as a new user
 //! would, then runs it on 4 ranks with the launcher behind `halo launch` (and once more
 //! linked statically).
+//!
+//! Over 800 lines: one runner per C program, all sharing the compile-and-launch
+//! helpers (gcc flags, the library path, the launcher); they stay one test binary so the
+//! library is built and linked once.
 
 mod common;
 
