@@ -11,6 +11,8 @@
 //! - [`calibrate`]: per-level latency and bandwidth fitted into a topology file
 //!   (`halo calibrate`).
 //! - [`limits`]: the up-front limits of what a command line may ask for.
+//! - [`commands`]: the tool's command line (clap) and each command's `run`; the
+//!   binary is `main` over [`commands::run`], and the fuzz targets parse with it.
 //! - [`plot`]: the SVG/PNG plots of `halo bench --compare` and `halo simulate --plot`.
 //!
 //! Errors are the library's [`halo::Error`]: every failure here is one the library
@@ -19,6 +21,7 @@
 pub mod bench;
 pub mod calibrate;
 pub mod check;
+pub mod commands;
 pub mod launch;
 pub mod limits;
 pub mod plot;

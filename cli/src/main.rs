@@ -7,9 +7,8 @@
 //! `error: <message>` on stderr; bad input exits with status 2. Set `HALO_DEBUG`
 //! (`info`, `debug`, `trace`) for logs on stderr.
 
-mod commands;
-
 use clap::Parser as _;
+use halo_cli::commands;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

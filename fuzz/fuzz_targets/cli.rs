@@ -9,10 +9,7 @@
 use clap::Parser as _;
 use libfuzzer_sys::fuzz_target;
 
-/// The tool's command-line definitions, compiled from its own source.
-#[allow(dead_code, unused_imports, clippy::all)]
-#[path = "../../cli/src/commands/mod.rs"]
-mod commands;
+use halo_cli::commands;
 
 /// Whether a preset spec names at most a few thousand ranks (larger ones are refused
 /// only after they are built, which is slow, not wrong).

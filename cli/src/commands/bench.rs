@@ -1,13 +1,13 @@
 //! `halo bench`: the OSU-style benchmark suite, in-process or as the ranks of a job.
 
 use super::Failure;
+use crate::bench::moe::MoeShape;
+use crate::bench::report::{self, RunInfo};
+use crate::bench::{BenchAlgo, BenchOptions, BenchRow, Op, run_local_bench, run_ranks};
 use clap::{Args, ValueEnum};
 use halo::Communicator;
 use halo::local::Emulation;
 use halo::topology::Topology;
-use halo_cli::bench::moe::MoeShape;
-use halo_cli::bench::report::{self, RunInfo};
-use halo_cli::bench::{BenchAlgo, BenchOptions, BenchRow, Op, run_local_bench, run_ranks};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -135,7 +135,7 @@ pub(crate) struct BenchArgs {
 
 fn parse_sizes(s: &str) -> Result<(usize, usize), Failure> {
     let parse = |x: &str| {
-        halo_cli::plot::parse_bytes(x)
+        crate::plot::parse_bytes(x)
             .map_err(|_| Failure::input(format!("-m {s}: '{x}' is not a size in bytes")))
     };
     let (lo, hi) = match s.split_once(':') {
@@ -171,10 +171,10 @@ fn timeout(option: Option<u64>, variable: Option<&str>) -> Result<Duration, Fail
 
 /// Refuses iteration counts that cannot be run or reported: `-i 0` (no latency to
 /// report), `--rounds 0`, and more than
-/// [`MAX_ITERATIONS`](halo_cli::limits::MAX_ITERATIONS) iterations or
-/// [`MAX_ROUNDS`](halo_cli::limits::MAX_ROUNDS) rounds.
+/// [`MAX_ITERATIONS`](crate::limits::MAX_ITERATIONS) iterations or
+/// [`MAX_ROUNDS`](crate::limits::MAX_ROUNDS) rounds.
 fn check_iterations(args: &BenchArgs) -> Result<(), Failure> {
-    use halo_cli::limits::{MAX_ITERATIONS, MAX_ROUNDS};
+    use crate::limits::{MAX_ITERATIONS, MAX_ROUNDS};
     if args.iterations == Some(0) {
         return Err(Failure::input(
             "-i 0: at least 1 timed iteration is needed to report a latency",
@@ -241,13 +241,13 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
         },
         window: args.window,
         rounds: args.rounds,
-        progress: args.format == Format::Osu && halo_cli::progress::on_terminal(),
+        progress: args.format == Format::Osu && crate::progress::on_terminal(),
     })
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
     let op: Op = args.op.parse().map_err(Failure::input)?;
-    let in_process = args.threads || !halo_cli::launch::launched();
+    let in_process = args.threads || !crate::launch::launched();
     let opts = options(args, op, in_process)?;
     // What run_ranks would refuse, refused before a job bootstraps for nothing.
     if op == Op::AllToAllV {
@@ -268,18 +268,18 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
         }
         .map_err(Failure::input)?;
         let n = topology.size();
-        if n > halo_cli::limits::MAX_THREAD_RANKS {
+        if n > crate::limits::MAX_THREAD_RANKS {
             return Err(Failure::input(format!(
                 "--topology {}: {n} ranks, but an in-process bench runs at most {} (one thread \
                  each); run larger jobs as processes (halo launch) or simulate them (halo simulate)",
                 args.topology,
-                halo_cli::limits::MAX_THREAD_RANKS
+                crate::limits::MAX_THREAD_RANKS
             )));
         }
         let need = opts
             .bytes_per_rank(n)
             .and_then(|b| b.checked_mul(n as u128));
-        halo_cli::limits::check_memory(
+        crate::limits::check_memory(
             &format!(
                 "{op} up to {} B on {n} in-process ranks (-m, --topology {})",
                 opts.max_size, args.topology
@@ -421,7 +421,7 @@ fn check_process_memory(opts: &BenchOptions, n: usize) -> halo::Result<()> {
         .unwrap_or(1)
         .max(1);
     let need = opts.bytes_per_rank(n).and_then(|b| b.checked_mul(local));
-    halo_cli::limits::check_memory(
+    crate::limits::check_memory(
         &format!(
             "{} up to {} B on {n} ranks, {local} on this host (-m)",
             opts.op, opts.max_size
@@ -433,7 +433,7 @@ fn check_process_memory(opts: &BenchOptions, n: usize) -> halo::Result<()> {
 
 #[cfg(feature = "mpi")]
 fn run_with_mpi(opts: &BenchOptions) -> halo::Result<Option<(RunInfo, Vec<BenchRow>)>> {
-    use halo_cli::bench::{Implementation, mpi::MpiImplementation};
+    use crate::bench::{Implementation, mpi::MpiImplementation};
     let universe = mpi::initialize().ok_or_else(|| halo::Error::SystemError {
         message: "MPI could not be initialised (MPI_Init failed or ran before)".into(),
     })?;

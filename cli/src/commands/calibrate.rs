@@ -1,11 +1,11 @@
 //! `halo calibrate`: one rank of a job measures every level's link and fits it.
 
 use super::Failure;
+use crate::calibrate::{CalibrateOptions, calibrated_spec, measure, to_json};
+use crate::plot::fmt_bytes;
 use clap::Args;
 use halo::Communicator;
 use halo::topology::{fmt_bandwidth, fmt_seconds};
-use halo_cli::calibrate::{CalibrateOptions, calibrated_spec, measure, to_json};
-use halo_cli::plot::fmt_bytes;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -39,7 +39,7 @@ pub(crate) fn run(args: &CalibrateArgs) -> Result<(), Failure> {
     let opts = CalibrateOptions {
         sizes: super::size_ladder_arg(&args.sizes)?,
         iters: args.iters,
-        progress: !args.json && halo_cli::progress::on_terminal(),
+        progress: !args.json && crate::progress::on_terminal(),
     };
     if opts.sizes.len() < 2 {
         return Err(Failure::input(format!(

@@ -1,10 +1,10 @@
 //! `halo check`: one rank of a job verifies every algorithm byte-exact.
 
 use super::Failure;
+use crate::check::{CheckOptions, DieAt, run_check};
 use clap::Args;
 use halo::Communicator;
 use halo::collectives::Algorithm;
-use halo_cli::check::{CheckOptions, DieAt, run_check};
 
 /// Verifies all-to-all and all-to-all-v (counts with zeros, gapped layouts) with
 /// every algorithm, byte-exact, as one rank of a job started by `halo launch`,
@@ -70,7 +70,7 @@ pub(crate) fn run(args: &CheckArgs) -> Result<(), Failure> {
     };
     // Refused before joining the job (as if alone), and again with the job's size.
     let memory = |n: usize| {
-        halo_cli::limits::check_memory(
+        crate::limits::check_memory(
             &format!(
                 "--counts {} / --v-max {} on {n} ranks",
                 max_count(&opts.counts),

@@ -1,8 +1,8 @@
 //! `halo launch`: start the ranks of a job, locally or on emulated hosts.
 
 use super::Failure;
+use crate::launch::{self, Interrupt, LaunchError, LaunchSpec, Outcome, Placement};
 use clap::Args;
-use halo_cli::launch::{self, Interrupt, LaunchError, LaunchSpec, Outcome, Placement};
 use std::path::PathBuf;
 use std::time::Duration;
 

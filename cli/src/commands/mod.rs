@@ -18,7 +18,7 @@ use std::io::Write as _;
 #[derive(Debug, Parser)]
 #[command(name = "halo", version, about, long_about = None)]
 #[command(after_help = "Logging: set HALO_DEBUG=info|debug|trace for logs on stderr.")]
-pub(crate) struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -49,9 +49,11 @@ enum Command {
 
 /// A failed command: what to print after `error: ` and the exit status.
 #[derive(Debug)]
-pub(crate) struct Failure {
-    pub(crate) message: String,
-    pub(crate) code: u8,
+pub struct Failure {
+    /// What went wrong, printed after `error: `.
+    pub message: String,
+    /// The process exit status: 2 for bad input, 1 for anything else.
+    pub code: u8,
 }
 
 impl Failure {
@@ -73,7 +75,7 @@ impl Failure {
 }
 
 /// Runs the command.
-pub(crate) fn run(cli: Cli) -> Result<(), Failure> {
+pub fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Topo(args) => topo::run(&args),
         Command::Launch(args) => launch::run(&args),
@@ -101,7 +103,7 @@ fn emit(text: &str) -> Result<(), Failure> {
 /// `--sizes MIN:MAX` (or one size) as the ladder `MIN, 4 MIN, 16 MIN, ...` up to `MAX`
 /// (`halo simulate`, `halo calibrate`); sizes take K/M/G suffixes.
 fn size_ladder_arg(spec: &str) -> Result<Vec<usize>, Failure> {
-    use halo_cli::plot::parse_bytes;
+    use crate::plot::parse_bytes;
     let (lo, hi) = match spec.split_once(':') {
         Some((a, b)) => (
             parse_bytes(a).map_err(Failure::input)?,
@@ -117,5 +119,5 @@ fn size_ladder_arg(spec: &str) -> Result<Vec<usize>, Failure> {
             "--sizes {spec}: need 0 < MIN <= MAX"
         )));
     }
-    Ok(halo_cli::calibrate::size_ladder(lo, hi))
+    Ok(crate::calibrate::size_ladder(lo, hi))
 }

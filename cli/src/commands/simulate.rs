@@ -1,13 +1,13 @@
 //! `halo simulate`: predict all-to-all times at scale by replaying the schedules.
 
 use super::Failure;
+use crate::plot::{Series, fmt_bytes, line_plot};
 use clap::Args;
 use halo::collectives::{
     AlgoOptions, Algorithm, BlockSizes, MatrixSizes, MoeSizes, SimOptions, Traffic,
     simulate_all_to_all,
 };
 use halo::topology::{Level, Topology, fmt_seconds};
-use halo_cli::plot::{Series, fmt_bytes, line_plot};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -103,7 +103,7 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
     .map_err(Failure::input)?;
     check_numbers(args)?;
     let n = topo.size() as u128;
-    halo_cli::limits::check_memory(
+    crate::limits::check_memory(
         &format!(
             "simulating {n} ranks (--topology {}; about {BYTES_PER_PAIR} bytes per pair of ranks)",
             args.topology
@@ -202,10 +202,10 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
         })
         .collect();
     let sizes = super::size_ladder_arg(&args.sizes)?;
-    let bar = halo_cli::progress::bar(
+    let bar = crate::progress::bar(
         sizes.len() * algos.len(),
         &format!("simulating {n} ranks"),
-        halo_cli::progress::on_terminal(),
+        crate::progress::on_terminal(),
     );
     for size in sizes {
         let bytes_per_token = args.hidden * 2;
@@ -306,7 +306,7 @@ struct Measured {
     mode: String,
     /// The router of an `alltoallv` run.
     #[serde(default)]
-    moe: Option<halo_cli::bench::moe::MoeShape>,
+    moe: Option<crate::bench::moe::MoeShape>,
     rows: Vec<MeasuredRow>,
 }
 

@@ -13,10 +13,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::Failure;
+use crate::plot::{Series, fmt_bytes, step_plot};
 use clap::Args;
 use halo::Communicator;
 use halo::local::{self, Emulation};
-use halo_cli::plot::{Series, fmt_bytes, step_plot};
 use halo_moe::{Adam, AdamConfig, MoeConfig, MoeParams, Task, TaskConfig};
 use halo_piper::migration::{LayerMigration, expert_move_bytes};
 use halo_piper::predict::Workload;
@@ -621,7 +621,7 @@ pub(crate) fn run(a: &TrainArgs) -> Result<(), Failure> {
     if a.emulate.is_some_and(|x| !(x.is_finite() && x >= 0.0)) {
         return Err(input("--emulate takes a finite scale >= 0"));
     }
-    let in_process = a.threads || !halo_cli::launch::launched();
+    let in_process = a.threads || !crate::launch::launched();
     if in_process {
         run_threads(a)
     } else {
@@ -817,12 +817,12 @@ fn finish(a: &TrainArgs, s: &Setup, log: &RunLog, ranks: &[RankSummary]) -> Resu
 
 fn run_threads(a: &TrainArgs) -> Result<(), Failure> {
     let (topo_name, topo) = thread_topology(a)?;
-    if topo.size() > halo_cli::limits::MAX_THREAD_RANKS {
+    if topo.size() > crate::limits::MAX_THREAD_RANKS {
         return Err(input(format!(
             "{topo_name}: {} ranks, but threads run at most {}; run larger jobs as processes \
              (halo launch)",
             topo.size(),
-            halo_cli::limits::MAX_THREAD_RANKS
+            crate::limits::MAX_THREAD_RANKS
         )));
     }
     let s = setup(a, &topo)?;
@@ -839,10 +839,10 @@ fn run_threads(a: &TrainArgs) -> Result<(), Failure> {
     if !a.json {
         print_line(&banner(a, &s, &place));
     }
-    let bar = halo_cli::progress::bar(
+    let bar = crate::progress::bar(
         a.steps as usize,
         "training",
-        !a.json && a.steps >= 20 && halo_cli::progress::on_terminal(),
+        !a.json && a.steps >= 20 && crate::progress::on_terminal(),
     );
     let report = reporter(a, &bar);
     let results = local::run(&topo, emulation, |world| {
@@ -888,10 +888,10 @@ fn run_process(a: &TrainArgs) -> Result<(), Failure> {
             &format!("{} processes ({})", world.size(), topo.name()),
         ));
     }
-    let bar = halo_cli::progress::bar(
+    let bar = crate::progress::bar(
         a.steps as usize,
         "training",
-        rank == 0 && !a.json && a.steps >= 20 && halo_cli::progress::on_terminal(),
+        rank == 0 && !a.json && a.steps >= 20 && crate::progress::on_terminal(),
     );
     let report = reporter(a, &bar);
     let (log, sum) = train_rank(&mut world, &s, a.seed, a.steps, &report).map_err(piper)?;
