@@ -26,5 +26,3 @@ pub mod launch;
 pub mod limits;
 pub mod plot;
 pub mod progress;
-#[doc(hidden)]
-pub mod testing;

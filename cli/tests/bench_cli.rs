@@ -260,7 +260,7 @@ fn bw_window_non_blocking_and_blocking_in_one_run() {
 #[test]
 fn two_emulated_hosts() {
     if let Some(why) = halo_cli::launch::emulation_unavailable() {
-        halo_cli::testing::skip(&format!("emulated hosts unavailable: {why}"));
+        halo_test_support::skip(&format!("emulated hosts unavailable: {why}"));
         return;
     }
     let out = ok(&halo(
@@ -285,7 +285,7 @@ fn mpi_missing() -> Option<String> {
 #[test]
 fn mpi_baseline_in_the_same_run() {
     if let Some(why) = mpi_missing() {
-        halo_cli::testing::skip(&why);
+        halo_test_support::skip(&why);
         return;
     }
     let dir = scratch("mpi");
@@ -340,7 +340,7 @@ fn mpi_baseline_in_the_same_run() {
 #[test]
 fn plain_mpirun_bootstraps_through_mpi() {
     if let Some(why) = mpi_missing() {
-        halo_cli::testing::skip(&why);
+        halo_test_support::skip(&why);
         return;
     }
     let out = Command::new("mpirun")

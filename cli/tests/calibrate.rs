@@ -233,7 +233,7 @@ fn launched_over_shared_memory_writes_a_loadable_topology() {
 #[test]
 fn emulated_hosts_fit_the_shaped_rate() {
     if let Some(why) = halo_cli::launch::emulation_unavailable() {
-        halo_cli::testing::skip(&format!("emulated hosts unavailable: {why}"));
+        halo_test_support::skip(&format!("emulated hosts unavailable: {why}"));
         return;
     }
     let _serial = serial();

@@ -268,7 +268,7 @@ fn every_progress_strategy_is_byte_exact() {
 macro_rules! need_namespaces {
     () => {
         if let Some(why) = halo_cli::launch::emulation_unavailable() {
-            halo_cli::testing::skip(&format!("namespaces unavailable: {why}"));
+            halo_test_support::skip(&format!("namespaces unavailable: {why}"));
             return;
         }
     };

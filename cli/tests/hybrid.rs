@@ -56,7 +56,7 @@ fn check_args() -> Vec<String> {
 macro_rules! need_namespaces {
     () => {
         if let Some(why) = halo_cli::launch::emulation_unavailable() {
-            halo_cli::testing::skip(&format!("namespaces unavailable: {why}"));
+            halo_test_support::skip(&format!("namespaces unavailable: {why}"));
             return;
         }
     };

@@ -356,7 +356,7 @@ fn hosts_without_root_is_a_clear_error() {
         {
             Ok(o) => o,
             Err(e) => {
-                halo_cli::testing::skip(&format!("cannot run setpriv to drop root: {e}"));
+                halo_test_support::skip(&format!("cannot run setpriv to drop root: {e}"));
                 return;
             }
         }

@@ -36,7 +36,7 @@ fn mpi_program(dir: &Path) -> Option<PathBuf> {
         Ok(o) if o.status.success() => Some(exe),
         Ok(o) => panic!("mpicc failed: {}", String::from_utf8_lossy(&o.stderr)),
         Err(e) => {
-            halo_cli::testing::skip(&format!(
+            halo_test_support::skip(&format!(
                 "no mpicc ({e}); scripts/deps.sh installs openmpi-bin libopenmpi-dev"
             ));
             None

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 const HALO: &str = env!("CARGO_BIN_EXE_halo");
 
 fn skip(why: &str) {
-    halo_cli::testing::skip(why);
+    halo_test_support::skip(why);
 }
 
 fn scratch(test: &str) -> PathBuf {

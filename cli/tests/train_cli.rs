@@ -251,7 +251,7 @@ fn the_planner_chooses_the_layout() {
 #[test]
 fn processes_on_emulated_hosts_give_the_threads_losses() {
     if let Some(why) = halo_cli::launch::emulation_unavailable() {
-        halo_cli::testing::skip(&format!("emulated hosts unavailable: {why}"));
+        halo_test_support::skip(&format!("emulated hosts unavailable: {why}"));
         return;
     }
     let args = ["train", "--microbatches", "4", "--steps", "2", "--json"];

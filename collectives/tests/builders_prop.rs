@@ -3,6 +3,7 @@
 //! all-to-all-v, each rank's program built only from what that rank can know.
 
 mod common;
+use common::Rng;
 use common::*;
 use halo_collectives::*;
 use halo_topology::{Level, Topology};
@@ -32,35 +33,35 @@ enum Pattern {
 }
 
 fn matrix(n: usize, pattern: &Pattern, seed: u64) -> MatrixSizes {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::from_state(seed | 1);
     let mut m = vec![0usize; n * n];
     for s in 0..n {
         for d in 0..n {
             m[s * n + d] = match pattern {
                 Pattern::Random { zero_pct, max } => {
-                    if rng.below(100) < *zero_pct {
+                    if rng.below(100) < *zero_pct as usize {
                         0
                     } else {
-                        1 + rng.below(*max) as usize
+                        1 + rng.below(*max as usize)
                     }
                 }
                 Pattern::ZeroRows => {
                     if s % 3 == 0 {
                         0
                     } else {
-                        rng.below(9) as usize
+                        rng.below(9)
                     }
                 }
                 Pattern::ZeroColumns => {
                     if d % 2 == 1 {
                         0
                     } else {
-                        rng.below(9) as usize
+                        rng.below(9)
                     }
                 }
                 Pattern::SelfOnly => {
                     if s == d {
-                        1 + rng.below(5) as usize
+                        1 + rng.below(5)
                     } else {
                         0
                     }

@@ -87,7 +87,7 @@ fn option_sets(topo: &Topology) -> Vec<AlgoOptions> {
 /// Count matrices with many zeros: random, whole zero rows, zero columns, only the
 /// diagonal, nothing at all, and one lonely block.
 fn matrices(n: usize, seed: u64) -> Vec<(&'static str, MatrixSizes)> {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::from_state(seed | 1);
     let mut make = |f: &mut dyn FnMut(usize, usize, &mut Rng) -> usize| {
         let mut m = vec![0usize; n * n];
         for s in 0..n {
@@ -101,40 +101,28 @@ fn matrices(n: usize, seed: u64) -> Vec<(&'static str, MatrixSizes)> {
         (
             "random",
             make(&mut |_, _, r| {
-                if r.below(2) == 0 {
-                    0
-                } else {
-                    r.below(20) as usize
-                }
+                if r.below(2) == 0 { 0 } else { r.below(20) }
             }),
         ),
         (
             "sparse",
             make(&mut |_, _, r| {
-                if r.below(10) != 0 {
-                    0
-                } else {
-                    1 + r.below(9) as usize
-                }
+                if r.below(10) != 0 { 0 } else { 1 + r.below(9) }
             }),
         ),
         (
             "zero rows",
-            make(&mut |s, _, r| if s % 3 == 0 { 0 } else { r.below(9) as usize }),
+            make(&mut |s, _, r| if s % 3 == 0 { 0 } else { r.below(9) }),
         ),
         (
             "zero columns",
             make(&mut |_, d, r| {
-                if d % 2 == 1 {
-                    0
-                } else {
-                    1 + r.below(9) as usize
-                }
+                if d % 2 == 1 { 0 } else { 1 + r.below(9) }
             }),
         ),
         (
             "only self",
-            make(&mut |s, d, r| if s == d { 1 + r.below(5) as usize } else { 0 }),
+            make(&mut |s, d, r| if s == d { 1 + r.below(5) } else { 0 }),
         ),
         ("all zero", make(&mut |_, _, _| 0)),
         (

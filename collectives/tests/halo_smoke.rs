@@ -28,17 +28,11 @@ fn smoke() {
                 verify_all_to_all(&s, &topo, &UniformSizes(8))
                     .unwrap_or_else(|e| panic!("{preset} {algo}: {e}"));
                 let n = topo.size();
-                let mut rng = Rng(7);
+                let mut rng = Rng::from_state(7);
                 let m = MatrixSizes::new(
                     n,
                     (0..n * n)
-                        .map(|_| {
-                            if rng.below(3) == 0 {
-                                0
-                            } else {
-                                rng.below(20) as usize
-                            }
-                        })
+                        .map(|_| if rng.below(3) == 0 { 0 } else { rng.below(20) })
                         .collect(),
                 );
                 let s = build_v(algo, &topo, &m, &opts).unwrap();

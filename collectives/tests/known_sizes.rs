@@ -9,13 +9,13 @@ use halo_collectives::*;
 use halo_topology::Topology;
 
 fn random_matrix(n: usize, seed: u64) -> MatrixSizes {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::from_state(seed | 1);
     let m = (0..n * n)
         .map(|_| {
             if rng.below(100) < 30 {
                 0
             } else {
-                1 + rng.below(700) as usize
+                1 + rng.below(700)
             }
         })
         .collect();

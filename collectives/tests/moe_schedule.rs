@@ -4,21 +4,7 @@
 use halo_collectives::{MoeRoutes, moe_node_of, moe_plans, verify_moe};
 use halo_topology::Topology;
 
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use halo_test_support::Rng;
 
 /// `tokens` tokens per rank, each with `k` distinct experts drawn from `pick`.
 fn routes(
@@ -85,7 +71,7 @@ fn check(topo: &Topology, r: &MoeRoutes, row: usize) {
 
 #[test]
 fn random_routings_verify_and_send_one_row_per_token_and_node() {
-    let mut rng = Rng(18);
+    let mut rng = Rng::from_state(18);
     for preset in [
         "nodes:2x2",
         "nodes:4x2",
@@ -111,7 +97,7 @@ fn random_routings_verify_and_send_one_row_per_token_and_node() {
 fn edge_routings_verify() {
     let topo = Topology::preset("nodes:4x2").unwrap();
     let n = topo.size();
-    let mut rng = Rng(7);
+    let mut rng = Rng::from_state(7);
     let contiguous: Vec<u32> = (0..16).map(|e| (e / 2) as u32).collect();
     // All tokens to one expert (the others empty).
     check(
@@ -146,7 +132,7 @@ fn edge_routings_verify() {
     check(
         &topo,
         &routes(n, 5, 2, contiguous, &mut rng, &|g| {
-            2 * g.below(8) as u32 + (g.next() % 2) as u32
+            2 * g.below(8) as u32 + (g.next_u64() % 2) as u32
         }),
         8,
     );
@@ -155,7 +141,7 @@ fn edge_routings_verify() {
 #[test]
 fn the_verifier_catches_a_misplaced_row_and_a_lost_contribution() {
     let topo = Topology::preset("nodes:2x2").unwrap();
-    let mut rng = Rng(3);
+    let mut rng = Rng::from_state(3);
     let map: Vec<u32> = (0..4).collect();
     let r = routes(4, 4, 2, map, &mut rng, &|g| g.below(4) as u32);
     let plans = moe_plans(&topo, &r, 8, true).unwrap();

@@ -5,6 +5,7 @@
 //! under NCCL's group semantics). Hand-made schedules show each check can fail.
 
 mod common;
+use common::Rng;
 use common::*;
 use halo_collectives::*;
 use halo_topology::{Level, Topology};
@@ -41,13 +42,13 @@ fn options(family: u8, choice: u8, chunk: usize) -> AlgoOptions {
 }
 
 fn random_matrix(n: usize, zero_pct: u64, max: u64, seed: u64) -> MatrixSizes {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::from_state(seed | 1);
     let m = (0..n * n)
         .map(|_| {
-            if rng.below(100) < zero_pct {
+            if rng.below(100) < zero_pct as usize {
                 0
             } else {
-                1 + rng.below(max) as usize
+                1 + rng.below(max as usize)
             }
         })
         .collect();

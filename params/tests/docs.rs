@@ -51,6 +51,7 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
                     | "python"
                     | "docs"
                     | "params"
+                    | "test-support"
             ) {
                 sources(&p, out);
             }

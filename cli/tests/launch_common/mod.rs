@@ -35,13 +35,9 @@ impl Run {
     }
 }
 
+/// A fresh directory `target/tmp/launch/TEST`.
 pub(crate) fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("launch")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    halo_test_support::scratch(env!("CARGO_TARGET_TMPDIR"), "launch", test)
 }
 
 /// Starts `halo launch ARGS` with stdout and stderr going to files in `dir`.
@@ -222,21 +218,13 @@ pub(crate) fn labelled(stdout: &str) -> Vec<(usize, String)> {
 
 // ---------------------------------------------------------------------------
 
-pub(crate) fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
-}
+#[allow(unused_imports)] // not every launch test needs root
+pub(crate) use halo_cli::launch::is_root;
 
 macro_rules! need_emulation {
     () => {
         if let Some(why) = halo_cli::launch::emulation_unavailable() {
-            halo_cli::testing::skip(&format!("emulated hosts unavailable: {why}"));
+            halo_test_support::skip(&format!("emulated hosts unavailable: {why}"));
             return;
         }
     };

@@ -52,10 +52,5 @@ pub(crate) fn fails_with(code: i32, args: &[&str]) -> String {
 
 /// A fresh directory `target/tmp/GROUP/TEST`.
 pub(crate) fn scratch(group: &str, test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(group)
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    halo_test_support::scratch(env!("CARGO_TARGET_TMPDIR"), group, test)
 }

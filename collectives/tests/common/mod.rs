@@ -78,17 +78,5 @@ pub(crate) fn build_v(
     Ok(out)
 }
 
-/// A small deterministic generator (xorshift64*).
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub(crate) fn below(&mut self, k: u64) -> u64 {
-        self.next() % k
-    }
-}
+#[allow(unused_imports)] // not every test binary draws random inputs
+pub(crate) use halo_test_support::Rng;

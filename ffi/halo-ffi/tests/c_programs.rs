@@ -705,7 +705,7 @@ fn abort_from_a_watchdog_thread_stops_a_blocked_collective() {
 /// is not installed.
 fn valgrind() -> Option<Vec<String>> {
     if Command::new("valgrind").arg("--version").output().is_err() {
-        halo_cli::testing::skip(
+        halo_test_support::skip(
             "valgrind is not installed (bash scripts/deps.sh test installs it); \
              the C programs ran without memcheck",
         );

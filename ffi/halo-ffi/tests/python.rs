@@ -74,7 +74,7 @@ fn python_package_tests() {
             std::env::var("HALO_REQUIRE_PYTHON_TESTS").as_deref() != Ok("1"),
             "the Python tests are required (HALO_REQUIRE_PYTHON_TESTS=1) but {why}"
         );
-        halo_cli::testing::skip(&format!("{why}; the Python package was not tested"));
+        halo_test_support::skip(&format!("{why}; the Python package was not tested"));
         return;
     }
     let root = root();
