@@ -7,7 +7,7 @@ bash scripts/deps.sh test
 # run, not skip.
 export HALO_REQUIRE_PYTHON_TESTS=1
 # As root (CI is), every test can run here: emulated hosts, MPI, valgrind, setpriv. Then a
-# test that would skip fails instead, naming what is missing (halo_cli::testing).
+# test that would skip fails instead, naming what is missing (halo_test_support::skip).
 if [ "$(id -u)" -eq 0 ]; then
   export HALO_REQUIRE_ALL="${HALO_REQUIRE_ALL:-1}"
 fi
