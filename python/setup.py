@@ -1,7 +1,7 @@
 """`pip install ./python` builds libhalo with cargo and ships it inside the package.
 
 The metadata is in pyproject.toml; this file only adds the build step. libhalo is a C
-library (a cdylib with the C ABI of include/halo.h) that the package loads with ctypes,
+library (a cdylib with the C ABI of ffi/include/halo.h) that the package loads with ctypes,
 not a Python extension module, so it is built by a small build_py hook rather than by
 setuptools-rust or maturin (both name a cdylib as an extension module of one Python,
 `libhalo.cpython-311-x86_64-linux-gnu.so`, which C programs cannot link by its soname).
@@ -31,7 +31,7 @@ class BuildWithLibhalo(build_py):
             return
         here = Path(__file__).resolve().parent
         repo = Path(os.environ.get("HALO_SOURCE_DIR") or here.parent)
-        manifest = repo / "ffi" / "halo-ffi" / "Cargo.toml"
+        manifest = repo / "ffi" / "Cargo.toml"
         if not manifest.is_file():
             raise SystemExit(
                 f"halo-moe: no HALO checkout at {repo} (no {manifest}) to build libhalo from: "

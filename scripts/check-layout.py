@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Top-level folders that hold no code of their own or are not part of the layout.
-NOT_LAYOUT = {"docs", "scripts", "include", "target", "fuzz", "tests", "benches", ".ci", ".git", "shared"}
+NOT_LAYOUT = {"docs", "scripts", "target", "fuzz", "tests", "benches", ".ci", ".git", "shared"}
 
 
 def main() -> int:

@@ -20,9 +20,9 @@ if [ "${1:-}" = "test" ]; then
     libopenmpi-dev # mpicc: compiles the MPI program of the launch tests; the `mpi` feature
     libclang-dev   # bindgen in the mpi crate's build (feature `mpi`, MPI bootstrap test)
     clang          # idem
-    valgrind       # memcheck over the C API's test programs (ffi/halo-ffi/tests/c_programs.rs)
-    g++            # compiles include/halo.h as C++ in the same tests (gcc itself comes with Rust's linker)
-    python3        # the Python package's tests (python/tests, run by ffi/halo-ffi/tests/python.rs)
+    valgrind       # memcheck over the C API's test programs (ffi/tests/c_programs.rs)
+    g++            # compiles ffi/include/halo.h as C++ in the same tests (gcc itself comes with Rust's linker)
+    python3        # the Python package's tests (python/tests, run by ffi/tests/python.rs)
     python3-pip    # pip, to install numpy for them (below)
   )
 fi

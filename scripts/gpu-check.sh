@@ -10,7 +10,7 @@
 #   bash scripts/gpu-check.sh --bundle DIR     # here, with Rust: build and pack
 #   bash DIR/gpu-check.sh [OUT.json]           # there, on the GPU machine
 #
-# --bundle builds libhalo.so and the check program (ffi/halo-ffi/examples/gpu_check.rs)
+# --bundle builds libhalo.so and the check program (ffi/examples/gpu_check.rs)
 # in release mode (GPU_CHECK_PROFILE=debug for a quicker build), and copies into DIR:
 # bin/halo-gpu-check, lib/ (libhalo.so and every shared library the two need that is
 # not the C library itself: libfabric and what it links), python/halo (the package),
@@ -23,7 +23,7 @@
 # On the GPU machine (under 5 minutes), it:
 #   1. finds NCCL and the CUDA runtime: HALO_NCCL_LIBRARY / HALO_CUDART_LIBRARY if set,
 #      else the wheels of python3 (torch's: HALO_PYTHON_SITE from its sys.path), else
-#      the library search of ffi/rccl-sys; reports the versions;
+#      the library search of sys/rccl; reports the versions;
 #   2. runs a one-rank communicator's haloAllToAll and haloAllToAllv on device buffers
 #      with a stream through the C ABI (1 B, 4 KiB, 1 MiB per peer) and checks the bytes
 #      against the host reference and against NCCL's ncclAlltoAll (NCCL >= 2.28);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and installs HALO for C and C++ programs:
-#   PREFIX/lib/libhalo.so, PREFIX/lib/libhalo.a    the library (ffi/halo-ffi)
+#   PREFIX/lib/libhalo.so, PREFIX/lib/libhalo.a    the library (ffi)
 #   PREFIX/include/halo.h                          the header
 #   PREFIX/lib/pkgconfig/halo.pc                   for pkg-config (links libhalo.so)
 #   PREFIX/lib/pkgconfig/halo-static.pc            ... (links libhalo.a)
@@ -41,7 +41,7 @@ for f in libhalo.so libhalo.a; do
   [ -f "$from/$f" ] || { echo "install-c.sh: $from/$f not found" >&2; exit 1; }
 done
 
-header="$root/include/halo.h"
+header="$root/ffi/include/halo.h"
 version="$(awk '/#define HALO_(MAJOR|MINOR|PATCH) /{v = v (v ? "." : "") $3} END {print v}' "$header")"
 
 install -d "$prefix/lib/pkgconfig" "$prefix/include" "$prefix/bin"
@@ -50,7 +50,7 @@ install -m 644 "$from/libhalo.a" "$prefix/lib/libhalo.a"
 install -m 644 "$header" "$prefix/include/halo.h"
 for pc in halo halo-static; do
   sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" \
-    "$root/ffi/halo-ffi/$pc.pc.in" > "$prefix/lib/pkgconfig/$pc.pc"
+    "$root/ffi/$pc.pc.in" > "$prefix/lib/pkgconfig/$pc.pc"
   chmod 644 "$prefix/lib/pkgconfig/$pc.pc"
 done
 if [ -x "$from/halo" ]; then

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh test
-# deps.sh installed numpy: the Python package's tests (ffi/halo-ffi/tests/python.rs) must
+# deps.sh installed numpy: the Python package's tests (ffi/tests/python.rs) must
 # run, not skip.
 export HALO_REQUIRE_PYTHON_TESTS=1
 # As root (CI is), every test can run here: emulated hosts, MPI, valgrind, setpriv. Then a

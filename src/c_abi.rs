@@ -1,4 +1,4 @@
-//! Raw-pointer entry points for the C ABI (`ffi/halo-ffi`), hidden from the Rust API.
+//! Raw-pointer entry points for the C ABI (`ffi`), hidden from the Rust API.
 //!
 //! A Rust program uses the slice-based calls of [`Communicator`]; these take what C
 //! passes (pointers, element counts, element sizes) and check everything they can

@@ -1,6 +1,6 @@
 """HALO from Python: topology-aware all-to-all for Mixture-of-Experts training.
 
-A thin layer over libhalo's C API (include/halo.h) with ctypes; no compiled
+A thin layer over libhalo's C API (ffi/include/halo.h) with ctypes; no compiled
 extension. Under a launcher (``halo launch -n 4 -- python3 train.py``, torchrun,
 mpirun, srun)::
 

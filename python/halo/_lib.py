@@ -1,6 +1,6 @@
 """Finding and loading libhalo; the C API's constants, prototypes and errors.
 
-Everything here mirrors include/halo.h; python/tests/test_api.py checks the constants
+Everything here mirrors ffi/include/halo.h; python/tests/test_api.py checks the constants
 against the header, so a change there fails a test here.
 """
 
@@ -47,7 +47,7 @@ class Result(enum.IntEnum):
 
     @property
     def c_name(self) -> str:
-        """The name in include/halo.h, e.g. ``haloInvalidArgument``."""
+        """The name in ffi/include/halo.h, e.g. ``haloInvalidArgument``."""
         return "halo" + "".join(w.capitalize() for w in self.name.split("_"))
 
 
@@ -92,7 +92,7 @@ class HaloError(Exception):
     """A call into libhalo failed.
 
     ``code`` is the C result code (a :class:`Result`, which compares equal to the
-    ``int`` of include/halo.h, e.g. ``Result.INVALID_ARGUMENT == 4``); ``message`` is
+    ``int`` of ffi/include/halo.h, e.g. ``Result.INVALID_ARGUMENT == 4``); ``message`` is
     what ``haloGetLastError`` said about the failure: the function and what was wrong.
     """
 
@@ -250,7 +250,7 @@ VERSION_CODE = 100
 
 
 class Config(ctypes.Structure):
-    """``haloConfig_t`` (include/halo.h): start from :meth:`initial`
+    """``haloConfig_t`` (ffi/include/halo.h): start from :meth:`initial`
     (``HALO_CONFIG_INITIALIZER``) and set the fields to change."""
 
     _fields_ = [

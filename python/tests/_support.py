@@ -1,6 +1,6 @@
 """What the tests share: where things are, and running a job under `halo launch`.
 
-Environment (ffi/halo-ffi/tests/python.rs sets all of it; by hand, the defaults find a
+Environment (ffi/tests/python.rs sets all of it; by hand, the defaults find a
 `cargo build` of the repository):
 - HALO_LIBRARY: libhalo to test (default: the package's own search);
 - HALO_BIN: the `halo` launcher (default: target/debug/halo, target/release/halo,
@@ -21,7 +21,7 @@ TESTS = Path(__file__).resolve().parent
 WORKERS = TESTS / "workers"
 PYTHON_DIR = TESTS.parent
 REPO = PYTHON_DIR.parent
-HEADER = REPO / "include" / "halo.h"
+HEADER = REPO / "ffi" / "include" / "halo.h"
 
 REQUIRED = os.environ.get("HALO_REQUIRE_PYTHON_TESTS") == "1"
 
@@ -157,12 +157,12 @@ def launch(testcase, n, args, extra_env=None, timeout=150):
 
 
 def header_enum(name):
-    """{C name: value} of `typedef enum NAME { ... }` in include/halo.h."""
+    """{C name: value} of `typedef enum NAME { ... }` in ffi/include/halo.h."""
     import re
 
     text = HEADER.read_text()
     body = re.search(r"typedef enum %s \{(.*?)\}" % re.escape(name), text, re.S)
-    assert body, f"include/halo.h has no enum {name}"
+    assert body, f"ffi/include/halo.h has no enum {name}"
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+) = (-?\d+),", body.group(1))}
 
 
@@ -170,5 +170,5 @@ def header_define(name):
     import re
 
     m = re.search(r"#define %s (\S+)" % re.escape(name), HEADER.read_text())
-    assert m, f"include/halo.h has no #define {name}"
+    assert m, f"ffi/include/halo.h has no #define {name}"
     return int(m.group(1))

@@ -1,4 +1,4 @@
-"""The package in one process: constants against include/halo.h, finding the library,
+"""The package in one process: constants against ffi/include/halo.h, finding the library,
 errors, argument checks, and a one-rank communicator."""
 
 import ctypes
@@ -58,7 +58,7 @@ class HeaderTest(unittest.TestCase):
         text = HEADER.read_text()
         for name, (_, argtypes) in _lib._PROTOTYPES.items():
             m = re.search(r"^(?:haloResult_t|const char \*)\s*%s\(([^)]*)\);" % name, text, re.M)
-            self.assertIsNotNone(m, f"{name} is not declared in include/halo.h")
+            self.assertIsNotNone(m, f"{name} is not declared in ffi/include/halo.h")
             params = [p for p in m.group(1).split(",") if p.strip() and p.strip() != "void"]
             self.assertEqual(len(params), len(argtypes), f"{name}: header {m.group(1)!r}")
 

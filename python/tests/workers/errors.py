@@ -1,5 +1,5 @@
 """One rank of test_launch.py's error job: every wrong call raises, before any byte
-moves, and HaloError carries the code include/halo.h documents.
+moves, and HaloError carries the code ffi/include/halo.h documents.
 
 Mistakes found in Python are made by every rank at once (they are local, as in
 torch.distributed: the other ranks are not told). Mistakes only libhalo can see (ranks

@@ -30,7 +30,7 @@
 //! ```text
 //! apt-get install libclang-dev libfabric-dev
 //! cargo build -p halo-fabric-sys --features regenerate
-//! git diff ffi/fabric-sys/src/
+//! git diff sys/fabric/src/
 //! ```
 //!
 //! This rewrites `src/bindings.rs` and `src/static_fns.c` in place.

@@ -1,4 +1,4 @@
-//! `include/halo.h` is what cbindgen generates from this crate.
+//! `ffi/include/halo.h` is what cbindgen generates from this crate.
 //!
 //! The header is committed so that C users need no Rust tooling to read it; this test
 //! regenerates it into memory and fails when the committed file differs (CI runs it).
@@ -15,7 +15,7 @@ fn crate_dir() -> PathBuf {
 }
 
 fn header_path() -> PathBuf {
-    crate_dir().join("../../include/halo.h")
+    crate_dir().join("include/halo.h")
 }
 
 /// The header as cbindgen generates it now.
@@ -69,7 +69,7 @@ fn committed_header_is_up_to_date() {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == generated,
-        "include/halo.h is not what cbindgen generates from ffi/halo-ffi (first difference at \
+        "ffi/include/halo.h is not what cbindgen generates from the halo-ffi crate (first difference at \
          {}).\nRegenerate it with:\n    HALO_REGEN_HEADER=1 cargo test -p halo-ffi --test header\n\
          and commit the result.",
         first_difference(&committed, &generated)
@@ -107,6 +107,6 @@ fn header_names_the_whole_api() {
         "haloBfloat16 = 9",
         "haloAborted = 9",
     ] {
-        assert!(h.contains(name), "include/halo.h lacks {name}");
+        assert!(h.contains(name), "ffi/include/halo.h lacks {name}");
     }
 }

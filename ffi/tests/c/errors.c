@@ -137,7 +137,7 @@ static void uniform_errors(haloComm_t comm, int n) {
     EXPECT_ERR(comm, haloAllToAll(sendb + 1, sendb, 4, haloInt8, comm, NULL),
                haloInvalidArgument, "overlap");
     /* A stream means device buffers (the device path): without a CUDA / HIP runtime
-     * (these machines) that is haloUnhandledDeviceError (tests/c/device.c). */
+     * (these machines) that is haloUnhandledDeviceError (ffi/tests/c/device.c). */
     EXPECT_ERR(comm, haloAllToAll(sendb, recvb, 4, haloInt8, comm, &stream_dummy),
                haloUnhandledDeviceError, "no CUDA/HIP runtime library could be loaded");
     untouched("haloAllToAll");

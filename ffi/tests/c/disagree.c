@@ -13,7 +13,7 @@
  *
  * Prints "disagree ok (rank R: CODE NAME: MESSAGE)" with the call's result and
  * haloGetLastError (also for haloSuccess, whose message is then "-"), and exits 0;
- * ffi/halo-ffi/tests/c_programs.rs checks the codes and messages of every rank. A
+ * ffi/tests/c_programs.rs checks the codes and messages of every rank. A
  * result that is neither haloSuccess nor haloInvalidUsage, haloRemoteError or
  * haloTimeout, or a message on the thread that is not the communicator's, fails.
  */

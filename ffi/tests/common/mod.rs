@@ -5,7 +5,7 @@ use std::path::PathBuf;
 /// The repository root.
 pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
+        .join("..")
         .canonicalize()
         .unwrap()
 }

@@ -1,8 +1,8 @@
 /*
- * Helpers shared by the C tests of libhalo (the programs in tests/c).
+ * Helpers shared by the C tests of libhalo (the programs in ffi/tests/c).
  *
  * The programs are built with gcc -std=c11 -Wall -Wextra -Werror against
- * include/halo.h and run as several processes by ffi/halo-ffi/tests/c_programs.rs
+ * ffi/include/halo.h and run as several processes by ffi/tests/c_programs.rs
  * (RANK / WORLD_SIZE / HALO_BOOTSTRAP_ADDR in the environment, as `halo launch`
  * sets them). A program prints one "<name> ok" line per rank and exits 0, or
  * prints what failed and exits 1.

@@ -3,7 +3,7 @@
 //! test binary, through `HALO_LIBRARY`) and the `halo` launcher of the same build
 //! (`HALO_BIN`):
 //!
-//! - `test_api.py`: the constants against include/halo.h, finding the library, the
+//! - `test_api.py`: the constants against ffi/include/halo.h, finding the library, the
 //!   errors, the argument checks, a one-rank communicator, and (`workers/ops.py` under
 //!   `halo launch`, 3 and 4 ranks) all-reduce with every op and dtype, all-gather,
 //!   reduce-scatter, broadcast, gather, scatter, tagged send / recv, blocking and

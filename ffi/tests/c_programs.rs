@@ -1,5 +1,5 @@
-//! The C programs of `tests/c/`, compiled with gcc (`-std=c11 -Wall -Wextra -Werror
-//! -Wpedantic`) against `include/halo.h` and the library cargo built for this test
+//! The C programs of `ffi/tests/c/`, compiled with gcc (`-std=c11 -Wall -Wextra -Werror
+//! -Wpedantic`) against `ffi/include/halo.h` and the library cargo built for this test
 //! (`libhalo.so` beside the test binary), run as several processes:
 //!
 //! - `alltoall.c`: all-to-all over every data type and all-to-all-v with random counts
@@ -79,7 +79,7 @@ fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Compiles `tests/c/<name>.c` against the header and the shared library (found at run
+/// Compiles `ffi/tests/c/<name>.c` against the header and the shared library (found at run
 /// time through an rpath), once per test process.
 fn program(name: &'static str) -> PathBuf {
     static BUILT: OnceLock<std::sync::Mutex<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
@@ -96,10 +96,10 @@ fn program(name: &'static str) -> PathBuf {
         Command::new("gcc")
             .args(CFLAGS)
             .arg("-I")
-            .arg(root.join("include"))
+            .arg(root.join("ffi/include"))
             .arg("-I")
-            .arg(root.join("tests/c"))
-            .arg(root.join(format!("tests/c/{name}.c")))
+            .arg(root.join("ffi/tests/c"))
+            .arg(root.join(format!("ffi/tests/c/{name}.c")))
             .arg("-o")
             .arg(&out)
             .arg("-pthread")
@@ -297,7 +297,7 @@ fn header_compiles_as_c99_c11_and_cpp() {
          }\n",
     )
     .unwrap();
-    let include = root().join("include");
+    let include = root().join("ffi/include");
     for std in ["-std=c99", "-std=c11", "-std=c17"] {
         run_ok(
             Command::new("gcc")
@@ -417,7 +417,7 @@ fn invalid_calls_return_their_documented_codes() {
 
 /// The device path without a GPU stack (issue 17): `haloAllToAll` / `haloAllToAllv`
 /// with a stream return `haloUnhandledDeviceError` naming every place tried, on every
-/// rank, and the host path keeps working (tests/c/device.c).
+/// rank, and the host path keeps working (ffi/tests/c/device.c).
 #[test]
 fn device_calls_without_a_gpu_stack_name_the_places_tried() {
     let dir = scratch("device3");
@@ -427,7 +427,7 @@ fn device_calls_without_a_gpu_stack_name_the_places_tried() {
     assert_all_ok(&ranks, "device ok");
 }
 
-/// The MoE calls (issue 29, tests/c/moe.c) on 4 ranks over two nodes: layout,
+/// The MoE calls (issue 29, ffi/tests/c/moe.c) on 4 ranks over two nodes: layout,
 /// dispatch, combine and the pairs byte-exact against the reference every rank
 /// computes, in every mode; the non-blocking forms (`haloIMoe*`) bitwise equal to the
 /// blocking ones; bad input refused on every rank with its code. The timeout
@@ -711,7 +711,7 @@ fn valgrind() -> Option<Vec<String>> {
         );
         return None;
     }
-    let supp = root().join("tests/c/valgrind.supp");
+    let supp = root().join("ffi/tests/c/valgrind.supp");
     Some(
         [
             "valgrind",

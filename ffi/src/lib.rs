@@ -1,11 +1,11 @@
-//! The C ABI of HALO: `libhalo.so` / `libhalo.a` and `include/halo.h`.
+//! The C ABI of HALO: `libhalo.so` / `libhalo.a` and `ffi/include/halo.h`.
 //!
 //! The API has NCCL's (and RCCL's) shape, so that a program written against NCCL
 //! swaps `ncclX` for `haloX`: a unique id made by one rank and passed to the others,
 //! `haloCommInitRank`, collectives that take a count in elements, a data type, the
 //! communicator and a stream, and results that keep NCCL's numbering
 //! ([`haloResult`]). The header is generated from this crate by cbindgen
-//! (`ffi/halo-ffi/cbindgen.toml`); the doc comments here are the header's documentation.
+//! (`ffi/cbindgen.toml`); the doc comments here are the header's documentation.
 //!
 //! How the boundary is kept safe:
 //!
