@@ -28,7 +28,7 @@ def main() -> int:
     # (No tomllib: it is Python 3.11+ and this runs on older system Pythons too.)
     members = re.search(r"^members\s*=\s*\[([^\]]*)\]", (ROOT / "Cargo.toml").read_text(), re.M)
     for member in re.findall(r'"([^"]+)"', members.group(1)):
-        folder = "src" if member == "." else member
+        folder = member
         manifest = (ROOT / member / "Cargo.toml").read_text()
         name = re.search(r'^name\s*=\s*"([^"]+)"', manifest, re.M).group(1)
         crate = listed.get(folder)

@@ -5,7 +5,7 @@ imports that go up the layers (docs/ARCHITECTURE.md, "Layers").
     python3 scripts/layers.py            # check: exit 1 on a circle or an upward import
     python3 scripts/layers.py --edges    # also print every edge between modules
 
-A module is a file of src/ (`src/comm/p2p.rs` is `comm::p2p`, `src/comm/mod.rs` is
+A module is a file of halo/src/ (`halo/src/comm/p2p.rs` is `comm::p2p`, `halo/src/comm/mod.rs` is
 `comm`). An edge A -> B is a path in A's code (outside comments and string literals)
 that names `crate::B...`, `super::...` or `self::...` resolving to B. Edges between a
 module and its own ancestors or descendants are not counted (a child uses its
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "src"
+SRC = ROOT / "halo" / "src"
 
 # Low to high: a module may use its own layer and the ones below it.
 LAYERS = [

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 18: inter-host bytes of MoeExchange, dedup vs a2av, on emulated hosts (root).
-# For each k and mode, runs examples/moe_dedup under `halo launch --hosts H` twice —
+# For each k and mode, runs halo/examples/moe_dedup under `halo launch --hosts H` twice —
 # with rows of D f32 and with D = 0 (same routing, same control traffic) — and prints
 # the veth tx bytes of all hosts, their difference (the rows' bytes on the wire) and
 # the routing's prediction. Fails when a difference is below the prediction or more

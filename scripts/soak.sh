@@ -5,7 +5,7 @@
 #   bash scripts/soak.sh            # 180 s (SOAK_SECONDS), 8 ranks (SOAK_RANKS)
 #   SOAK_SECONDS=600 bash scripts/soak.sh
 #
-# The worker is examples/soak.rs: random counts (zeros included) and gapped layouts
+# The worker is halo/examples/soak.rs: random counts (zeros included) and gapped layouts
 # drawn alike on every rank, a random algorithm per call (auto, flat, pairwise, bruck,
 # halo, halo2d), every received element and every gap compared. Each rank reports its
 # calls, wrong bytes and VmRSS (after 100 warm-up calls, at the end, and the maximum);
