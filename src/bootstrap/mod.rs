@@ -28,7 +28,7 @@
 //! The payload is a rank's *card*, bytes to the bootstrap: the transport layer makes
 //! and reads it (`transport/card.rs`) and connects the transports around the exchange
 //! (`transport/connect.rs`), given a `join` that runs it. The bootstrap also chooses
-//! the address the network provider binds ([`bind_ip`]: the one that reaches the root).
+//! the address the network provider binds (`bind_ip`: the one that reaches the root).
 
 mod env;
 #[cfg(feature = "mpi")]
