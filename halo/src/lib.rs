@@ -57,8 +57,6 @@ pub mod tune;
 
 pub use bootstrap::UniqueId;
 #[doc(hidden)]
-pub use bootstrap::decode_card_for_fuzzing;
-#[doc(hidden)]
 pub use bootstrap::root_handshake_for_fuzzing;
 pub use comm::{
     AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MAX_USER_TAG, MoeDispatch,
@@ -72,5 +70,7 @@ pub use halo_collectives::{
     AlgoOptions, Algorithm, AllGatherAlgorithm, AllReduceAlgorithm, BroadcastAlgorithm,
 };
 pub use local::{Emulation, LocalCluster, Traffic};
+#[doc(hidden)]
+pub use transport::card::decode_card_for_fuzzing;
 pub use transport::fabric::{FabricConfig, FabricProgress};
 pub use transport::shm::TransportChoice;

@@ -1,8 +1,8 @@
 //! Bootstrap: how the ranks of a job find each other before any collective runs.
 //!
-//! Every way in ends in one exchange: each rank hands a small payload (its host,
-//! its local topology, its fabric addresses) to a rendezvous root over TCP, and gets
-//! back every rank's payload, in rank order. Then the transports take over.
+//! Every way in ends in one exchange: each rank hands a small payload (its card: its
+//! host, its local topology, its fabric addresses) to a rendezvous root over TCP, and
+//! gets back every rank's payload, in rank order. Then the transports take over.
 //!
 //! - **Unique id** (NCCL's way): one rank calls [`UniqueId::new`], which starts the
 //!   rendezvous root on a thread of that process, and passes the 128-byte id to the
@@ -25,14 +25,12 @@
 //! - **MPI** (cargo feature `mpi`, through the `mpi` crate): `exchange_mpi` gathers
 //!   the payloads with `MPI_Allgatherv` over an MPI communicator the caller initialised.
 //!
-//! The payload is a rank's *card* (`card.rs`: what it holds, encoded as JSON and
-//! checked field by field before use); `job.rs` brings a fabric job up around the
-//! exchange: the address the network provider binds, the cards, the job's topology,
-//! and the transport connected to every peer.
+//! The payload is a rank's *card*, bytes to the bootstrap: the transport layer makes
+//! and reads it (`transport/card.rs`) and connects the transports around the exchange
+//! (`transport/connect.rs`), given a `join` that runs it. The bootstrap also chooses
+//! the address the network provider binds (`bind_ip`: the one that reaches the root).
 
-mod card;
 mod env;
-mod job;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod rendezvous;
@@ -40,9 +38,6 @@ mod root;
 mod secret;
 mod wire;
 
-#[doc(hidden)]
-pub use card::decode_card_for_fuzzing;
-pub(crate) use job::establish;
 #[doc(hidden)]
 pub use root::root_handshake_for_fuzzing;
 
@@ -211,6 +206,54 @@ pub fn default_bootstrap_ip() -> Result<IpAddr> {
         .find(|i| !i.loopback && i.ip.is_ipv4())
         .map(|i| i.ip)
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+}
+
+/// The local IP the kernel would use to reach `root` (a UDP "connect" sends nothing).
+fn route_to(root: SocketAddr) -> Result<IpAddr> {
+    let any: SocketAddr = if root.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    }
+    .parse()
+    .expect("literal address");
+    let s = std::net::UdpSocket::bind(any).map_err(|e| Error::SystemError {
+        message: format!("cannot open a UDP socket to find the local address: {e}"),
+    })?;
+    s.connect(root).map_err(|e| Error::SystemError {
+        message: format!("no route to the bootstrap root {root}: {e}"),
+    })?;
+    Ok(s.local_addr()
+        .map_err(|e| Error::SystemError {
+            message: format!("local address: {e}"),
+        })?
+        .ip())
+}
+
+/// The address the network provider of a job of `size` ranks binds: `addr`
+/// (`HALO_FABRIC_ADDR`) when given, 127.0.0.1 for one rank, else the one that reaches
+/// the bootstrap root (or, without a root, the one that reaches HALO_BOOTSTRAP_ADDR,
+/// else the one [`default_bootstrap_ip`] chooses: HALO_SOCKET_IFNAME, else the first
+/// non-loopback interface).
+pub(crate) fn bind_ip(
+    addr: Option<IpAddr>,
+    size: usize,
+    root: Option<SocketAddr>,
+) -> Result<IpAddr> {
+    Ok(match (addr, root) {
+        (Some(a), _) => a,
+        _ if size == 1 => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        (None, Some(root)) => route_to(root)?,
+        // Bootstrapped another way (MPI): HALO_BOOTSTRAP_ADDR, where a launcher set
+        // it, is the job's root on another host for most ranks — bind what reaches it.
+        (None, None) => match halo_params::BOOTSTRAP_ADDR
+            .raw()
+            .and_then(|v| parse_host_port(&v, 1).ok())
+        {
+            Some(root) => route_to(root)?,
+            None => default_bootstrap_ip()?,
+        },
+    })
 }
 
 /// Parses `ip`, `ip:port`, `[v6]:port` or `host[:port]` (resolved), with a default port.

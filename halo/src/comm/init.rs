@@ -2,10 +2,10 @@
 //! [`UniqueId`], or from the launcher's environment.
 
 use super::Communicator;
-use crate::bootstrap::establish;
-use crate::bootstrap::{EnvBootstrap, EnvSource, UniqueId, bootstrap_timeout, exchange};
+use crate::bootstrap::{EnvBootstrap, EnvSource, UniqueId, bind_ip, bootstrap_timeout, exchange};
 use crate::error::{Error, Result};
 use crate::transport::Backend;
+use crate::transport::connect::{Setup, connect};
 use crate::transport::fabric::FabricConfig;
 use crate::transport::shm::TransportChoice;
 use halo_collectives::Algorithm;
@@ -131,15 +131,17 @@ impl Communicator {
         config: &InitConfig,
         join: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
     ) -> Result<Communicator> {
-        let (backend, topology) = establish(
+        let setup = Setup {
             rank,
             size,
-            root,
-            &config.fabric,
-            config.transport,
-            &config.topology,
-            join,
-        )?;
+            ip: bind_ip(config.fabric.addr, size, root)?,
+            fabric: &config.fabric,
+            choice: config.transport,
+            topology: &config.topology,
+            // HALO_BOOTSTRAP_TIMEOUT_MS (not `config.bootstrap_timeout`, as before).
+            timeout: bootstrap_timeout(),
+        };
+        let (backend, topology) = connect(&setup, join)?;
         let mut comm = Communicator::from_backend(backend, rank, size, Arc::new(topology));
         comm.set_timeout(config.timeout);
         comm.set_algorithm(config.algorithm);

@@ -10,6 +10,9 @@
 //! - [`hybrid`]: a job across hosts — the rings between the ranks of each host, the
 //!   fabric transport between hosts, routed per peer in one session.
 //! - `shared`: any of them shared by a communicator and its sub-communicators.
+//! - `connect`: a job's transport set up from every rank's `card` (exchanged by the
+//!   bootstrap as bytes): the choice of backend per pair, one ordered table, and
+//!   connecting them.
 //! - `sys`: safe wrappers over the system calls the library needs elsewhere
 //!   (the host's network interfaces, for the bootstrap).
 //! - `liveness`: same-host peers' processes in `/proc` (whether one ended), for the
@@ -18,7 +21,7 @@
 //!
 //! # Which transport carries a pair (`HALO_TRANSPORT`)
 //! Decided at bootstrap from every rank's card, so every rank decides alike
-//! (`crate::bootstrap::job`). The ranks of one host (same host name and PID
+//! (`connect`: the first backend of its table that can connect the pair). The ranks of one host (same host name and PID
 //! namespace — under `halo launch --hosts`, the emulated host's UTS namespace) share
 //! a segment of rings; pairs on different hosts go over the fabric:
 //!
@@ -35,6 +38,8 @@
 //! (the others are on the fabric alone). `Communicator::provider_to` names the
 //! carrier of each peer (`halo-shm` for the rings).
 
+pub(crate) mod card;
+pub(crate) mod connect;
 pub(crate) mod device;
 pub(crate) mod emulation;
 pub(crate) mod fabric;

@@ -1,15 +1,23 @@
-//! Bringing up a job of processes: the address the network provider binds, the
-//! shared-memory segments (one per host), the card exchange through the bootstrap,
-//! the job's topology, the choice of transport per pair of ranks, and connecting
-//! every peer.
+//! Transport set-up for a job of processes (NCCL's `transport.cc`): this rank's fabric
+//! endpoints and shared-memory segment file, its card, and, from every rank's card
+//! (exchanged by the bootstrap, which carries them as bytes and nothing else), the
+//! job's topology, the choice of backend per pair of ranks and connecting every peer.
+//!
+//! The choice is one ordered table, [`BACKENDS`]: a pair of ranks goes to the first
+//! backend that can connect it, each answering from the two ranks' cards alone, so
+//! every rank decides alike — HALO's shared-memory rings for ranks of the same host,
+//! the fabric for every pair. A rank whose peers all go to the rings gets the
+//! shared-memory transport, one with none the fabric transport, and one with both the
+//! hybrid transport, which routes each operation by its peer.
 
+use super::Backend;
 use super::card::Card;
 use crate::error::{Error, Result};
-use crate::transport::Backend;
 use crate::transport::fabric::{FabricConfig, FabricTransport, LOCAL};
 use crate::transport::hybrid::HybridTransport;
 use crate::transport::liveness::this_process;
 use crate::transport::shm::{Reservation, Segment, ShmTransport, TransportChoice};
+use std::time::Duration;
 
 /// This host's name, as the kernel has it (per UTS namespace, so emulated hosts differ).
 fn local_hostname() -> String {
@@ -19,28 +27,6 @@ fn local_hostname() -> String {
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".into())
-}
-
-/// The local IP the kernel would use to reach `root` (a UDP "connect" sends nothing).
-fn route_to(root: std::net::SocketAddr) -> Result<std::net::IpAddr> {
-    let any: std::net::SocketAddr = if root.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    }
-    .parse()
-    .expect("literal address");
-    let s = std::net::UdpSocket::bind(any).map_err(|e| Error::SystemError {
-        message: format!("cannot open a UDP socket to find the local address: {e}"),
-    })?;
-    s.connect(root).map_err(|e| Error::SystemError {
-        message: format!("no route to the bootstrap root {root}: {e}"),
-    })?;
-    Ok(s.local_addr()
-        .map_err(|e| Error::SystemError {
-            message: format!("local address: {e}"),
-        })?
-        .ip())
 }
 
 /// The global topology of a fabric job: `spec` (a preset or a file, from
@@ -95,24 +81,46 @@ fn job_topology(hosts: &[String], spec: &str) -> Result<halo_topology::Topology>
     Ok(spec.build()?)
 }
 
+/// What [`connect`] needs besides every rank's cards.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Setup<'a> {
+    /// This rank and the job's size.
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    /// The address the network provider binds (the bootstrap's `bind_ip`).
+    pub(crate) ip: std::net::IpAddr,
+    /// Which libfabric providers carry messages.
+    pub(crate) fabric: &'a FabricConfig,
+    /// This rank's `HALO_TRANSPORT`.
+    pub(crate) choice: TransportChoice,
+    /// This rank's `HALO_TOPOLOGY` (every rank must give the same).
+    pub(crate) topology: &'a str,
+    /// How long a rank waits for its host's segment and for the ranks sharing it.
+    pub(crate) timeout: Duration,
+}
+
 /// Brings up the transport of one rank: opens the fabric endpoints and reserves a
 /// shared-memory segment file (each unless `HALO_TRANSPORT` rules it out), publishes
 /// this rank's card through `join` (the bootstrap exchange), checks that every rank
 /// uses the same topology, builds it, and chooses from every rank's card
-/// ([`plan`]): the ranks of each host share a segment of HALO's shared-memory rings
-/// (sized by the lowest of them) unless a rank forces the fabric; the fabric
-/// transport carries every other pair. A one-host job on the rings gets the
-/// shared-memory transport alone, a job without any the fabric transport, and a
+/// ([`plan`], over [`BACKENDS`]): the ranks of each host share a segment of HALO's
+/// shared-memory rings (sized by the lowest of them) unless a rank forces the fabric;
+/// the fabric transport carries every other pair. A one-host job on the rings gets
+/// the shared-memory transport alone, a job without any the fabric transport, and a
 /// rank with both the hybrid transport.
-pub(crate) fn establish(
-    rank: usize,
-    size: usize,
-    root: Option<std::net::SocketAddr>,
-    config: &FabricConfig,
-    choice: TransportChoice,
-    topology_spec: &str,
+pub(crate) fn connect(
+    setup: &Setup<'_>,
     join: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
 ) -> Result<(Backend, halo_topology::Topology)> {
+    let Setup {
+        rank,
+        size,
+        ip,
+        fabric: config,
+        choice,
+        topology: topology_spec,
+        timeout,
+    } = *setup;
     // What this rank allows: forcing a libfabric provider means libfabric.
     let effective = match choice {
         TransportChoice::Auto if size < 2 || config.local_provider.is_none() => {
@@ -145,24 +153,6 @@ pub(crate) fn establish(
         &shm_config
     } else {
         config
-    };
-    // The network provider binds the address that reaches the bootstrap root (or,
-    // without a root, the one that reaches HALO_BOOTSTRAP_ADDR, else the one
-    // bootstrap would choose: HALO_SOCKET_IFNAME, else the first non-loopback
-    // interface).
-    let ip = match (config.addr, root) {
-        (Some(a), _) => a,
-        _ if size == 1 => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-        (None, Some(root)) => route_to(root)?,
-        // Bootstrapped another way (MPI): HALO_BOOTSTRAP_ADDR, where a launcher set
-        // it, is the job's root on another host for most ranks — bind what reaches it.
-        (None, None) => match halo_params::BOOTSTRAP_ADDR
-            .raw()
-            .and_then(|v| super::parse_host_port(&v, 1).ok())
-        {
-            Some(root) => route_to(root)?,
-            None => super::default_bootstrap_ip()?,
-        },
     };
     let (mut fabric, names) = FabricTransport::open(rank, size, config, &ip.to_string())?;
     let card = Card {
@@ -235,21 +225,11 @@ pub(crate) fn establish(
             .as_deref()
             .ok_or_else(|| Error::internal("shm group leader without a segment"))?;
         let watched = procs[leader];
-        Segment::open_when_ready(
-            path,
-            group.len(),
-            crate::bootstrap::bootstrap_timeout(),
-            || watched.is_some_and(crate::transport::liveness::has_ended),
-        )?
+        Segment::open_when_ready(path, group.len(), timeout, || {
+            watched.is_some_and(crate::transport::liveness::has_ended)
+        })?
     };
-    let shm = ShmTransport::new_group(
-        rank,
-        size,
-        &group,
-        seg,
-        procs.clone(),
-        crate::bootstrap::bootstrap_timeout(),
-    )?;
+    let shm = ShmTransport::new_group(rank, size, &group, seg, procs.clone(), timeout)?;
     if group.len() == size {
         // The fabric endpoints of an `auto` rank are not needed.
         drop(fabric);
@@ -281,29 +261,120 @@ pub(crate) fn establish(
     ))
 }
 
-/// The groups of ranks that share a segment of HALO's shared-memory rings, from every
-/// rank's card (so that every rank decides alike): the ranks of each host (same host
-/// name and PID namespace), when there are at least two, none of the job's ranks
-/// forces the fabric, and each of them reserved a segment file. Each group is
-/// ascending; its first rank makes the segment. An error when a rank says `shm` and a
-/// host's ranks cannot share one.
-fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
-    let says = |t: &str| -> Vec<usize> {
-        (0..cards.len())
-            .filter(|&r| cards[r].transport.as_deref() == Some(t))
-            .collect()
-    };
-    let (shm, fabric) = (says("shm"), says("fabric"));
-    let refuse = |peer: usize, why: String| Error::InvalidUsage {
-        peer: Some(peer),
-        message: format!(
-            "rank {} asked for HALO_TRANSPORT=shm, which needs the ranks of each host on \
-             HALO's shared memory and none forcing the fabric, but {why}",
-            shm[0]
-        ),
-    };
-    if let Some(&f) = fabric.first() {
-        if !shm.is_empty() {
+/// The backends that can carry a pair of ranks, in order: a pair goes to the first that
+/// can connect it ([`Via::can_connect`]; NCCL's transport table and `canConnect`).
+const BACKENDS: [Via; 2] = [Via::Shm, Via::Fabric];
+
+/// A backend of [`BACKENDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// HALO's shared-memory rings, one segment per host.
+    Shm,
+    /// The fabric transport (libfabric).
+    Fabric,
+}
+
+impl Via {
+    /// Whether this backend can connect ranks `a` and `b` of `job`, from the cards alone
+    /// (so every rank answers alike). The rings: `a` and `b` on the same host (same host
+    /// name and PID namespace), every rank of that host (so both) reserved a segment file,
+    /// and no rank of the job forces the fabric. The fabric: always.
+    fn can_connect(self, job: &Job<'_>, a: usize, b: usize) -> bool {
+        match self {
+            Via::Shm => {
+                a != b
+                    && job.fabric.is_empty()
+                    && matches!((job.host[a], job.host[b]),
+                        (Some(h), Some(k)) if h == k && job.hosts[h].segments)
+            }
+            Via::Fabric => true,
+        }
+    }
+}
+
+/// A host of a job: a host name and PID namespace, as the cards say.
+struct Host<'a> {
+    /// Its name.
+    name: &'a str,
+    /// Its ranks, ascending.
+    ranks: Vec<usize>,
+    /// Whether each of them reserved a segment file.
+    segments: bool,
+}
+
+/// Every rank's card, with what [`Via::can_connect`] asks of them worked out once.
+struct Job<'a> {
+    cards: &'a [Card],
+    /// Per rank: its host in `hosts` (`None`: its card has no process).
+    host: Vec<Option<usize>>,
+    /// The hosts, in order of first appearance.
+    hosts: Vec<Host<'a>>,
+    /// The ranks that say `HALO_TRANSPORT=shm`, and `fabric`.
+    shm: Vec<usize>,
+    fabric: Vec<usize>,
+}
+
+impl<'a> Job<'a> {
+    fn new(cards: &'a [Card]) -> Job<'a> {
+        let says = |t: &str| -> Vec<usize> {
+            (0..cards.len())
+                .filter(|&r| cards[r].transport.as_deref() == Some(t))
+                .collect()
+        };
+        let mut index = std::collections::HashMap::new();
+        let mut hosts: Vec<Host<'a>> = Vec::new();
+        let host = cards
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let (ns, _) = c.process.as_ref()?;
+                let h = *index
+                    .entry((c.host.as_str(), ns.as_str()))
+                    .or_insert_with(|| {
+                        hosts.push(Host {
+                            name: &c.host,
+                            ranks: Vec::new(),
+                            segments: true,
+                        });
+                        hosts.len() - 1
+                    });
+                hosts[h].ranks.push(r);
+                hosts[h].segments &= c.shm.is_some();
+                Some(h)
+            })
+            .collect();
+        Job {
+            cards,
+            host,
+            hosts,
+            shm: says("shm"),
+            fabric: says("fabric"),
+        }
+    }
+
+    /// The backend that connects ranks `a` and `b`: the first of [`BACKENDS`] that can.
+    fn via(&self, a: usize, b: usize) -> Via {
+        BACKENDS
+            .into_iter()
+            .find(|v| v.can_connect(self, a, b))
+            .expect("the fabric connects every pair")
+    }
+
+    /// An error when a rank says `HALO_TRANSPORT=shm` and the table does not put the
+    /// ranks of each host on the rings: a rank forces the fabric, or a host of at least
+    /// two ranks has one without a segment file.
+    fn check(&self) -> Result<()> {
+        let Some(&asks) = self.shm.first() else {
+            return Ok(());
+        };
+        let refuse = |peer: usize, why: String| Error::InvalidUsage {
+            peer: Some(peer),
+            message: format!(
+                "rank {asks} asked for HALO_TRANSPORT=shm, which needs the ranks of each host \
+                 on HALO's shared memory and none forcing the fabric, but {why}"
+            ),
+        };
+        if let Some(&f) = self.fabric.first() {
             return Err(refuse(
                 f,
                 format!(
@@ -312,39 +383,47 @@ fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
                 ),
             ));
         }
-        return Ok(Vec::new());
-    }
-    let mut hosts: Vec<((&str, &str), Vec<usize>)> = Vec::new();
-    for (r, c) in cards.iter().enumerate() {
-        let Some((ns, _)) = &c.process else {
-            continue;
-        };
-        let key = (c.host.as_str(), ns.as_str());
-        match hosts.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, ranks)) => ranks.push(r),
-            None => hosts.push((key, vec![r])),
-        }
-    }
-    let mut groups = Vec::new();
-    for ((host, _), ranks) in hosts {
-        if ranks.len() < 2 {
-            continue;
-        }
-        match ranks.iter().find(|&&r| cards[r].shm.is_none()) {
-            None => groups.push(ranks),
-            Some(&r) if !shm.is_empty() => {
+        for host in self.hosts.iter().filter(|h| h.ranks.len() >= 2) {
+            if let Some(&r) = host.ranks.iter().find(|&&r| self.cards[r].shm.is_none()) {
                 return Err(refuse(
                     r,
                     format!(
-                        "rank {r} (on host {host:?}) could not create its shared-memory \
-                         segment file (see its log)"
+                        "rank {r} (on host {:?}) could not create its shared-memory \
+                         segment file (see its log)",
+                        host.name
                     ),
                 ));
             }
-            Some(_) => {}
         }
+        Ok(())
     }
-    Ok(groups)
+}
+
+/// The groups of ranks that share a segment of HALO's shared-memory rings, from every
+/// rank's card (so that every rank decides alike): per host, its ranks that
+/// [`BACKENDS`] puts on the rings with its first rank, when there are at least two
+/// (the ranks of each host, same host name and PID namespace, when none of the job's
+/// ranks forces the fabric and each of them reserved a segment file). Each group is
+/// ascending; its first rank makes the segment. An error when a rank says `shm` and a
+/// host's ranks cannot share one.
+fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
+    let job = Job::new(cards);
+    job.check()?;
+    Ok(job
+        .hosts
+        .iter()
+        .filter_map(|host| {
+            let (&first, rest) = host.ranks.split_first()?;
+            let group: Vec<usize> = std::iter::once(first)
+                .chain(
+                    rest.iter()
+                        .copied()
+                        .filter(|&p| job.via(first, p) == Via::Shm),
+                )
+                .collect();
+            (group.len() >= 2).then_some(group)
+        })
+        .collect())
 }
 
 #[cfg(test)]

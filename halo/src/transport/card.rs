@@ -1,7 +1,8 @@
-//! The bootstrap card: what one rank publishes for the others at bootstrap (host,
-//! topology, fabric addresses, process, doorbell), as JSON, and its checks: every
-//! field of every rank's card has its type, a bounded size and a well-formed value
-//! before anything uses it.
+//! The card: what one rank publishes about its transports for the others at bootstrap
+//! (host, topology, fabric addresses, process, doorbell, segment file), as JSON, and its
+//! checks: every field of every rank's card has its type, a bounded size and a
+//! well-formed value before anything uses it. The bootstrap carries cards as bytes;
+//! `connect.rs` makes and reads them.
 
 use crate::error::{Error, Result};
 use crate::transport::fabric::{LOCAL, MAX_NAME, NET};
