@@ -5,10 +5,10 @@
 
 use super::card::Card;
 use crate::error::{Error, Result};
+use crate::host::proc::this_process;
 use crate::transport::Backend;
 use crate::transport::fabric::{FabricConfig, FabricTransport, LOCAL};
 use crate::transport::hybrid::HybridTransport;
-use crate::transport::liveness::this_process;
 use crate::transport::shm::{Reservation, Segment, ShmTransport, TransportChoice};
 
 /// This host's name, as the kernel has it (per UTS namespace, so emulated hosts differ).
@@ -239,7 +239,7 @@ pub(crate) fn establish(
             path,
             group.len(),
             crate::bootstrap::bootstrap_timeout(),
-            || watched.is_some_and(crate::transport::liveness::has_ended),
+            || watched.is_some_and(crate::host::proc::has_ended),
         )?
     };
     let shm = ShmTransport::new_group(
@@ -350,7 +350,7 @@ fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::liveness::Proc;
+    use crate::host::proc::Proc;
 
     fn card(host: &str, ns: &str, transport: &str, shm: Option<&str>) -> Card {
         Card {

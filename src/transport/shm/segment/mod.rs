@@ -36,6 +36,7 @@ pub(super) use cell::{
 };
 pub(crate) use file::{Reservation, is_segment_path};
 
+use crate::transport::CResult;
 use halo_collectives::CollectiveError;
 use layout::{CTL, Header, RingCtl, layout};
 use std::os::fd::AsRawFd as _;
@@ -43,8 +44,6 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 use std::ptr;
 use std::sync::atomic::Ordering;
-
-type CResult<T> = std::result::Result<T, CollectiveError>;
 
 /// A mapped segment.
 pub(crate) struct Segment {
