@@ -35,8 +35,8 @@ use std::io::Write as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-/// Where the records and the regions live.
-const SHM: &str = "/dev/shm";
+// Where the records and the regions live.
+use halo::host::files::SHM_DIR as SHM;
 
 /// A process named by pid and start time (clock ticks since boot): unlike the pid
 /// alone, never names two processes.

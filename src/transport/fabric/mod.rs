@@ -71,15 +71,18 @@
 //!   refused posts, waiting.
 //! - `endpoint.rs`: `fi_getinfo` and one provider's endpoint (open, address checks and
 //!   insertion, memory registration, close).
-//! - `bell.rs`: the futex doorbell; `watchdog.rs`: the watchdog; `stale.rs`: stale
-//!   `/dev/shm` regions (same-host peers' processes in `/proc` are
-//!   `host::proc`, shared with the rings); `signals.rs`: PSM's crash signal
-//!   handlers.
+//! - `bell.rs`: the doorbell's file and mapping (the futex word and its protocol are
+//!   `host::futex`, its name `host::files`); `watchdog.rs`: the watchdog; `stale.rs`:
+//!   stale `/dev/shm` regions (same-host peers' processes in `/proc` are `host::proc`,
+//!   shared with the rings); `signals.rs`: PSM's crash signal handlers.
 //!
 //! The bootstrap card and the exchange that brings a transport up live in
 //! `crate::bootstrap` (`card.rs`, `job.rs`).
 //!
 //! [`Session::wait`]: halo_collectives::Session::wait
+//! [`CollectiveError::Remote`]: halo_collectives::CollectiveError::Remote
+//! [`CollectiveError::Timeout`]: halo_collectives::CollectiveError::Timeout
+//! [`CollectiveError::InvalidUsage`]: halo_collectives::CollectiveError::InvalidUsage
 
 mod bell;
 mod completion;

@@ -7,8 +7,8 @@
 //! their rings, indexed by their place among them. Before the bootstrap exchange every
 //! rank makes an empty file `/dev/shm/halo-shm-NS-PID-N-TAG` (`TAG`: 64 random bits;
 //! mode 0600, created with `O_EXCL | O_NOFOLLOW`: no other user can open it, guess its
-//! name or plant a link there, `crate::host::files::create_private`) and publishes its path in
-//! its card; after it the lowest rank of each host sizes its file for the host's ranks and
+//! name or plant a link there, `crate::host::files::create_private`) and publishes its
+//! path in its card; after it the lowest rank of each host sizes its file for the host's ranks and
 //! writes the header, and the others remove theirs and map it (waiting until the
 //! header is written; a maker that fails removes its file, one that ends is seen
 //! ending, so nobody waits for the bootstrap timeout). The last rank to map it unlinks
@@ -96,7 +96,7 @@
 //! # Files
 //! `segment/`: the segment (all the `unsafe`): `mod.rs` the mapping and the rings' raw
 //! access, `file.rs` the file's life cycle, `layout.rs` its layout, `cell.rs` a cell's
-//! header and protocol, `bell.rs` the bells and the futex;
+//! header and protocol, `bell.rs` the bells (on `host::futex`);
 //! `session/`: one collective's operations: `mod.rs` the session's state, its end and
 //! the [`Session`] impl, `send.rs` posting and pushing sends, `recv.rs` posting
 //! receives and draining the rings (matching, holding), `rdv.rs` the rendezvous on both

@@ -23,7 +23,8 @@
 //! size, open when ready, remove; the sweep of stale files); `layout.rs`: the header,
 //! the rings' control blocks, the geometry and the offsets; `cell.rs`: a cell's header
 //! and its protocol (stamp, publish, published; the kinds; the rendezvous payload);
-//! `bell.rs`: the bells and the futex.
+//! `bell.rs`: the bells (each a `host::futex::Futex` and what peers need to probe
+//! cross-memory attach).
 
 mod bell;
 mod cell;

@@ -1,8 +1,8 @@
 //! Waiting, on a session's side: when nothing completes, spinning, then yielding the
 //! processor, then sleeping on this rank's bell (the transport's
 //! [`WaitPolicy`](crate::host::wait::WaitPolicy); marked asleep, one more look at the
-//! rings, the futex; `shm/segment/bell.rs`, `crate::host::futex`); and, every `WATCH_EVERY`, looking at the
-//! processes of the peers an outstanding operation needs.
+//! rings, the futex; `shm/segment/bell.rs`, `crate::host::futex`); and, every
+//! `WATCH_EVERY`, looking at the processes of the peers an outstanding operation needs.
 
 use super::{CResult, Dest, Partial, ShmSession};
 use crate::host::proc::has_ended;
