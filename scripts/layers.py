@@ -24,6 +24,7 @@ SRC = ROOT / "halo" / "src"
 
 # Low to high: a module may use its own layer and the ones below it.
 LAYERS = [
+    ["host"],
     ["error"],
     ["transport"],
     ["bootstrap"],

@@ -11,6 +11,7 @@
 //! Over 800 lines: every test drives the same launch-and-check helpers and the
 //! emulated-host set-up (namespaces, veths, byte counters); one binary builds them once.
 
+use halo::host::files::{Kind, Name};
 use halo::{Communicator, Error, InitConfig, TransportChoice, UniqueId};
 use halo_cli::check::{CheckOptions, pair_bytes};
 use std::net::SocketAddr;
@@ -537,10 +538,7 @@ fn kill_trial(
             d.flatten()
                 .filter_map(|e| e.file_name().into_string().ok())
                 .filter(|f| {
-                    f.starts_with("halo-bell-")
-                        && pids
-                            .iter()
-                            .any(|p| f.split('-').nth(3) == Some(p.to_string().as_str()))
+                    Name::parse(f).is_some_and(|b| b.kind == Kind::Bell && pids.contains(&b.pid))
                 })
                 .collect()
         })
@@ -567,7 +565,6 @@ fn remove_leftovers(pid: u32) {
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return;
     };
-    let pid = pid.to_string();
     for e in dir.flatten() {
         let Ok(name) = e.file_name().into_string() else {
             continue;
@@ -575,7 +572,7 @@ fn remove_leftovers(pid: u32) {
         let region = name
             .strip_prefix(&format!("{pid}:"))
             .is_some_and(|r| r.chars().all(|c| c.is_ascii_digit() || c == ':'));
-        let bell = name.starts_with("halo-bell-") && name.split('-').nth(3) == Some(pid.as_str());
+        let bell = Name::parse(&name).is_some_and(|b| b.kind == Kind::Bell && b.pid == pid);
         if region || bell {
             let _ = std::fs::remove_file(e.path());
         }

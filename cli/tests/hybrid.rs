@@ -16,6 +16,7 @@
 //!
 //! Abort, the timeout and size mismatches in one process: `tests/hybrid.rs` of `halo`.
 
+use halo::host::files::{Kind, Name};
 use halo_cli::check::{CheckOptions, pair_bytes};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
@@ -238,19 +239,20 @@ fn emulated_4_hosts_x_2_every_algorithm_byte_exact() {
     emulated_check(8, 4, &[]);
 }
 
+/// Whether `/dev/shm` file `name` is a segment of HALO's shared-memory transport.
+fn is_segment(name: &str) -> bool {
+    Name::parse(name).is_some_and(|n| n.kind == Kind::Segment)
+}
+
 /// `/dev/shm` files named with one of `pids`: HALO's segments and bells
-/// (`halo-{shm,bell}-NS-PID-N`) and libfabric's regions (`PID:N:M`).
+/// (`halo-{shm,bell}-NS-PID-N-TAG`) and libfabric's regions (`PID:N:M`).
 fn shm_files_of(pids: &[u32]) -> Vec<String> {
     let mut left = Vec::new();
     for e in std::fs::read_dir("/dev/shm").unwrap().flatten() {
         let Ok(name) = e.file_name().into_string() else {
             continue;
         };
-        let halo = name
-            .strip_prefix("halo-shm-")
-            .or_else(|| name.strip_prefix("halo-bell-"))
-            .and_then(|r| r.split('-').nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
+        let halo = Name::parse(&name).map(|n| n.pid);
         let fabric = name.split(':').next().and_then(|p| p.parse::<u32>().ok());
         if halo.or(fabric).is_some_and(|p| pids.contains(&p)) {
             left.push(name);
@@ -302,10 +304,7 @@ fn emulated_sigkilled_job_leaves_no_shared_memory() {
     let pids = rank_pids(&dir, 4, Duration::from_secs(60));
     // Wait until every rank is in the loop (the segments mapped, their files gone).
     let t = Instant::now();
-    while shm_files_of(&pids)
-        .iter()
-        .any(|f| f.starts_with("halo-shm-"))
-    {
+    while shm_files_of(&pids).iter().any(|f| is_segment(f)) {
         assert!(
             t.elapsed() < Duration::from_secs(60),
             "{:?}",
@@ -338,7 +337,7 @@ fn emulated_sigkilled_job_leaves_no_shared_memory() {
     let segment = loop {
         if let Some(f) = shm_files_of(&pids[2..3])
             .into_iter()
-            .find(|f| f.starts_with("halo-shm-"))
+            .find(|f| is_segment(f))
         {
             break f;
         }
@@ -509,7 +508,7 @@ fn kill_trial(
     let pids: Vec<u32> = ranks.iter().map(Child::id).collect();
     let segments: Vec<String> = shm_files_of(&pids)
         .into_iter()
-        .filter(|f| f.starts_with("halo-shm-"))
+        .filter(|f| is_segment(f))
         .collect();
     assert!(segments.is_empty(), "segments left: {segments:?}");
     eprintln!(

@@ -23,6 +23,7 @@
 //!   rank's and the launcher's command line and `ps`, none of which holds the job's
 //!   secret, and cannot read a rank's environment, which does.
 
+use halo::host::files::{Kind, Name};
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -403,7 +404,7 @@ fn other_user_cannot_open_any_file_of_a_running_job() {
     // the exchange) and the launcher's record.
     let seen = probe_job(&user, "open_shm", "shm");
     assert!(
-        denied(&seen, "halo-shm-"),
+        denied(&seen, Kind::Segment.prefix()),
         "no segment file was probed: {seen:#?}"
     );
     assert!(
@@ -413,7 +414,7 @@ fn other_user_cannot_open_any_file_of_a_running_job() {
     // libfabric's shm provider: HALO's doorbells and the provider's own regions.
     let seen = probe_job(&user, "open_fabric", "fabric");
     assert!(
-        denied(&seen, "halo-bell-"),
+        denied(&seen, Kind::Bell.prefix()),
         "no doorbell was probed: {seen:#?}"
     );
     assert!(
@@ -429,18 +430,9 @@ fn other_user_cannot_open_any_file_of_a_running_job() {
 
 /// The start time of process `pid` (clock ticks since boot, field 22 of its stat).
 fn start_time(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    after.split(' ').nth(19).unwrap().parse().unwrap()
-}
-
-fn pid_ns() -> String {
-    std::fs::read_link("/proc/self/ns/pid")
+    halo::host::proc::proc_stat(&format!("/proc/{pid}/stat"))
         .unwrap()
-        .to_string_lossy()
-        .chars()
-        .filter(char::is_ascii_digit)
-        .collect()
+        .1
 }
 
 #[test]
@@ -473,7 +465,7 @@ fn links_planted_at_the_launchers_names_are_not_followed() {
         .unwrap();
     let pid = held.id();
     let start = start_time(pid);
-    let ns = pid_ns();
+    let ns: u64 = halo::host::files::pid_ns().parse().unwrap();
     // Every name the launcher (its record, its scratch directories) and its ranks (the
     // segments and doorbells of their first transports, whatever pids they get) could
     // be guessed to write.
@@ -484,8 +476,16 @@ fn links_planted_at_the_launchers_names_are_not_followed() {
         format!("/tmp/halo-{pid}-{start}-0-0000000000000000"),
     ];
     for p in pid..pid + 400 {
-        names.push(format!("/dev/shm/halo-shm-{ns}-{p}-0"));
-        names.push(format!("/dev/shm/halo-bell-{ns}-{p}-0"));
+        for kind in Kind::ALL {
+            let name = Name {
+                kind,
+                ns,
+                pid: p,
+                n: 0,
+                tag: None,
+            };
+            names.push(format!("/dev/shm/{name}"));
+        }
     }
     let mut planted = Planted::default();
     for chunk in names.chunks(100) {

@@ -13,6 +13,7 @@
 //! abort and the communicator after a timeout (`fabric.rs`, the `(None, true)` cases);
 //! size mismatches (`short_receive.rs`, `halo_shm_processes_every_algorithm_every_rank_fails`).
 
+use halo::host::files::{Kind, Name};
 use halo_cli::check::CheckOptions;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -268,19 +269,20 @@ fn chosen_for_one_host_and_forced_either_way() {
     );
 }
 
+/// Whether `/dev/shm` file `name` is a segment of HALO's shared-memory transport.
+fn is_segment(name: &str) -> bool {
+    Name::parse(name).is_some_and(|n| n.kind == Kind::Segment)
+}
+
 /// `/dev/shm` files named with one of `pids`: HALO's segments and bells
-/// (`halo-{shm,bell}-NS-PID-N`) and libfabric's regions (`PID:N:M`).
+/// (`halo-{shm,bell}-NS-PID-N-TAG`) and libfabric's regions (`PID:N:M`).
 fn shm_files_of(pids: &[u32]) -> Vec<String> {
     let mut left = Vec::new();
     for e in std::fs::read_dir("/dev/shm").unwrap().flatten() {
         let Ok(name) = e.file_name().into_string() else {
             continue;
         };
-        let halo = name
-            .strip_prefix("halo-shm-")
-            .or_else(|| name.strip_prefix("halo-bell-"))
-            .and_then(|r| r.split('-').nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
+        let halo = Name::parse(&name).map(|n| n.pid);
         let fabric = name.split(':').next().and_then(|p| p.parse::<u32>().ok());
         if halo.or(fabric).is_some_and(|p| pids.contains(&p)) {
             left.push(name);
@@ -386,7 +388,7 @@ fn sigkilled_job_leaves_no_shared_memory() {
     let segment = loop {
         let files: Vec<String> = shm_files_of(&pids[..1])
             .into_iter()
-            .filter(|f| f.starts_with("halo-shm-"))
+            .filter(|f| is_segment(f))
             .collect();
         if let Some(f) = files.into_iter().next() {
             break f;

@@ -50,6 +50,7 @@ pub mod c_abi;
 mod comm;
 pub mod device;
 mod error;
+pub mod host;
 pub mod local;
 pub mod select;
 mod transport;

@@ -30,12 +30,13 @@
 //! following a link), scratch directories only when a record of this user names them.
 
 use super::procs::start_time;
+use halo::host::files::Name;
 use std::io::Write as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-/// Where the records and the regions live.
-const SHM: &str = "/dev/shm";
+// Where the records and the regions live.
+use halo::host::files::SHM_DIR as SHM;
 
 /// A process named by pid and start time (clock ticks since boot): unlike the pid
 /// alone, never names two processes.
@@ -81,28 +82,18 @@ fn pid_free(pid: i32) -> bool {
 /// Whether `name` is a shared-memory file of process `pid`: libfabric's shm region
 /// `<pid>:<n>[:<n>...]`, HALO's bell `halo-bell-<ns>-<pid>-<n>-<tag>` or the segment
 /// of HALO's shared-memory transport `halo-shm-<ns>-<pid>-<n>-<tag>` (made by any
-/// rank; `<tag>`: 16 random hex digits; names without it are those of older builds).
+/// rank; `<tag>`: 16 random hex digits; names without it are those of older builds;
+/// [`halo::host::files::Name`]).
 fn shm_of(name: &str, pid: i32) -> bool {
-    let pid = pid.to_string();
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if let Some(rest) = name
-        .strip_prefix(pid.as_str())
+        .strip_prefix(pid.to_string().as_str())
         .and_then(|r| r.strip_prefix(':'))
     {
         return rest.split(':').all(digits);
     }
-    if let Some(rest) = name
-        .strip_prefix("halo-bell-")
-        .or_else(|| name.strip_prefix("halo-shm-"))
-    {
-        let parts: Vec<&str> = rest.split('-').collect();
-        let tag = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
-        return matches!(parts.len(), 3 | 4)
-            && parts[..3].iter().all(|p| digits(p))
-            && parts[3..].iter().all(|p| tag(p))
-            && parts[1] == pid;
-    }
-    false
+    // HALO's own files: the grammar is `halo::host::files`.
+    Name::parse(name).is_some_and(|n| i64::from(n.pid) == i64::from(pid))
 }
 
 /// Removes the shared-memory files of the processes `pids` that no longer run (no
@@ -146,12 +137,9 @@ const RECORD_MAX: u64 = 1 << 20;
 
 /// 16 lowercase hex digits from the operating system's random source: the part of a
 /// name in a world-writable directory that no other user can guess (and so cannot
-/// take, or plant a link at, before the launcher creates it).
-pub(crate) fn random_tag() -> std::io::Result<String> {
-    let mut b = [0u8; 8];
-    getrandom::fill(&mut b).map_err(|e| std::io::Error::other(e.to_string()))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
-}
+/// take, or plant a link at, before the launcher creates it). The library's, for its
+/// own files in `/dev/shm`.
+pub(crate) use halo::host::files::random_tag;
 
 /// This launcher's record of the processes it started and the scratch directories it
 /// made; removed on drop. The file is created private to this user (mode 0600,

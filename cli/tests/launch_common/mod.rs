@@ -152,16 +152,17 @@ pub(crate) fn children_of(pid: u32) -> Vec<u32> {
 }
 
 /// Files in `/dev/shm` of the process `pid`: libfabric's shm regions `PID:N:N` and
-/// HALO's bells `halo-bell-NS-PID-N`.
+/// HALO's bells `halo-bell-NS-PID-N-TAG`.
 pub(crate) fn shm_files_of(pid: u32) -> Vec<String> {
+    use halo::host::files::{Kind, Name};
     let region = format!("{pid}:");
-    let bell = format!("-{pid}-");
     std::fs::read_dir("/dev/shm")
         .map(|rd| {
             rd.flatten()
                 .filter_map(|e| e.file_name().into_string().ok())
                 .filter(|n| {
-                    n.starts_with(&region) || (n.starts_with("halo-bell-") && n.contains(&bell))
+                    n.starts_with(&region)
+                        || Name::parse(n).is_some_and(|b| b.kind == Kind::Bell && b.pid == pid)
                 })
                 .collect()
         })

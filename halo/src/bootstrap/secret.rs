@@ -188,7 +188,7 @@ pub fn read_key_file(path: &Path) -> Result<Secret> {
             "the HALO key file {shown} is not a regular file"
         )));
     }
-    let me = crate::transport::sys::euid();
+    let me = crate::host::files::euid();
     if meta.uid() != me {
         return Err(Error::invalid_argument(format!(
             "the HALO key file {shown} is owned by uid {}, not by this user (uid {me}): \
@@ -246,7 +246,7 @@ pub fn create_key_file(path: &Path, replace: bool) -> Result<()> {
     }
     let key = super::random_secret()?;
     let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    let mut f = crate::transport::sys::create_private(path).map_err(|e| {
+    let mut f = crate::host::files::create_private(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AlreadyExists {
             Error::invalid_argument(format!(
                 "{shown} exists already (keep it, or replace it with --force: running jobs \

@@ -5,8 +5,8 @@
 //! `connect.rs` makes and reads them.
 
 use crate::error::{Error, Result};
+use crate::host::proc::Proc;
 use crate::transport::fabric::{LOCAL, MAX_NAME, NET};
-use crate::transport::liveness::Proc;
 use crate::transport::text::{hex, unhex};
 
 /// What one rank publishes at bootstrap.
@@ -131,7 +131,7 @@ impl Card {
         };
         let bell = text("bell", 255)?;
         if let Some(b) = &bell
-            && !crate::transport::sys::is_shared_name(b, "halo-bell-")
+            && !crate::host::files::is_shared_name(b, crate::host::files::Kind::Bell)
         {
             return Err(bad(
                 "bell",

@@ -13,9 +13,9 @@
 use super::Backend;
 use super::card::Card;
 use crate::error::{Error, Result};
+use crate::host::proc::this_process;
 use crate::transport::fabric::{FabricConfig, FabricTransport, LOCAL};
 use crate::transport::hybrid::HybridTransport;
-use crate::transport::liveness::this_process;
 use crate::transport::shm::{Reservation, Segment, ShmTransport, TransportChoice};
 use std::time::Duration;
 
@@ -226,7 +226,7 @@ pub(crate) fn connect(
             .ok_or_else(|| Error::internal("shm group leader without a segment"))?;
         let watched = procs[leader];
         Segment::open_when_ready(path, group.len(), timeout, || {
-            watched.is_some_and(crate::transport::liveness::has_ended)
+            watched.is_some_and(crate::host::proc::has_ended)
         })?
     };
     let shm = ShmTransport::new_group(rank, size, &group, seg, procs.clone(), timeout)?;
@@ -429,7 +429,7 @@ fn plan(cards: &[Card]) -> Result<Vec<Vec<usize>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::liveness::Proc;
+    use crate::host::proc::Proc;
 
     fn card(host: &str, ns: &str, transport: &str, shm: Option<&str>) -> Card {
         Card {

@@ -22,13 +22,12 @@
 //! - The counts of messages each half carried are logged (`debug`) when the transport
 //!   is dropped, so a run can show that same-host pairs really went over the rings.
 
+use super::CResult;
 use super::fabric::{FabricSession, FabricTransport};
 use super::raw::RawBuffers;
 use super::shm::{self, ShmSession, ShmTransport};
 use halo_collectives::{Buffers, CollectiveError, Region, Session, Transport};
 use std::time::Duration;
-
-type CResult<T> = std::result::Result<T, CollectiveError>;
 
 /// The longest a half waits while the other also has operations outstanding.
 pub(crate) const SLICE: Duration = Duration::from_micros(100);

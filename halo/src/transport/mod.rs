@@ -15,8 +15,9 @@
 //!   connecting them.
 //! - `sys`: safe wrappers over the system calls the library needs elsewhere
 //!   (the host's network interfaces, for the bootstrap).
-//! - `liveness`: same-host peers' processes in `/proc` (whether one ended), for the
-//!   fabric transport, the rings and the bootstrap.
+//!
+//! What they need of the host below them — the doorbell, the shared files in
+//! `/dev/shm`, `/proc`, the wait policy — is [`crate::host`].
 //! - `text`: bytes in hexadecimal (fabric addresses on bootstrap cards).
 //!
 //! # Which transport carries a pair (`HALO_TRANSPORT`)
@@ -44,7 +45,6 @@ pub(crate) mod device;
 pub(crate) mod emulation;
 pub(crate) mod fabric;
 pub(crate) mod hybrid;
-pub(crate) mod liveness;
 pub(crate) mod local;
 mod raw;
 mod shared;
@@ -58,6 +58,17 @@ use halo_collectives::{
     Buffers, Call, CollectiveError, ExecOptions, Schedule, Session, SessionWaves, Transport, Waves,
     execute, execute_waves,
 };
+
+/// What the transports' operations return.
+pub(crate) type CResult<T> = std::result::Result<T, CollectiveError>;
+
+/// How long a rank that found a size mismatch keeps delivering its outstanding sends
+/// before it fails (the fabric session closes its endpoints, the shared-memory one
+/// breaks its transport; all-to-all-v's count exchange after a count message of the
+/// wrong length): the peers that called with another size then see the mismatch
+/// themselves (both ends name both sizes) instead of waiting for these messages until
+/// their timeout.
+pub(crate) const FLUSH_SENDS: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A program that drives the session itself: it posts what it decides from what it
 /// has received ([`Session::read`]) and waits as the engine does

@@ -20,6 +20,7 @@
 //! released when its communicator is dropped.
 
 use super::Backend;
+use super::CResult;
 use super::emulation::Emulation;
 use halo_collectives::{Buffers, CollectiveError, ExecOptions, Region, Session, Transport};
 use std::cell::Cell;
@@ -27,8 +28,6 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
-
-type CResult<T> = std::result::Result<T, CollectiveError>;
 
 /// Most communicators that may use one endpoint at a time (ids `0..MAX_COMMS`).
 pub(crate) const MAX_COMMS: u32 = 32;

@@ -7,6 +7,7 @@
 
 use crate::comm::{Communicator, sized};
 use crate::error::{Error, Result};
+use crate::transport::FLUSH_SENDS;
 use halo_collectives::{CollectiveError, META_BLOCK, Session};
 
 impl Communicator {
@@ -146,10 +147,6 @@ pub(super) fn wrong_length(
         ),
     }
 }
-
-/// How long a rank that found a count message of the wrong length keeps delivering
-/// its own sends before it fails (as the transports do after a size mismatch).
-const FLUSH_SENDS: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Returns `e` once this rank's `left` outstanding sends (the completions `is_send`
 /// names) have completed or [`FLUSH_SENDS`] has passed: a receiver then fails at once

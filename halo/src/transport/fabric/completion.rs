@@ -7,7 +7,7 @@ use super::transport::{FabricTransport, OpCtx};
 use super::watchdog::{
     CALL_CANCEL, CALL_CLOSE, CALL_CQ_READ, CALL_CQ_READERR, CALL_TRYWAIT, watched,
 };
-use super::{CResult, EAGAIN, EAVAIL, LOCAL, NET, SLEEP_MAX};
+use super::{CResult, EAGAIN, EAVAIL, LOCAL, NET, WAIT};
 use halo_collectives::{Call, CollectiveError};
 use halo_fabric_sys as fi;
 use std::ptr;
@@ -385,7 +385,7 @@ impl FabricTransport {
         let bound = if every && self.backlog.is_empty() {
             max
         } else {
-            max.min(SLEEP_MAX)
+            max.min(WAIT.sleep_max)
         };
         if n == 0 {
             std::thread::sleep(bound);

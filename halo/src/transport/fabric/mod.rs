@@ -71,15 +71,18 @@
 //!   refused posts, waiting.
 //! - `endpoint.rs`: `fi_getinfo` and one provider's endpoint (open, address checks and
 //!   insertion, memory registration, close).
-//! - `bell.rs`: the futex doorbell; `watchdog.rs`: the watchdog; `stale.rs`: stale
-//!   `/dev/shm` regions (same-host peers' processes in `/proc` are
-//!   `transport::liveness`, shared with the rings); `signals.rs`: PSM's crash signal
-//!   handlers.
+//! - `bell.rs`: the doorbell's file and mapping (the futex word and its protocol are
+//!   `host::futex`, its name `host::files`); `watchdog.rs`: the watchdog; `stale.rs`:
+//!   stale `/dev/shm` regions (same-host peers' processes in `/proc` are `host::proc`,
+//!   shared with the rings); `signals.rs`: PSM's crash signal handlers.
 //!
 //! The bootstrap card and the exchange that brings a transport up live in
 //! `crate::bootstrap` (`card.rs`, `job.rs`).
 //!
 //! [`Session::wait`]: halo_collectives::Session::wait
+//! [`CollectiveError::Remote`]: halo_collectives::CollectiveError::Remote
+//! [`CollectiveError::Timeout`]: halo_collectives::CollectiveError::Timeout
+//! [`CollectiveError::InvalidUsage`]: halo_collectives::CollectiveError::InvalidUsage
 
 mod bell;
 mod completion;
@@ -95,14 +98,12 @@ pub(crate) use session::FabricSession;
 pub(crate) use transport::FabricTransport;
 
 use crate::error::{Error, Result};
-use halo_collectives::CollectiveError;
+use crate::host::wait::WaitPolicy;
+use crate::transport::CResult;
 use halo_fabric_sys as fi;
 use std::ffi::{CStr, c_char};
 use std::time::Duration;
 use watchdog::WATCHDOG_DEFAULT;
-
-/// The collectives' result, as [`halo_collectives::Session`] returns it.
-type CResult<T> = std::result::Result<T, CollectiveError>;
 
 /// `-FI_EAGAIN`: try again (a post refused for now, or an empty queue).
 const EAGAIN: isize = -(fi::FI_EAGAIN as isize);
@@ -139,13 +140,15 @@ pub(crate) const LOCAL: usize = 0;
 /// Endpoint slot for peers on other hosts.
 pub(crate) const NET: usize = 1;
 
-/// Below this bound `sleep` and `block` only yield: a sleep costs a system call and
-/// its granularity is tens of microseconds (timer slack).
-const YIELD_BELOW: Duration = Duration::from_micros(50);
-
-/// The longest single sleep of `sleep` (and of `block` where an endpoint has no file
-/// descriptor to block on).
-const SLEEP_MAX: Duration = Duration::from_micros(200);
+/// How `sleep` and `block` wait, measured by the bound the engine gives the wait: below
+/// 50 us they only yield (a sleep costs a system call and its granularity is tens of
+/// microseconds: timer slack); the longest single sleep of `sleep` (and of `block`
+/// where an endpoint has no file descriptor to block on) is 200 us.
+const WAIT: WaitPolicy = WaitPolicy {
+    spin: Duration::ZERO,
+    yield_below: Duration::from_micros(50),
+    sleep_max: Duration::from_micros(200),
+};
 
 /// What a rank does while it waits for completions (`HALO_PROGRESS`).
 ///

@@ -5,8 +5,10 @@
 use super::endpoint::close;
 use super::transport::{Deferred, FabricTransport};
 use super::watchdog::{CALL_TRECV, CALL_TSEND, watched};
-use super::{CResult, EAGAIN, FabricProgress, LOCAL, NET, SLEEP_MAX, YIELD_BELOW};
-use crate::transport::liveness::has_ended;
+use super::{CResult, EAGAIN, FabricProgress, LOCAL, NET, WAIT};
+use crate::host::proc::has_ended;
+use crate::host::wait::Step;
+use crate::transport::FLUSH_SENDS;
 use crate::transport::raw::RawBuffers;
 use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Session, TAG_BITS, Transport};
 use halo_fabric_sys as fi;
@@ -20,12 +22,6 @@ const CANCEL_DRAIN: Duration = Duration::from_millis(100);
 
 /// The token of poison messages (never a step of a schedule, never reported).
 const POISON_TOKEN: u32 = u32::MAX;
-
-/// How long a rank that found a size mismatch keeps delivering its outstanding sends
-/// before it closes its endpoints: the peers that called with another size then see
-/// the mismatch themselves (both ends name both sizes) instead of waiting for these
-/// messages until their timeout.
-const FLUSH_SENDS: Duration = Duration::from_millis(500);
 
 /// How often, while waiting, the processes of same-host peers with outstanding
 /// operations are looked at.
@@ -395,10 +391,10 @@ impl FabricSession<'_> {
     /// it waits only for same-host peers that have one (bounded as `sleep`: a ring
     /// only ends the sleep early), on the completion queues' descriptors otherwise.
     fn block(&mut self, max: Duration) -> CResult<()> {
-        if max < YIELD_BELOW {
+        let Step::Sleep(timeout) = WAIT.step(max, max) else {
             std::thread::yield_now();
             return Ok(());
-        }
+        };
         let bells = &self.t.bells;
         let belled = !bells.is_empty()
             && self.t.backlog.is_empty()
@@ -412,7 +408,7 @@ impl FabricSession<'_> {
         if belled && let Some(bell) = self.t.bell.take() {
             // Bounded as `sleep`: shm protocol steps that complete nothing (segmented
             // copies without CMA) ring no bell.
-            let r = bell.sleep(max.min(SLEEP_MAX), || {
+            let r = bell.sleep(timeout, || {
                 let mut done = std::mem::take(&mut self.ready);
                 let r = self.t.poll(&mut done);
                 let any = !done.is_empty();
@@ -542,8 +538,10 @@ impl Session for FabricSession<'_> {
         match self.t.progress {
             FabricProgress::Spin => std::hint::spin_loop(),
             FabricProgress::Yield => std::thread::yield_now(),
-            FabricProgress::Sleep if max < YIELD_BELOW => std::thread::yield_now(),
-            FabricProgress::Sleep => std::thread::sleep(max.min(SLEEP_MAX)),
+            FabricProgress::Sleep => match WAIT.step(max, max) {
+                Step::Sleep(timeout) => std::thread::sleep(timeout),
+                Step::Spin | Step::Yield => std::thread::yield_now(),
+            },
             FabricProgress::Block => return self.block(max),
         }
         Ok(())

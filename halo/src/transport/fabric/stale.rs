@@ -1,29 +1,9 @@
 //! The stale `shm` regions of killed processes in `/dev/shm`, which the libfabric
 //! `shm` provider cannot create its region over. (Watching same-host peers' processes
-//! in `/proc` is `transport::liveness`, shared with HALO's own rings.)
+//! in `/proc` is `host::proc`, shared with HALO's own rings.)
 
-use crate::transport::liveness::proc_stat;
+use crate::host::proc::process_start;
 use std::os::unix::fs::MetadataExt as _;
-use std::time::Duration;
-
-/// When this process started, from `/proc/self/stat` and the boot time in `/proc/stat`
-/// (10 ms resolution).
-fn process_start() -> Option<std::time::SystemTime> {
-    let (_, ticks) = proc_stat("/proc/self/stat").ok()?;
-    let btime: u64 = std::fs::read_to_string("/proc/stat")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    // USER_HZ is 100 on every Linux that reports /proc times this way.
-    Some(
-        std::time::UNIX_EPOCH
-            + Duration::from_secs(btime)
-            + Duration::from_millis(ticks.saturating_mul(10)),
-    )
-}
 
 /// Removes `/dev/shm/PID:N:M` — the regions the `shm` provider names after the
 /// process id — that an earlier process with this process's id left behind (killed
@@ -60,7 +40,7 @@ pub(super) fn remove_stale_shm_regions() {
             let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
                 continue;
             };
-            if !meta.is_file() || meta.uid() != crate::transport::sys::euid() {
+            if !meta.is_file() || meta.uid() != crate::host::files::euid() {
                 continue;
             }
             let older = meta.modified().is_ok_and(|t| t < start);

@@ -8,7 +8,7 @@ use super::stale::remove_stale_shm_regions;
 use super::watchdog::{CALL_CLOSE, Watched, watched};
 use super::{FabricConfig, FabricProgress, LOCAL, NET};
 use crate::error::{Error, Result};
-use crate::transport::liveness::Proc;
+use crate::host::proc::Proc;
 use halo_collectives::{Buf, Call, Region};
 use halo_fabric_sys as fi;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The watchdog: ends a process whose libfabric call is stuck (see the module notes
 //! of `fabric`, "Failures").
 
-use crate::transport::liveness::{Proc, has_ended};
+use crate::host::proc::{Proc, has_ended};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};

@@ -38,6 +38,8 @@ pub use super::emulation::Emulation;
 use super::emulation::LinkModel;
 use super::{Expected, mismatch, poisoned};
 use crate::error::{Error, Result};
+use crate::host::wait::{Step, WaitPolicy};
+use crate::transport::CResult;
 use crossbeam::queue::SegQueue;
 use crossbeam::sync::{Parker, Unparker};
 use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Session, TAG_BITS, Transport};
@@ -50,11 +52,14 @@ use std::time::{Duration, Instant};
 
 mod session;
 
-type CResult<T> = std::result::Result<T, CollectiveError>;
-
-/// Waits shorter than this yield the processor instead of sleeping.
-const YIELD_BELOW: Duration = Duration::from_micros(YIELD_BELOW_US);
-const YIELD_BELOW_US: u64 = 100;
+/// How a session waits, measured by how long it may wait (the engine's bound or the
+/// next modelled arrival): waits shorter than 100 us yield the processor instead of
+/// sleeping; a longer one parks the thread for all of it.
+const WAIT: WaitPolicy = WaitPolicy {
+    spin: Duration::ZERO,
+    yield_below: Duration::from_micros(100),
+    sleep_max: Duration::MAX,
+};
 
 /// Descriptor states.
 const POSTED: u8 = 0;

@@ -544,10 +544,9 @@ impl Session for LocalSession<'_> {
         // microseconds (timer slack): short waits — the engine's first back-offs, or a
         // modelled arrival that is near — only yield the processor, which on a machine
         // with fewer cores than ranks hands it to the peers being waited for.
-        if wait < YIELD_BELOW {
-            std::thread::yield_now();
-        } else if !wait.is_zero() {
-            self.ep.parker.park_timeout(wait);
+        match WAIT.step(wait, wait) {
+            Step::Sleep(wait) => self.ep.parker.park_timeout(wait),
+            Step::Spin | Step::Yield => std::thread::yield_now(),
         }
         if self.gone_peer(None).is_some() {
             // A peer that left may have answered everything before it did: note who has

@@ -7,8 +7,8 @@
 //! their rings, indexed by their place among them. Before the bootstrap exchange every
 //! rank makes an empty file `/dev/shm/halo-shm-NS-PID-N-TAG` (`TAG`: 64 random bits;
 //! mode 0600, created with `O_EXCL | O_NOFOLLOW`: no other user can open it, guess its
-//! name or plant a link there, `super::sys::create_private`) and publishes its path in
-//! its card; after it the lowest rank of each host sizes its file for the host's ranks and
+//! name or plant a link there, `crate::host::files::create_private`) and publishes its
+//! path in its card; after it the lowest rank of each host sizes its file for the host's ranks and
 //! writes the header, and the others remove theirs and map it (waiting until the
 //! header is written; a maker that fails removes its file, one that ends is seen
 //! ending, so nobody waits for the bootstrap timeout). The last rank to map it unlinks
@@ -96,7 +96,7 @@
 //! # Files
 //! `segment/`: the segment (all the `unsafe`): `mod.rs` the mapping and the rings' raw
 //! access, `file.rs` the file's life cycle, `layout.rs` its layout, `cell.rs` a cell's
-//! header and protocol, `bell.rs` the bells and the futex;
+//! header and protocol, `bell.rs` the bells (on `host::futex`);
 //! `session/`: one collective's operations: `mod.rs` the session's state, its end and
 //! the [`Session`] impl, `send.rs` posting and pushing sends, `recv.rs` posting
 //! receives and draining the rings (matching, holding), `rdv.rs` the rendezvous on both
@@ -112,7 +112,9 @@ mod session;
 pub(crate) use segment::{Reservation, Segment, is_segment_path};
 
 use crate::error::{Error, Result};
-use crate::transport::liveness::Proc;
+use crate::host::proc::Proc;
+use crate::host::wait::WaitPolicy;
+use crate::transport::CResult;
 use crate::transport::raw::RawBuffers;
 use cma::{CMA_NO, CMA_OK, CmaConfig, CmaMode};
 use halo_collectives::{Buffers, Call, CollectiveError, Transport};
@@ -120,8 +122,6 @@ pub(crate) use session::ShmSession;
 use session::{InRing, OutRing, RdvSend, Unexpected};
 use std::collections::VecDeque;
 use std::time::Duration;
-
-type CResult<T> = std::result::Result<T, CollectiveError>;
 
 /// Which transport carries the messages of a job of processes (`HALO_TRANSPORT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -170,6 +170,8 @@ impl std::fmt::Display for TransportChoice {
 
 /// How long a rank polls (yielding) before it sleeps on its bell (`HALO_SHM_SPIN_US`).
 const SPIN_DEFAULT: Duration = Duration::from_micros(1000);
+/// The longest single sleep on the bell (a lost wake-up costs at most this).
+const SLEEP_MAX: Duration = Duration::from_millis(1);
 
 /// The name [`crate::Communicator::provider_to`] gives this transport.
 pub(crate) const PROVIDER: &str = "halo-shm";
@@ -196,12 +198,10 @@ pub(crate) struct ShmTransport {
     pub(super) procs: Vec<Option<Proc>>,
     /// Why the transport may no longer be used.
     pub(super) broken: Option<String>,
-    /// How long to poll before sleeping on the bell.
-    pub(super) spin: Duration,
-    /// How long to poll without yielding first (unless oversubscribed).
-    pub(super) pure: Duration,
-    /// Whether to yield from the first poll on (more ranks than cores).
-    pub(super) yield_spin: bool,
+    /// How to wait, measured from when the session went idle: poll without yielding
+    /// for `HALO_SHM_PURE_US` first (not at all when oversubscribed: more ranks than
+    /// cores), then yielding until `HALO_SHM_SPIN_US`, then sleep on the bell.
+    pub(super) wait: WaitPolicy,
     /// Cross-memory attach settings (`HALO_SHM_CMA`, `HALO_SHM_CMA_MIN`).
     pub(super) cma: CmaConfig,
     /// How long a message waits at the head of its ring for its receive
@@ -328,9 +328,11 @@ impl ShmTransport {
             unexpected: Vec::new(),
             procs,
             broken: None,
-            spin,
-            pure,
-            yield_spin,
+            wait: WaitPolicy {
+                spin: if yield_spin { Duration::ZERO } else { pure },
+                yield_below: spin,
+                sleep_max: SLEEP_MAX,
+            },
             cma,
             hold: session::HOLD_DEFAULT,
             cma_to: vec![None; size],
@@ -467,7 +469,7 @@ fn wait_attached(
             looked = std::time::Instant::now();
             if let Some(&p) = group
                 .iter()
-                .find(|&&p| procs[p].is_some_and(crate::transport::liveness::has_ended))
+                .find(|&&p| procs[p].is_some_and(crate::host::proc::has_ended))
             {
                 return Err(Error::RemoteError {
                     peer: p,

@@ -454,17 +454,12 @@ fn a_withdrawn_rendezvous_fails_its_receive_with_the_senders_rank() {
 
 // ---- Between real processes: this test binary, run again as the other rank ----
 
-/// `/proc/PID/stat`'s start time (field 22).
-fn start_time(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let (_, rest) = s.rsplit_once(')').unwrap();
-    rest.split_whitespace().nth(19).unwrap().parse().unwrap()
-}
-
-fn proc_of(pid: u32) -> crate::transport::liveness::Proc {
-    crate::transport::liveness::Proc {
+fn proc_of(pid: u32) -> crate::host::proc::Proc {
+    crate::host::proc::Proc {
         pid,
-        start: start_time(pid),
+        start: crate::host::proc::proc_stat(&format!("/proc/{pid}/stat"))
+            .unwrap()
+            .1,
     }
 }
 

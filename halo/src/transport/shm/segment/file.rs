@@ -1,19 +1,21 @@
 //! The segment's file in `/dev/shm` and its life cycle: reserved (empty, private,
 //! unguessable name) by every rank before the bootstrap exchange, sized by its maker,
 //! opened by the other ranks once it is ready, removed by the reservation's or the
-//! maker's drop when nobody attached; and the sweep of files that ended processes left.
+//! maker's drop when nobody attached. (Its name, the private-file rule and the sweep
+//! of files that ended processes left are `crate::host::files`.)
 
 use super::cell::CELL_HEAD;
 use super::layout::{MAGIC, PAGE, geometry, layout};
 use super::{CResult, Segment, sys};
+use crate::host::{CACHE_LINE, files};
 use halo_collectives::CollectiveError;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// Prefix of the segment files' names in `/dev/shm`.
-pub(crate) const FILE_PREFIX: &str = "halo-shm-";
+/// The segment files' kind of name in `/dev/shm` (`halo-shm-`).
+const KIND: files::Kind = files::Kind::Segment;
 
 /// Why [`Segment::open`] did not open a segment.
 #[derive(Debug)]
@@ -24,44 +26,9 @@ enum NotReady {
     Not(CollectiveError),
 }
 
-/// This process's PID namespace number (for file names that tell processes apart).
-fn pid_ns() -> String {
-    std::fs::read_link("/proc/self/ns/pid")
-        .map(|l| {
-            l.to_string_lossy()
-                .chars()
-                .filter(char::is_ascii_digit)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Whether `path` names a segment file (`/dev/shm/halo-shm-N-N-N-TAG`).
 pub(crate) fn is_segment_path(path: &str) -> bool {
-    crate::transport::sys::is_shared_name(path, FILE_PREFIX)
-}
-
-/// Removes the segment files of processes of this PID namespace that ended without
-/// removing theirs (killed during set-up): regular files of this user only.
-fn remove_stale(ns: &str) {
-    let prefix = format!("{FILE_PREFIX}{ns}-");
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            crate::transport::sys::remove_own_file(&entry.path());
-        }
-    }
+    files::is_shared_name(path, KIND)
 }
 
 /// An empty segment file this rank made before the bootstrap exchange (its name goes
@@ -104,7 +71,7 @@ impl Reservation {
     ) -> CResult<Segment> {
         // On failure the reservation's drop removes the file: ranks waiting for the
         // segment see it gone and fail at once.
-        if slots < 2 || cell <= CELL_HEAD || !cell.is_multiple_of(64) {
+        if slots < 2 || cell <= CELL_HEAD || !cell.is_multiple_of(CACHE_LINE) {
             return Err(CollectiveError::InvalidArgument(format!(
                 "shared-memory rings of {slots} cells of {cell} bytes: need at least 2 cells \
                  of a multiple of 64 bytes above {CELL_HEAD}"
@@ -113,7 +80,7 @@ impl Reservation {
         let (_, _, _, total) = layout(nranks, slots, cell)
             .ok_or_else(|| sys("segment size", format!("too large for {nranks} ranks")))?;
         let path = self.path.clone();
-        let f = crate::transport::sys::open_shared(&path)
+        let f = files::open_shared(&path)
             .map_err(|e| sys(&format!("cannot open {}", path.display()), e))?;
         let meta = f.metadata().map_err(|e| sys("stat", e))?;
         if (meta.dev(), meta.ino()) != (self.dev, self.ino) {
@@ -174,18 +141,11 @@ impl Segment {
     /// may use the transport does, before the card exchange): PID namespace, process,
     /// count and 64 random bits, so that no other user can guess the name; created
     /// private to this user (mode 0600, `O_EXCL`, `O_NOFOLLOW`: see
-    /// [`crate::transport::sys::create_private`]).
+    /// [`files::create_private`]).
     pub(crate) fn reserve() -> CResult<Reservation> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let ns = pid_ns();
-        remove_stale(&ns);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let tag = crate::transport::sys::random_tag().map_err(|e| sys("getrandom", e))?;
-        let path = PathBuf::from(format!(
-            "/dev/shm/{FILE_PREFIX}{ns}-{}-{n}-{tag}",
-            std::process::id()
-        ));
-        let f = crate::transport::sys::create_private(&path)
+        // After the sweep of the files of this namespace's ended processes.
+        let path = files::new_path(KIND).map_err(|e| sys("getrandom", e))?;
+        let f = files::create_private(&path)
             .map_err(|e| sys(&format!("cannot create {}", path.display()), e))?;
         let meta = f.metadata().map_err(|e| sys("stat", e))?;
         Ok(Reservation {
@@ -251,10 +211,11 @@ impl Segment {
     fn open(path: &str, nranks: usize) -> Result<Segment, NotReady> {
         if !is_segment_path(path) {
             return Err(NotReady::Not(CollectiveError::InvalidUsage(format!(
-                "{path:?} is not a HALO shared-memory segment (/dev/shm/{FILE_PREFIX}N-N-N-TAG)"
+                "{path:?} is not a HALO shared-memory segment (/dev/shm/{}N-N-N-TAG)",
+                KIND.prefix()
             ))));
         }
-        let f = crate::transport::sys::open_shared(std::path::Path::new(path))
+        let f = files::open_shared(std::path::Path::new(path))
             .map_err(|e| NotReady::Not(sys(&format!("cannot open {path}"), e)))?;
         let size = f
             .metadata()
@@ -321,7 +282,7 @@ mod tests {
         assert_ne!(tag(&pa), tag(&pb));
         let meta = std::fs::symlink_metadata(&pa).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{pa}");
-        assert_eq!(meta.uid(), crate::transport::sys::euid());
+        assert_eq!(meta.uid(), crate::host::files::euid());
     }
 
     #[test]

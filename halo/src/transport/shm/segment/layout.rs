@@ -3,6 +3,7 @@
 
 use super::bell::Bell;
 use super::cell::{CELL_HEAD, Rdv};
+use crate::host::CACHE_LINE;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// The header's magic: `"HALOSHM1"`.
@@ -10,10 +11,10 @@ pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"HALOSHM1");
 /// Page size used for the layout (the mapping itself is page-aligned).
 pub(super) const PAGE: usize = 4096;
 /// Bytes of a ring's control block (the head on its own cache line).
-pub(super) const CTL: usize = 64;
+pub(super) const CTL: usize = CACHE_LINE;
 const _: () = assert!(
     std::mem::size_of::<RingCtl>() == CTL
-        && std::mem::size_of::<Bell>() == 64
+        && std::mem::size_of::<Bell>() == CACHE_LINE
         && CELL_HEAD == 32
         && std::mem::size_of::<Rdv>() <= 32
 );
@@ -66,7 +67,7 @@ pub(super) fn geometry(nranks: usize) -> (usize, usize) {
         _ => 8,
     };
     let cell = match halo_params::SHM_CELL.number_or_warn() {
-        Some(c) => (c as usize).next_multiple_of(64),
+        Some(c) => (c as usize).next_multiple_of(CACHE_LINE),
         None => 8192,
     };
     (slots, cell)
@@ -83,7 +84,7 @@ pub(super) fn layout(
     cell: usize,
 ) -> Option<(usize, usize, usize, usize)> {
     let bells_at = PAGE;
-    let rings_at = bells_at + round_page(nranks.checked_mul(64)?);
+    let rings_at = bells_at + round_page(nranks.checked_mul(CACHE_LINE)?);
     let ring_len = CTL + slots.checked_mul(cell)?;
     let total = rings_at + nranks.checked_mul(nranks)?.checked_mul(ring_len)?;
     Some((bells_at, rings_at, ring_len, round_page(total)))

@@ -23,7 +23,8 @@
 //! size, open when ready, remove; the sweep of stale files); `layout.rs`: the header,
 //! the rings' control blocks, the geometry and the offsets; `cell.rs`: a cell's header
 //! and its protocol (stamp, publish, published; the kinds; the rendezvous payload);
-//! `bell.rs`: the bells and the futex.
+//! `bell.rs`: the bells (each a `host::futex::Futex` and what peers need to probe
+//! cross-memory attach).
 
 mod bell;
 mod cell;
@@ -36,6 +37,7 @@ pub(super) use cell::{
 };
 pub(crate) use file::{Reservation, is_segment_path};
 
+use crate::transport::CResult;
 use halo_collectives::CollectiveError;
 use layout::{CTL, Header, RingCtl, layout};
 use std::os::fd::AsRawFd as _;
@@ -43,8 +45,6 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 use std::ptr;
 use std::sync::atomic::Ordering;
-
-type CResult<T> = std::result::Result<T, CollectiveError>;
 
 /// A mapped segment.
 pub(crate) struct Segment {

@@ -23,7 +23,7 @@ mod wait;
 use super::cma::{OFFERED, REVOKED};
 use super::{CResult, ShmTransport};
 use crate::transport::raw::RawBuffers;
-use crate::transport::take_len;
+use crate::transport::{FLUSH_SENDS, take_len};
 use halo_collectives::{Call, CollectiveError, Region, Session, TAG_BITS};
 use std::ptr;
 use std::sync::atomic::Ordering;
@@ -31,9 +31,6 @@ use std::time::{Duration, Instant};
 
 /// The token of poison messages (never a step of a schedule, never reported).
 const POISON_TOKEN: u32 = u32::MAX;
-/// How long a rank that found a size mismatch keeps delivering its queued sends
-/// before the transport breaks (as the fabric transport).
-const FLUSH_SENDS: Duration = Duration::from_millis(500);
 /// How long a message whose receive is not posted yet stays at the head of its ring
 /// (the ring from that peer waits behind it; its sender goes on while the ring has
 /// room) before the receiver reads it into memory of the transport's own, to be copied
@@ -44,8 +41,8 @@ const FLUSH_SENDS: Duration = Duration::from_millis(500);
 /// message is held only while no receive from that peer is posted at all, so a receive
 /// waiting for a message behind it is never delayed.
 pub(super) const HOLD_DEFAULT: Duration = Duration::from_micros(500);
-/// Bytes of a cache line (a cell's first holds its header and first payload bytes).
-const LINE: usize = 64;
+// Bytes of a cache line (a cell's first holds its header and first payload bytes).
+use crate::host::CACHE_LINE as LINE;
 
 /// This rank's end of the ring to one peer.
 #[derive(Debug, Default)]

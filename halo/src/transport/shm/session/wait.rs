@@ -1,17 +1,17 @@
 //! Waiting, on a session's side: when nothing completes, spinning, then yielding the
-//! processor, then sleeping on this rank's bell (marked asleep, one more look at the
-//! rings, the futex; `shm/segment/bell.rs`); and, every `WATCH_EVERY`, looking at the
-//! processes of the peers an outstanding operation needs.
+//! processor, then sleeping on this rank's bell (the transport's
+//! [`WaitPolicy`](crate::host::wait::WaitPolicy); marked asleep, one more look at the
+//! rings, the futex; `shm/segment/bell.rs`, `crate::host::futex`); and, every
+//! `WATCH_EVERY`, looking at the processes of the peers an outstanding operation needs.
 
 use super::{CResult, Dest, Partial, ShmSession};
-use crate::transport::liveness::has_ended;
+use crate::host::proc::has_ended;
+use crate::host::wait::Step;
 use halo_collectives::CollectiveError;
 use std::time::{Duration, Instant};
 
 /// How often, while waiting, the processes of the peers waited for are looked at.
 const WATCH_EVERY: Duration = Duration::from_millis(50);
-/// The longest single sleep on the bell (a lost wake-up costs at most this).
-const SLEEP_MAX: Duration = Duration::from_millis(1);
 
 impl ShmSession<'_> {
     /// The peers an outstanding operation of this rank needs.
@@ -77,19 +77,21 @@ impl ShmSession<'_> {
         let r = self.watch_peers(now);
         self.note(r)?;
         let idle = now.saturating_duration_since(*self.idle_since.get_or_insert(now));
-        if idle < self.t.pure && !self.t.yield_spin {
-            // A few pauses only: the next poll comes sooner (a 1-byte ping-pong
-            // notices the message up to ~16 pauses earlier than with 16).
-            for _ in 0..2 {
-                std::hint::spin_loop();
+        let timeout = match self.t.wait.step(idle, max) {
+            Step::Spin => {
+                // A few pauses only: the next poll comes sooner (a 1-byte ping-pong
+                // notices the message up to ~16 pauses earlier than with 16).
+                for _ in 0..2 {
+                    std::hint::spin_loop();
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
-        if idle < self.t.spin {
-            std::thread::yield_now();
-            return Ok(());
-        }
-        let timeout = max.clamp(Duration::from_micros(1), SLEEP_MAX);
+            Step::Yield => {
+                std::thread::yield_now();
+                return Ok(());
+            }
+            Step::Sleep(timeout) => timeout,
+        };
         let me = self.t.rank;
         self.t.seg.mark_asleep(me);
         // Look once more after marking: a peer that published before the mark did not
