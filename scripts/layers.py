@@ -28,6 +28,7 @@ LAYERS = [
     ["transport"],
     ["bootstrap"],
     ["select", "tune", "device"],
+    ["policy"],
     ["comm"],
     ["local"],
     ["c_abi", "lib"],

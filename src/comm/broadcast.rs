@@ -34,12 +34,12 @@ impl Communicator {
     /// Forces a broadcast algorithm (`None`: automatic, the default). Every rank must
     /// make the same choice.
     pub fn set_broadcast_algorithm(&mut self, algorithm: Option<BroadcastAlgorithm>) {
-        self.core.ext.broadcast_forced = algorithm;
+        self.core.policy.forced_mut().broadcast = algorithm;
     }
 
     /// The forced broadcast algorithm, if any.
     pub fn broadcast_algorithm(&self) -> Option<BroadcastAlgorithm> {
-        self.core.ext.broadcast_forced
+        self.core.policy.forced().broadcast
     }
 
     /// Broadcast (`ncclBroadcast`, in place): `buf` of rank `root` is copied into
@@ -61,10 +61,7 @@ impl Communicator {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let core = &mut self.core;
         let (n, me, len) = (core.size, core.rank, bytes.len());
-        let algorithm = core
-            .ext
-            .broadcast_forced
-            .unwrap_or_else(|| BroadcastAlgorithm::auto(n, len));
+        let algorithm = core.policy.broadcast(n, len);
         let key = (Rooted::Broadcast(algorithm), root, len);
         let opts = exec_options(core.timeout, &core.abort);
         let schedule = cached_schedule(&mut core.ext.rooted, key, || {
