@@ -20,13 +20,17 @@
 //!   fingerprint, the builder options and the size class, shared by every communicator
 //!   of the same shape (sub-communicators, repeated runs). They cannot live in one
 //!   communicator's policy because other communicators reuse them.
-//! - **Schedules**: the uniform all-to-all's last [`CACHED_SCHEDULES`] schedules
-//!   (algorithm x block size, most recently used first), in the policy; the model's
-//!   pick builds its schedule here, and the all-to-all-v data pass reads the metadata
-//!   pass's schedule from here.
+//! - **Schedules** of the chosen algorithms, in the policy, one list most recently
+//!   used first ([`Built`]): the uniform all-to-all's last [`CACHED_SCHEDULES`]
+//!   (algorithm x block size; the model's pick builds its schedule here, and the
+//!   all-to-all-v data pass reads the metadata pass's from here), the last all-gather's
+//!   and the last rooted collective's. Not here: the all-to-all-v data pass's schedule
+//!   (built every call, its sizes change), its count exchange's gather (kept with the
+//!   count-exchange state), point-to-point's one-step schedules and the device path's
+//!   wave plan (not a schedule).
 //!
-//! Changing the builder options ([`Policy::reset`]) forgets every choice and schedule
-//! of the communicator (the forced algorithms stay).
+//! Changing the builder options ([`Policy::reset`]) forgets every choice and uniform
+//! schedule of the communicator (the forced algorithms stay).
 
 use crate::error::{Error, Result};
 use crate::select::{Ranking, fingerprint, ranking_with, size_class};
@@ -42,6 +46,41 @@ use std::time::Duration;
 
 /// Uniform schedules kept per communicator (algorithm x block size).
 pub(crate) const CACHED_SCHEDULES: usize = 6;
+
+/// Which rooted collective a cached schedule is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rooted {
+    Broadcast(BroadcastAlgorithm),
+    Gather,
+    Scatter,
+}
+
+/// What a cached schedule is for: its kind of call and what its program depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Built {
+    /// A uniform all-to-all: the algorithm and the bytes per pair ([`CACHED_SCHEDULES`]
+    /// of them kept).
+    Uniform(Algorithm, usize),
+    /// An all-gather: the algorithm and the bytes per rank (the last one kept).
+    AllGather(AllGatherAlgorithm, usize),
+    /// A rooted collective (broadcast, gather, scatter): which, the root and the bytes
+    /// (the last one of the three kept).
+    Rooted(Rooted, usize, usize),
+}
+
+impl Built {
+    /// How many schedules of this kind the cache keeps.
+    fn room(self) -> usize {
+        match self {
+            Built::Uniform(..) => CACHED_SCHEDULES,
+            Built::AllGather(..) | Built::Rooted(..) => 1,
+        }
+    }
+
+    fn same_kind(self, other: Built) -> bool {
+        std::mem::discriminant(&self) == std::mem::discriminant(&other)
+    }
+}
 
 /// What a choice is for: the call and its size. The same on every rank for the same
 /// call, so every rank chooses alike.
@@ -202,8 +241,8 @@ pub(crate) struct Policy {
     model: Model,
     /// Measured selection, per kind of call and size class.
     tuner: Tuner,
-    /// Uniform schedules, most recently used first.
-    schedules: Vec<(Algorithm, usize, Schedule)>,
+    /// The schedules of the chosen algorithms, most recently used first.
+    schedules: Vec<(Built, Schedule)>,
 }
 
 impl Policy {
@@ -401,16 +440,41 @@ impl Policy {
         block: usize,
     ) -> halo_collectives::Result<&Schedule> {
         self.cached(ctx, algorithm, block)?;
-        Ok(&self.schedules[0].2)
+        Ok(&self.schedules[0].1)
     }
 
     /// The cached uniform schedule of `algorithm` for `block` bytes, if any; never
     /// builds.
     pub(crate) fn cached_schedule(&self, algorithm: Algorithm, block: usize) -> Option<&Schedule> {
+        let key = Built::Uniform(algorithm, block);
         self.schedules
             .iter()
-            .find(|(a, b, _)| *a == algorithm && *b == block)
-            .map(|(_, _, s)| s)
+            .find(|(k, _)| *k == key)
+            .map(|(_, s)| s)
+    }
+
+    /// The schedule for `key`, built with `build` if not cached (then kept, in place of
+    /// the least recently used one of its kind when the kind has no room left), and now
+    /// the most recently used.
+    pub(crate) fn built(
+        &mut self,
+        key: Built,
+        build: impl FnOnce() -> halo_collectives::Result<Schedule>,
+    ) -> halo_collectives::Result<&Schedule> {
+        if let Some(i) = self.schedules.iter().position(|(k, _)| *k == key) {
+            let entry = self.schedules.remove(i);
+            self.schedules.insert(0, entry);
+        } else {
+            let s = build()?;
+            let kind: Vec<usize> = (0..self.schedules.len())
+                .filter(|&i| self.schedules[i].0.same_kind(key))
+                .collect();
+            if kind.len() >= key.room() {
+                self.schedules.remove(kind[key.room() - 1]);
+            }
+            self.schedules.insert(0, (key, s));
+        }
+        Ok(&self.schedules[0].1)
     }
 
     /// Puts the uniform schedule of `algorithm` for `block` at the front of the cache.
@@ -420,37 +484,103 @@ impl Policy {
         algorithm: Algorithm,
         block: usize,
     ) -> halo_collectives::Result<()> {
-        if let Some(i) = self
-            .schedules
-            .iter()
-            .position(|(a, b, _)| *a == algorithm && *b == block)
-        {
-            let entry = self.schedules.remove(i);
-            self.schedules.insert(0, entry);
-            return Ok(());
-        }
-        let sizes = UniformSizes(block);
-        let s = build(
-            algorithm,
-            &BuildCtx {
-                topology: ctx.topology,
-                rank: ctx.rank,
-                layout: Layout::Uniform { block },
-                sizes: &sizes,
-                options: ctx.options,
-            },
-        )?;
-        self.schedules.truncate(CACHED_SCHEDULES - 1);
-        self.schedules.insert(0, (algorithm, block, s));
+        self.built(Built::Uniform(algorithm, block), || {
+            let sizes = UniformSizes(block);
+            build(
+                algorithm,
+                &BuildCtx {
+                    topology: ctx.topology,
+                    rank: ctx.rank,
+                    layout: Layout::Uniform { block },
+                    sizes: &sizes,
+                    options: ctx.options,
+                },
+            )
+        })?;
         Ok(())
     }
 
-    /// Forgets every choice and schedule (the builder options changed); the forced
-    /// algorithms stay.
+    /// Forgets every choice and every schedule the builder options shape (they
+    /// changed): the uniform ones; the forced algorithms stay, and so do the
+    /// all-gather's and rooted schedules (their builders take no options).
     pub(crate) fn reset(&mut self) {
         self.model.classes.clear();
         self.model.unavailable.clear();
         self.tuner.reset();
-        self.schedules.clear();
+        self.schedules
+            .retain(|(k, _)| !matches!(k, Built::Uniform(..)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn any_schedule() -> halo_collectives::Result<Schedule> {
+        halo_collectives::build_all_gather(AllGatherAlgorithm::Ring, 0, 2, 8)
+    }
+
+    fn kinds(p: &Policy) -> (usize, usize, usize) {
+        let count = |f: fn(&Built) -> bool| p.schedules.iter().filter(|(k, _)| f(k)).count();
+        (
+            count(|k| matches!(k, Built::Uniform(..))),
+            count(|k| matches!(k, Built::AllGather(..))),
+            count(|k| matches!(k, Built::Rooted(..))),
+        )
+    }
+
+    #[test]
+    fn each_kind_of_schedule_keeps_its_room_and_options_forget_the_uniform_ones() {
+        let mut p = Policy::default();
+        for block in 0..=CACHED_SCHEDULES {
+            p.built(Built::Uniform(Algorithm::Flat, block), any_schedule)
+                .unwrap();
+        }
+        p.built(Built::AllGather(AllGatherAlgorithm::Ring, 8), any_schedule)
+            .unwrap();
+        p.built(Built::Rooted(Rooted::Gather, 0, 8), any_schedule)
+            .unwrap();
+        assert_eq!(kinds(&p), (CACHED_SCHEDULES, 1, 1));
+        // The least recently used uniform schedule (block 0) went; block 1 is kept.
+        assert!(p.cached_schedule(Algorithm::Flat, 0).is_none());
+        assert!(p.cached_schedule(Algorithm::Flat, 1).is_some());
+        // A hit builds nothing and moves to the front.
+        p.built(Built::Uniform(Algorithm::Flat, 1), || unreachable!())
+            .unwrap();
+        assert_eq!(p.schedules[0].0, Built::Uniform(Algorithm::Flat, 1));
+        p.built(Built::AllGather(AllGatherAlgorithm::Bruck, 8), any_schedule)
+            .unwrap();
+        p.built(Built::Rooted(Rooted::Scatter, 1, 8), any_schedule)
+            .unwrap();
+        assert_eq!(kinds(&p), (CACHED_SCHEDULES, 1, 1));
+        p.reset();
+        assert_eq!(kinds(&p), (0, 1, 1));
+    }
+
+    #[test]
+    fn forced_is_looked_at_in_one_place() {
+        let mut p = Policy::default();
+        p.forced_mut().all_to_all = Some(Algorithm::Bruck);
+        assert_eq!(
+            p.forced_for(Ask::AllToAll { block: 8 }),
+            Some(Algorithm::Bruck)
+        );
+        assert_eq!(p.forced_for(Ask::Meta), Some(Algorithm::Bruck));
+        // The metadata pass takes a forced algorithm only where it forwards.
+        p.forced_mut().all_to_all = Some(Algorithm::Pairwise);
+        assert_eq!(p.forced_for(Ask::Meta), None);
+        assert_eq!(
+            p.forced_for(Ask::CountRoute {
+                bytes: 8,
+                hops: true
+            }),
+            Some(Algorithm::Pairwise)
+        );
+        p.forced_mut().all_to_all = Some(Algorithm::Halo);
+        let mut child = Policy::default();
+        p.forced_mut().broadcast = Some(BroadcastAlgorithm::auto(4, 8));
+        child.inherit(&p);
+        assert_eq!(child.forced().all_to_all, Some(Algorithm::Halo));
+        assert_eq!(child.forced().broadcast, None);
     }
 }

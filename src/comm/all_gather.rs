@@ -1,8 +1,9 @@
 //! All-gather: [`Communicator::all_gather`] over the builders of
 //! `halo_collectives::gather` (ring, recursive doubling, Bruck).
 
-use super::{Communicator, cached_schedule, call_of, exec_options, overlaps, sized};
+use super::{Communicator, call_of, exec_options, overlaps, sized};
 use crate::error::{Error, Result};
+use crate::policy::Built;
 use halo_collectives::{AllGatherAlgorithm, Buffers, CallKind, build_all_gather};
 
 impl Communicator {
@@ -65,7 +66,7 @@ impl Communicator {
         let block = send.len();
         let algorithm = core.policy.all_gather(n, block);
         let rank = core.rank;
-        let schedule = cached_schedule(&mut core.ext.gather, (algorithm, block), || {
+        let schedule = core.policy.built(Built::AllGather(algorithm, block), || {
             build_all_gather(algorithm, rank, n, block)
         })?;
         let scratch = sized(&mut core.ext.gather_scratch, schedule.scratch_len());

@@ -48,7 +48,6 @@ use crate::error::{Error, Result};
 use crate::policy::{Ask, Choice, Ctx, Policy};
 use crate::transport::Backend;
 use crate::transport::local::LocalTransport;
-use halo_collectives::AllGatherAlgorithm;
 use halo_collectives::{
     AlgoOptions, Algorithm, Buffers, Call, CallKind, ExecOptions, Schedule, TAG_BITS,
 };
@@ -452,10 +451,6 @@ pub(crate) struct Ext {
     /// Reduce-scatter accumulator (a copy of the send buffer, `u64` words).
     pub(super) reduce_scatter_acc: Vec<u64>,
     pub(super) gather_scratch: Vec<u8>,
-    /// The last all-gather schedule (algorithm, block bytes).
-    pub(super) gather: Option<((AllGatherAlgorithm, usize), Schedule)>,
-    /// The last rooted schedule (broadcast, gather, scatter).
-    pub(super) rooted: Option<(broadcast::RootedKey, Schedule)>,
     /// The worker thread of [`Communicator::scope`], once one ran.
     pub(super) pool: Option<Arc<rayon_core::ThreadPool>>,
     /// The device path's last uniform plan (algorithm, block bytes) and its state.
