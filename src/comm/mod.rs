@@ -4,8 +4,9 @@
 //! blocking and out-of-place; element types are any [`bytemuck::Pod`] type. A call
 //! validates its arguments, asks the communicator's policy once for the algorithm
 //! (`src/policy.rs`: the one the caller forced, or the measured or modelled choice,
-//! cached per size class), builds this rank's schedule with [`halo_collectives::build`] and runs
-//! it with [`halo_collectives::execute`] on the communicator's transport.
+//! cached per size class), builds this rank's schedule with [`halo_collectives::build`]
+//! (or takes it from the policy's cache) and runs it with [`halo_collectives::execute`]
+//! on the communicator's transport.
 //!
 //! Every rank must make the same sequence of collective calls. Each call takes the
 //! next collective sequence number(s) — also when it fails — and puts it above the
@@ -113,7 +114,7 @@ pub(crate) struct Core {
     timeout: Duration,
     abort: AbortHandle,
     /// The algorithm choice: forced algorithms, measured and modelled choices, the
-    /// uniform schedules (`src/policy.rs`).
+    /// schedules of the chosen algorithms (`src/policy.rs`).
     policy: Policy,
     last: Option<Algorithm>,
     /// This communicator's id in the top bits of every tag (0 for one made at init).
