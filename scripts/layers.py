@@ -29,6 +29,7 @@ LAYERS = [
     ["transport"],
     ["bootstrap"],
     ["select", "tune", "device"],
+    ["policy"],
     ["comm"],
     ["local"],
     ["c_abi", "lib"],

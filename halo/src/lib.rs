@@ -12,8 +12,9 @@
 //!
 //! A [`Communicator`] is one rank's handle on a group of ranks: [`Communicator::all_to_all`]
 //! and [`Communicator::all_to_all_v`] over any [`bytemuck::Pod`] element type,
-//! out-of-place, with the algorithm chosen by a cost model over the topology
-//! ([`select`]) or forced by the caller. Errors are one enum, [`Error`], whose variants
+//! out-of-place, with the algorithm forced by the caller, or else measured on the run
+//! ([`tune`]) among the candidates a cost model over the topology ranks ([`select`]);
+//! one policy per communicator (`src/policy.rs`) makes that choice, once per call. Errors are one enum, [`Error`], whose variants
 //! map one to one onto the C result codes ([`Error::code`]).
 //!
 //! Around them: point-to-point [`Communicator::send`] / [`Communicator::recv`] /
@@ -52,6 +53,7 @@ pub mod device;
 mod error;
 pub mod host;
 pub mod local;
+mod policy;
 pub mod select;
 mod transport;
 pub mod tune;

@@ -28,8 +28,8 @@
 //! communicating. Rankings are kept in a process-wide cache keyed by (topology
 //! fingerprint, builder options, size class): sub-communicators of the same shape, new
 //! communicators on the same topology and repeated runs reuse them ([`ranking`],
-//! [`cached_ranking`]). Each communicator also remembers its choice per collective
-//! kind and size class.
+//! [`cached_ranking`]). Each communicator's policy (`src/policy.rs`) also keeps, per
+//! size class, its ranking and the model's pick (its one cache of choices).
 //!
 //! # The alpha-beta formulas
 //!
@@ -70,8 +70,8 @@
 
 use crate::error::Result;
 use halo_collectives::{
-    AlgoOptions, Algorithm, BuildCtx, CollectiveError, Layout, META_BLOCK, SimOptions, Traffic,
-    UniformSizes, build, simulate_all_to_all,
+    AlgoOptions, Algorithm, BuildCtx, Layout, META_BLOCK, SimOptions, Traffic, UniformSizes, build,
+    simulate_all_to_all,
 };
 use halo_topology::{Level, LinkClass, Topology};
 use std::collections::HashMap;
@@ -476,7 +476,7 @@ pub fn alpha_beta_ranking(topology: &Topology, block: usize, options: &AlgoOptio
 /// What a topology is for the simulator, as numbers: ranks, per level its link class
 /// and every rank's domain, and the NICs (bandwidth, latency, ranks). Names and host
 /// names are left out, so equal shapes under different names share cache entries.
-fn fingerprint(t: &Topology) -> Arc<[u64]> {
+pub(crate) fn fingerprint(t: &Topology) -> Arc<[u64]> {
     let n = t.size();
     let mut v = vec![n as u64];
     for l in t.levels() {
@@ -541,7 +541,9 @@ fn key(fingerprint: Arc<[u64]>, block: usize, options: &AlgoOptions) -> Key {
     }
 }
 
-fn ranking_with(
+/// [`ranking`] with the topology's fingerprint already computed (a communicator's
+/// policy keeps it, `src/policy.rs`).
+pub(crate) fn ranking_with(
     fingerprint: Arc<[u64]>,
     topology: &Topology,
     block: usize,
@@ -588,52 +590,4 @@ pub fn choose(topology: &Topology, block: usize, options: &AlgoOptions) -> Algor
     ranking(topology, block, options)
         .best()
         .unwrap_or(Algorithm::Flat)
-}
-
-/// A communicator's selection state: its topology's fingerprint, the ranking per size
-/// class and the algorithms found not to build.
-#[derive(Debug, Default)]
-pub(crate) struct Selector {
-    fingerprint: Option<Arc<[u64]>>,
-    ranked: HashMap<u32, Arc<Ranking>>,
-    unavailable: Vec<Algorithm>,
-}
-
-impl Selector {
-    /// Algorithms to try for `block` bytes per pair, cheapest first, skipping those
-    /// known not to build. The ranking is [`ranking`]'s for the block's size class, the
-    /// same on every rank.
-    pub(crate) fn candidates(
-        &mut self,
-        topology: &Topology,
-        options: &AlgoOptions,
-        block: usize,
-    ) -> Vec<Algorithm> {
-        let fp = self
-            .fingerprint
-            .get_or_insert_with(|| fingerprint(topology))
-            .clone();
-        let ranking = self
-            .ranked
-            .entry(size_class(block))
-            .or_insert_with(|| ranking_with(fp, topology, block, options));
-        ranking
-            .order()
-            .filter(|a| !self.unavailable.contains(a))
-            .collect()
-    }
-
-    /// Records that `algorithm` does not build (an internal error from its builder).
-    pub(crate) fn mark_unavailable(&mut self, algorithm: Algorithm, why: &CollectiveError) {
-        if !self.unavailable.contains(&algorithm) {
-            tracing::info!(%algorithm, %why, "algorithm does not build; automatic selection skips it");
-            self.unavailable.push(algorithm);
-        }
-    }
-
-    /// Forgets what was learned (the builder options changed).
-    pub(crate) fn reset(&mut self) {
-        self.ranked.clear();
-        self.unavailable.clear();
-    }
 }

@@ -27,12 +27,14 @@
 //!    time, where a later candidate (the model ranked it lower) must be at least
 //!    [`MARGIN`] faster than the one it displaces (ties and near-ties: the earlier
 //!    candidate) — the same on every rank, because every rank reduces the same numbers.
-//! 4. **Cached** per communicator and size class; after [`RETRY_CALLS`] more calls of the
+//! 4. **Cached** per communicator and size class (in its policy, `src/policy.rs`,
+//!    which asks the tuner once per call); after [`RETRY_CALLS`] more calls of the
 //!    class the trials run again, so a choice made on a cold or disturbed machine is not
 //!    kept for ever. A decided call is not timed: it costs one lookup.
 //!
 //! A forced algorithm ([`crate::Communicator::set_algorithm`], `HALO_ALGO`) bypasses all
-//! of this. With one candidate there is nothing to measure and no all-reduce.
+//! of this (the policy looks at it before asking the tuner). With one candidate there is
+//! nothing to measure and no all-reduce.
 //!
 //! All-to-all-v specifics: the candidates are those of the uniform all-to-all of the
 //! mean block (built and compared with uniform blocks, as above), less the forwarding
@@ -43,8 +45,9 @@
 //! (a count mismatch, invalid arguments) fails on every rank before the data pass, so
 //! no rank records a trial for it and the trials stay in step.
 
-use crate::select::Selector;
-use halo_collectives::{AlgoOptions, Algorithm, BuildCtx, Layout, Schedule, Step, UniformSizes};
+use halo_collectives::{
+    AlgoOptions, Algorithm, BuildCtx, CollectiveError, Layout, Schedule, Step, UniformSizes,
+};
 use halo_topology::{Rank, Topology};
 use std::time::Duration;
 
@@ -345,14 +348,16 @@ fn median(t: &mut [u64]) -> u64 {
 /// all-to-all-v `block` is the mean block and `keep` excludes the forwarding algorithms
 /// the count exchange did not prepare for. Both tests look at the programs
 /// of the first and the last rank only — never at the calling rank's — so every rank
-/// computes the same list (as [`crate::select::buildable`] does). Algorithms that do not
-/// build are marked unavailable in `selector`.
+/// computes the same list (as [`crate::select::buildable`] does). `ranked` is the
+/// model's order for the class (the policy's, `src/policy.rs`); algorithms that do not
+/// build are passed to `unavailable`.
 pub(crate) fn candidates(
-    selector: &mut Selector,
+    ranked: Vec<Algorithm>,
     topology: &Topology,
     options: &AlgoOptions,
     block: usize,
     keep: impl Fn(Algorithm) -> bool,
+    mut unavailable: impl FnMut(Algorithm, &CollectiveError),
 ) -> Vec<Algorithm> {
     let sizes = UniformSizes(block);
     let probes: Vec<Rank> = {
@@ -361,7 +366,7 @@ pub(crate) fn candidates(
     };
     let mut out = Vec::new();
     let mut programs: Vec<Vec<Schedule>> = Vec::new();
-    for a in selector.candidates(topology, options, block) {
+    for a in ranked {
         if !keep(a) {
             continue;
         }
@@ -393,7 +398,7 @@ pub(crate) fn candidates(
                     programs.push(s);
                 }
             }
-            Err(e) => selector.mark_unavailable(a, &e),
+            Err(e) => unavailable(a, &e),
         }
     }
     out

@@ -1,8 +1,9 @@
 //! All-gather: [`Communicator::all_gather`] over the builders of
 //! `halo_collectives::gather` (ring, recursive doubling, Bruck).
 
-use super::{Communicator, cached_schedule, call_of, exec_options, overlaps, sized};
+use super::{Communicator, call_of, exec_options, overlaps, sized};
 use crate::error::{Error, Result};
+use crate::policy::Built;
 use halo_collectives::{AllGatherAlgorithm, Buffers, CallKind, build_all_gather};
 
 impl Communicator {
@@ -11,12 +12,12 @@ impl Communicator {
     /// a size that is not a power of two) gives way to the automatic choice. Every rank
     /// must make the same choice.
     pub fn set_all_gather_algorithm(&mut self, algorithm: Option<AllGatherAlgorithm>) {
-        self.core.ext.gather_forced = algorithm;
+        self.core.policy.forced_mut().all_gather = algorithm;
     }
 
     /// The forced all-gather algorithm, if any.
     pub fn all_gather_algorithm(&self) -> Option<AllGatherAlgorithm> {
-        self.core.ext.gather_forced
+        self.core.policy.forced().all_gather
     }
 
     /// All-gather (`ncclAllGather`): every rank's `send` lands at block `r` of every
@@ -63,12 +64,9 @@ impl Communicator {
         }
         let core = &mut self.core;
         let block = send.len();
-        let algorithm = match core.ext.gather_forced {
-            Some(a) if a.supports(n) => a,
-            _ => AllGatherAlgorithm::auto(n, block),
-        };
+        let algorithm = core.policy.all_gather(n, block);
         let rank = core.rank;
-        let schedule = cached_schedule(&mut core.ext.gather, (algorithm, block), || {
+        let schedule = core.policy.built(Built::AllGather(algorithm, block), || {
             build_all_gather(algorithm, rank, n, block)
         })?;
         let scratch = sized(&mut core.ext.gather_scratch, schedule.scratch_len());

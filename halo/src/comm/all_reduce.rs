@@ -183,12 +183,12 @@ impl Communicator {
     /// Forces an all-reduce algorithm (`None`: automatic, the default). Every rank must
     /// make the same choice.
     pub fn set_all_reduce_algorithm(&mut self, algorithm: Option<AllReduceAlgorithm>) {
-        self.core.ext.reduce_forced = algorithm;
+        self.core.policy.forced_mut().all_reduce = algorithm;
     }
 
     /// The forced all-reduce algorithm, if any.
     pub fn all_reduce_algorithm(&self) -> Option<AllReduceAlgorithm> {
-        self.core.ext.reduce_forced
+        self.core.policy.forced().all_reduce
     }
     /// All-reduce (`ncclAllReduce`): `recv[i]` becomes `send[i]` of every rank combined
     /// with `op`, on every rank. Every rank must pass the same length.
@@ -256,10 +256,7 @@ impl Communicator {
         let core = &mut self.core;
         let (n, me, len) = (core.size, core.rank, acc.len());
         let es = std::mem::size_of::<E>();
-        let algorithm = core
-            .ext
-            .reduce_forced
-            .unwrap_or_else(|| AllReduceAlgorithm::auto(n, len, len * es));
+        let algorithm = core.policy.all_reduce(n, len, len * es);
         let plan = all_reduce_plan(algorithm, me, n, len)?;
         let call = reduction_call::<E>(CallKind::AllReduce, op, len * es);
         run_rounds(core, tag_base, &plan, acc, op, ("all-reduce", call), start)?;

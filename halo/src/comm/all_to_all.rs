@@ -3,6 +3,7 @@
 
 use super::{Communicator, barrier_algorithm, call_of, overlaps, sized};
 use crate::error::{Error, Result};
+use crate::policy::Ask;
 use halo_collectives::{Algorithm, Call, CallKind};
 
 impl Communicator {
@@ -49,60 +50,11 @@ impl Communicator {
                 "all_to_all: send and receive buffers overlap (HALO is out-of-place only)",
             ));
         }
-        let call = call_of(CallKind::AllToAll, block);
-        let forced = self.core.forced;
-        if forced.is_some() {
-            self.core.uniform(
-                forced,
-                tag_base,
-                send,
-                recv,
-                block,
-                &mut self.pool.scratch,
-                call,
-            )?;
-            return Ok(());
-        }
-        let picked = self.pick_uniform(block);
-        self.run_uniform_picked(tag_base, send, recv, block, picked)
-    }
-
-    /// The automatic choice for a uniform all-to-all of `block` bytes, measured per size
-    /// class ([`crate::tune`]): the algorithm (`None`: nothing to choose from, the cost
-    /// model's pick) and whether this call is one of the class's trials. The same on
-    /// every rank.
-    fn pick_uniform(&mut self, block: usize) -> (Option<Algorithm>, bool) {
-        let class = crate::tune::Key::Uniform(super::class(block));
-        let core = &mut self.core;
-        match core.tuner.pick(class, || {
-            crate::tune::candidates(
-                &mut core.selector,
-                &core.topology,
-                &core.options,
-                block,
-                |_| true,
-            )
-        }) {
-            Some((a, trial)) => (Some(a), trial),
-            None => (None, false),
-        }
-    }
-
-    /// Runs a uniform all-to-all with what [`Communicator::pick_uniform`] picked, timing
-    /// it when it is a trial.
-    fn run_uniform_picked(
-        &mut self,
-        tag_base: u64,
-        send: &[u8],
-        recv: &mut [u8],
-        block: usize,
-        (picked, trial): (Option<Algorithm>, bool),
-    ) -> Result<()> {
+        let choice = self.core.choose(Ask::AllToAll { block })?;
         let started = std::time::Instant::now();
-        let core = &mut self.core;
         let call = call_of(CallKind::AllToAll, block);
-        let ran = core.uniform(
-            picked,
+        let ran = self.core.uniform(
+            choice.algorithm,
             tag_base,
             send,
             recv,
@@ -110,9 +62,8 @@ impl Communicator {
             &mut self.pool.scratch,
             call,
         )?;
-        if trial {
-            let class = crate::tune::Key::Uniform(super::class(block));
-            self.record_trial(class, ran, started.elapsed())?;
+        if let Some(key) = choice.key.filter(|_| choice.trial) {
+            self.record_trial(key, ran, started.elapsed())?;
         }
         Ok(())
     }
@@ -126,10 +77,10 @@ impl Communicator {
         alg: Algorithm,
         took: std::time::Duration,
     ) -> Result<()> {
-        if let Some(local) = self.core.tuner.record(key, alg, took) {
+        if let Some(local) = self.core.policy.record(key, alg, took) {
             let mut agreed = vec![0u64; local.len()];
             self.all_reduce(&local, &mut agreed, crate::ReduceOp::Max)?;
-            self.core.tuner.agree(key, &agreed);
+            self.core.policy.agree(key, &agreed);
         }
         Ok(())
     }
@@ -138,9 +89,7 @@ impl Communicator {
     /// peer (their size class), once the trials of that class are over and agreed on
     /// (see [`crate::tune`]); `None` before, or when an algorithm is forced.
     pub fn tuned(&self, block: usize) -> Option<crate::tune::Tuned> {
-        self.core
-            .tuner
-            .tuned(crate::tune::Key::Uniform(super::class(block)))
+        self.core.policy.tuned(block)
     }
 
     /// All-to-all over raw memory, for the C ABI: `count` elements of `elem_size` bytes
@@ -205,7 +154,7 @@ impl Communicator {
         let recv = sized(&mut self.pool.barrier_recv, n);
         let last = self.core.last;
         self.core.uniform(
-            Some(barrier_algorithm()),
+            barrier_algorithm(),
             tag_base,
             send,
             recv,

@@ -1,21 +1,10 @@
 //! Broadcast: [`Communicator::broadcast`] over the builders of
-//! `halo_collectives::build_broadcast` (binomial tree, pipelined chain); the rooted
-//! collectives' schedule cache.
+//! `halo_collectives::build_broadcast` (binomial tree, pipelined chain).
 
-use super::{Communicator, cached_schedule, call_of, exec_options};
+use super::{Communicator, call_of, exec_options};
 use crate::error::{Error, Result};
+use crate::policy::{Built, Rooted};
 use halo_collectives::{BroadcastAlgorithm, Buffers, CallKind, build_broadcast};
-
-/// Which rooted collective a cached schedule is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Rooted {
-    Broadcast(BroadcastAlgorithm),
-    Gather,
-    Scatter,
-}
-
-/// The cache key of a rooted schedule: the collective, the root, the bytes.
-pub(crate) type RootedKey = (Rooted, usize, usize);
 
 impl super::Core {
     /// Refuses a root out of range (`what` names the call).
@@ -34,12 +23,12 @@ impl Communicator {
     /// Forces a broadcast algorithm (`None`: automatic, the default). Every rank must
     /// make the same choice.
     pub fn set_broadcast_algorithm(&mut self, algorithm: Option<BroadcastAlgorithm>) {
-        self.core.ext.broadcast_forced = algorithm;
+        self.core.policy.forced_mut().broadcast = algorithm;
     }
 
     /// The forced broadcast algorithm, if any.
     pub fn broadcast_algorithm(&self) -> Option<BroadcastAlgorithm> {
-        self.core.ext.broadcast_forced
+        self.core.policy.forced().broadcast
     }
 
     /// Broadcast (`ncclBroadcast`, in place): `buf` of rank `root` is copied into
@@ -61,15 +50,12 @@ impl Communicator {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let core = &mut self.core;
         let (n, me, len) = (core.size, core.rank, bytes.len());
-        let algorithm = core
-            .ext
-            .broadcast_forced
-            .unwrap_or_else(|| BroadcastAlgorithm::auto(n, len));
-        let key = (Rooted::Broadcast(algorithm), root, len);
+        let algorithm = core.policy.broadcast(n, len);
+        let key = Built::Rooted(Rooted::Broadcast(algorithm), root, len);
         let opts = exec_options(core.timeout, &core.abort);
-        let schedule = cached_schedule(&mut core.ext.rooted, key, || {
-            build_broadcast(algorithm, me, n, root, len)
-        })?;
+        let schedule = core
+            .policy
+            .built(key, || build_broadcast(algorithm, me, n, root, len))?;
         let (send, recv): (&[u8], &mut [u8]) = if me == root {
             (bytes, &mut [])
         } else {

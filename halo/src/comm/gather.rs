@@ -1,8 +1,8 @@
 //! Gather: [`Communicator::gather`] over `halo_collectives::build_gather` (flat).
 
-use super::broadcast::Rooted;
-use super::{Communicator, cached_schedule, call_of, exec_options, overlaps};
+use super::{Communicator, call_of, exec_options, overlaps};
 use crate::error::{Error, Result};
+use crate::policy::{Built, Rooted};
 use halo_collectives::{Buffers, CallKind, build_gather};
 
 impl Communicator {
@@ -49,10 +49,10 @@ impl Communicator {
         };
         let block = send.len();
         let opts = exec_options(core.timeout, &core.abort);
-        let schedule =
-            cached_schedule(&mut core.ext.rooted, (Rooted::Gather, root, block), || {
-                build_gather(me, n, root, block)
-            })?;
+        let key = Built::Rooted(Rooted::Gather, root, block);
+        let schedule = core
+            .policy
+            .built(key, || build_gather(me, n, root, block))?;
         core.backend.run(
             schedule,
             tag_base,

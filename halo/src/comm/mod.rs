@@ -2,9 +2,11 @@
 //!
 //! A [`Communicator`] is one rank's handle on a group of ranks. Collectives are
 //! blocking and out-of-place; element types are any [`bytemuck::Pod`] type. A call
-//! validates its arguments, picks the algorithm (cached per size class, or the one the
-//! caller forced), builds this rank's schedule with [`halo_collectives::build`] and runs
-//! it with [`halo_collectives::execute`] on the communicator's transport.
+//! validates its arguments, asks the communicator's policy once for the algorithm
+//! (`src/policy.rs`: the one the caller forced, or the measured or modelled choice,
+//! cached per size class), builds this rank's schedule with [`halo_collectives::build`]
+//! (or takes it from the policy's cache) and runs it with [`halo_collectives::execute`]
+//! on the communicator's transport.
 //!
 //! Every rank must make the same sequence of collective calls. Each call takes the
 //! next collective sequence number(s) — also when it fails — and puts it above the
@@ -44,14 +46,12 @@ pub use p2p::MAX_USER_TAG;
 pub use partition::Partition;
 
 use crate::error::{Error, Result};
-use crate::select::Selector;
+use crate::policy::{Ask, Choice, Ctx, Policy};
 use crate::transport::Backend;
 use crate::transport::local::LocalTransport;
 use halo_collectives::{
-    AlgoOptions, Algorithm, Buffers, BuildCtx, Call, CallKind, ExecOptions, Layout, Schedule,
-    TAG_BITS, UniformSizes, build,
+    AlgoOptions, Algorithm, Buffers, Call, CallKind, ExecOptions, Schedule, TAG_BITS,
 };
-use halo_collectives::{AllGatherAlgorithm, AllReduceAlgorithm};
 use halo_topology::Topology;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -73,9 +73,6 @@ const SEQ_BITS: u32 = 10;
 /// Collective sequence numbers wrap at `2^SEQ_BITS`.
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 
-/// Uniform schedules kept per communicator (algorithm x block size).
-const CACHED_SCHEDULES: usize = 6;
-
 /// Aborts a communicator's operations from any thread.
 ///
 /// Once aborted, the operation in progress returns [`Error::Aborted`] promptly, and so
@@ -96,10 +93,9 @@ impl AbortHandle {
     }
 }
 
-/// Which kind of collective a selection is cached for.
+/// How an all-to-all-v's counts were exchanged (which algorithms its data pass may run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
-    Uniform,
     /// All-to-all-v data pass after a metadata pass with this algorithm.
     V(Algorithm),
     /// All-to-all-v data pass after an all-gather of every rank's counts.
@@ -114,16 +110,12 @@ pub(crate) struct Core {
     topology: Arc<Topology>,
     pub(crate) backend: Backend,
     seq: u64,
-    forced: Option<Algorithm>,
     options: AlgoOptions,
     timeout: Duration,
     abort: AbortHandle,
-    selector: Selector,
-    /// Measured automatic selection of the uniform all-to-all (`crate::tune`).
-    tuner: crate::tune::Tuner,
-    chosen: HashMap<(Kind, u32), Algorithm>,
-    /// Uniform schedules, most recently used first.
-    cache: Vec<(Algorithm, usize, Schedule)>,
+    /// The algorithm choice: forced algorithms, measured and modelled choices, the
+    /// schedules of the chosen algorithms (`src/policy.rs`).
+    policy: Policy,
     last: Option<Algorithm>,
     /// This communicator's id in the top bits of every tag (0 for one made at init).
     comm_tag: u64,
@@ -171,7 +163,7 @@ impl fmt::Debug for Communicator {
             .field("rank", &self.core.rank)
             .field("size", &self.core.size)
             .field("topology", &self.core.topology.name())
-            .field("algorithm", &self.core.forced)
+            .field("algorithm", &self.core.policy.forced().all_to_all)
             .field("timeout", &self.core.timeout)
             .finish_non_exhaustive()
     }
@@ -258,70 +250,14 @@ impl Core {
         Ok(())
     }
 
-    fn build_uniform(
-        &self,
-        algorithm: Algorithm,
-        block: usize,
-    ) -> halo_collectives::Result<Schedule> {
-        let sizes = UniformSizes(block);
-        let ctx = BuildCtx {
+    /// Asks the policy for the algorithm of `ask` (once per call).
+    fn choose(&mut self, ask: Ask) -> Result<Choice> {
+        let ctx = Ctx {
             topology: &self.topology,
-            rank: self.rank,
-            layout: Layout::Uniform { block },
-            sizes: &sizes,
             options: &self.options,
+            rank: self.rank,
         };
-        build(algorithm, &ctx)
-    }
-
-    /// Puts the uniform schedule of `algorithm` for `block` at the front of the cache.
-    fn cached_uniform(
-        &mut self,
-        algorithm: Algorithm,
-        block: usize,
-    ) -> halo_collectives::Result<()> {
-        if let Some(i) = self
-            .cache
-            .iter()
-            .position(|(a, b, _)| *a == algorithm && *b == block)
-        {
-            let entry = self.cache.remove(i);
-            self.cache.insert(0, entry);
-            return Ok(());
-        }
-        let s = self.build_uniform(algorithm, block)?;
-        self.cache.truncate(CACHED_SCHEDULES - 1);
-        self.cache.insert(0, (algorithm, block, s));
-        Ok(())
-    }
-
-    /// Picks and builds the uniform schedule for `block`; it is then `self.cache[0]`.
-    fn prepare_uniform(&mut self, forced: Option<Algorithm>, block: usize) -> Result<Algorithm> {
-        if let Some(a) = forced {
-            self.cached_uniform(a, block)?;
-            return Ok(a);
-        }
-        let key = (Kind::Uniform, class(block));
-        if let Some(&a) = self.chosen.get(&key) {
-            self.cached_uniform(a, block)?;
-            return Ok(a);
-        }
-        for a in self
-            .selector
-            .candidates(&self.topology, &self.options, block)
-        {
-            match self.cached_uniform(a, block) {
-                Ok(()) => {
-                    tracing::debug!(rank = self.rank, block, algorithm = %a, "selected for all-to-all");
-                    self.chosen.insert(key, a);
-                    return Ok(a);
-                }
-                Err(e) => self.selector.mark_unavailable(a, &e),
-            }
-        }
-        Err(Error::internal(
-            "no all-to-all algorithm builds on this topology",
-        ))
+        self.policy.choose(&ctx, ask)
     }
 
     /// Runs a uniform all-to-all of `block` bytes per pair over byte buffers, its
@@ -329,7 +265,7 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     fn uniform(
         &mut self,
-        forced: Option<Algorithm>,
+        algorithm: Algorithm,
         tag_base: u64,
         send: &[u8],
         recv: &mut [u8],
@@ -337,8 +273,12 @@ impl Core {
         scratch: &mut Vec<u8>,
         call: Call,
     ) -> Result<Algorithm> {
-        let algorithm = self.prepare_uniform(forced, block)?;
-        let schedule = &self.cache[0].2;
+        let ctx = Ctx {
+            topology: &self.topology,
+            options: &self.options,
+            rank: self.rank,
+        };
+        let schedule = self.policy.schedule(&ctx, algorithm, block)?;
         let scratch = sized(scratch, schedule.scratch_len());
         let opts = exec_options(self.timeout, &self.abort);
         self.backend.run(
@@ -382,11 +322,6 @@ pub(crate) fn call_of(kind: CallKind, bytes: usize) -> Call {
     Call::new(kind).count(bytes)
 }
 
-/// The size class of a block: 0 for 0 bytes, otherwise 1 + floor(log2 bytes).
-pub(crate) fn class(block: usize) -> u32 {
-    usize::BITS - block.leading_zeros()
-}
-
 impl Communicator {
     pub(crate) fn from_local(transport: LocalTransport, topology: Arc<Topology>) -> Self {
         use halo_collectives::Transport as _;
@@ -407,14 +342,10 @@ impl Communicator {
                 topology,
                 backend,
                 seq: 0,
-                forced: None,
                 options: AlgoOptions::default(),
                 timeout: DEFAULT_TIMEOUT,
                 abort: AbortHandle::default(),
-                selector: Selector::default(),
-                tuner: crate::tune::Tuner::default(),
-                chosen: HashMap::new(),
-                cache: Vec::with_capacity(CACHED_SCHEDULES),
+                policy: Policy::default(),
                 last: None,
                 comm_tag: 0,
                 ext: Ext::default(),
@@ -441,12 +372,12 @@ impl Communicator {
     /// Forces an algorithm (`None`: choose automatically by the cost model, the default).
     /// Every rank must make the same choice.
     pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) {
-        self.core.forced = algorithm;
+        self.core.policy.forced_mut().all_to_all = algorithm;
     }
 
     /// The forced algorithm, if any.
     pub fn algorithm(&self) -> Option<Algorithm> {
-        self.core.forced
+        self.core.policy.forced().all_to_all
     }
 
     /// The algorithm the last collective's data pass ran with ([`Algorithm::Flat`] for
@@ -459,11 +390,8 @@ impl Communicator {
     /// Sets the builders' knobs (chunk size, HALO's levels). Every rank must set the same.
     pub fn set_algo_options(&mut self, options: AlgoOptions) {
         self.core.options = options;
-        self.core.cache.clear();
+        self.core.policy.reset();
         self.core.ext.waves = None;
-        self.core.chosen.clear();
-        self.core.selector.reset();
-        self.core.tuner.reset();
         self.pool.v.reset();
     }
 
@@ -524,13 +452,6 @@ pub(crate) struct Ext {
     /// Reduce-scatter accumulator (a copy of the send buffer, `u64` words).
     pub(super) reduce_scatter_acc: Vec<u64>,
     pub(super) gather_scratch: Vec<u8>,
-    /// The last all-gather schedule (algorithm, block bytes).
-    pub(super) gather: Option<((AllGatherAlgorithm, usize), Schedule)>,
-    pub(super) gather_forced: Option<AllGatherAlgorithm>,
-    pub(super) reduce_forced: Option<AllReduceAlgorithm>,
-    pub(super) broadcast_forced: Option<halo_collectives::BroadcastAlgorithm>,
-    /// The last rooted schedule (broadcast, gather, scatter).
-    pub(super) rooted: Option<(broadcast::RootedKey, Schedule)>,
     /// The worker thread of [`Communicator::scope`], once one ran.
     pub(super) pool: Option<Arc<rayon_core::ThreadPool>>,
     /// The device path's last uniform plan (algorithm, block bytes) and its state.

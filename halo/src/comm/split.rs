@@ -97,10 +97,8 @@ impl Communicator {
         let (c, p) = (&mut child.core, &self.core);
         c.comm_tag = u64::from(id) << COMM_SHIFT;
         c.timeout = p.timeout;
-        c.forced = p.forced;
+        c.policy.inherit(&p.policy);
         c.options = p.options.clone();
-        c.ext.gather_forced = p.ext.gather_forced;
-        c.ext.reduce_forced = p.ext.reduce_forced;
         tracing::debug!(
             rank = me,
             color,

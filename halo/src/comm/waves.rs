@@ -17,6 +17,7 @@
 use super::all_to_all_v::Args;
 use super::{Communicator, Core, Partition, exec_options, overlaps, sized};
 use crate::error::{Error, Result};
+use crate::policy::Ask;
 use crate::transport::Program;
 use halo_collectives::{
     Algorithm, BlockSizes, Buffers, BuildCtx, Layout, MatrixSizes, Schedule, UniformSizes, Waves,
@@ -69,10 +70,7 @@ fn plan<'l>(
 impl Core {
     /// The plan of a uniform all-to-all of `block` bytes per pair (cached).
     pub(super) fn wave_plan_uniform(&mut self, block: usize) -> Result<Arc<WavePlan>> {
-        let algorithm = match self.forced {
-            Some(a) => a,
-            None => self.prepare_uniform(None, block)?,
-        };
+        let algorithm = self.choose(Ask::Waves { block })?.algorithm;
         if let Some((a, b, p)) = &self.ext.waves
             && *a == algorithm
             && *b == block
@@ -155,13 +153,9 @@ impl Communicator {
     /// (`table`, from [`Communicator::exchange_counts`]).
     pub(super) fn wave_plan_v(&mut self, m: &MatrixSizes, table: &[u64]) -> Result<WavePlan> {
         let n = self.size();
-        let algorithm = match self.core.forced {
-            Some(a) => a,
-            None => {
-                let total: usize = (0..n).map(|r| m.row(r).iter().sum::<usize>()).sum();
-                self.core.prepare_uniform(None, (total / (n * n)).max(1))?
-            }
-        };
+        let total: usize = (0..n).map(|r| m.row(r).iter().sum::<usize>()).sum();
+        let block = (total / (n * n)).max(1);
+        let algorithm = self.core.choose(Ask::Waves { block })?.algorithm;
         let rows: Vec<Vec<usize>> = (0..n)
             .map(|r| {
                 table[r * 4 * n..(r + 1) * 4 * n]

@@ -6,6 +6,7 @@ use super::V_CALL;
 use super::wire::{read_u32, read_u64};
 use crate::comm::{Communicator, sized};
 use crate::error::{Error, Result};
+use crate::policy::Ask;
 use halo_collectives::{Algorithm, META_BLOCK};
 
 /// Status codes of the agreement pass.
@@ -26,16 +27,12 @@ impl Communicator {
     ) -> Result<(Algorithm, u64)> {
         let (n, me) = (self.size(), self.rank());
         // 1. Metadata pass.
-        let forced = self.core.forced;
-        let meta_alg = match forced {
-            Some(alg) if alg.forwards() => alg,
-            _ => self.core.prepare_uniform(None, META_BLOCK)?,
-        };
+        let meta_alg = self.core.choose(Ask::Meta)?.algorithm;
         self.fill_meta_row(local.is_ok());
         let ms = &self.pool.meta_send[..n * META_BLOCK];
         let mr = sized(&mut self.pool.meta_recv, n * META_BLOCK);
         self.core.uniform(
-            Some(meta_alg),
+            meta_alg,
             meta_base,
             ms,
             mr,
@@ -98,7 +95,7 @@ impl Communicator {
         let ss = &self.pool.status_send[..n * STATUS_BLOCK];
         let sr = sized(&mut self.pool.status_recv, n * STATUS_BLOCK);
         self.core.uniform(
-            Some(meta_alg),
+            meta_alg,
             status_base,
             ss,
             sr,

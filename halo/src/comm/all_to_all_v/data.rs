@@ -1,14 +1,15 @@
 //! The data pass of all-to-all-v with the agreed sizes (what is left of every block
-//! after the eager bytes and the remainders behind the counts): the algorithm forced
-//! or measured per size class of the mean block ([`crate::tune`]), the block sizes of
+//! after the eager bytes and the remainders behind the counts): the algorithm the
+//! communicator's policy chooses (`src/policy.rs`: forced, or measured per size class of
+//! the mean block, [`crate::tune`]), the block sizes of
 //! the forwarding algorithms from the gathered matrix or the metadata pass.
 
 use super::V_CALL;
 use super::wire::read_u64;
-use crate::comm::{Communicator, Kind, class, exec_options, sized};
+use crate::comm::{Communicator, Kind, exec_options, sized};
 use crate::error::{Error, Result};
-use crate::tune::Key;
-use halo_collectives::{Algorithm, Buffers, BuildCtx, KnownSizes, Layout, META_BLOCK, build};
+use crate::policy::Ask;
+use halo_collectives::{Buffers, BuildCtx, KnownSizes, Layout, META_BLOCK, build};
 use std::collections::HashMap;
 
 impl Communicator {
@@ -25,50 +26,15 @@ impl Communicator {
     ) -> Result<()> {
         let (n, me) = (self.size(), self.rank());
         let mean = usize::try_from(all / (n as u64 * n as u64)).unwrap_or(usize::MAX);
-        let forced = self.core.forced;
         // Automatic: measured per size class of the mean block (crate::tune), which
         // every rank knows alike (`all` comes from the gathered matrix or from every
         // rank's status block), so every rank picks from the same trial state.
-        let key = Key::V {
-            class: class(mean),
-            meta: match kind {
-                Kind::V(meta_alg) => Some(meta_alg),
-                _ => None,
-            },
+        let meta = match kind {
+            Kind::V(meta_alg) => Some(meta_alg),
+            Kind::VGathered => None,
         };
-        // Whether this call is one of the class's trials (timed and recorded).
-        let mut trial = false;
-        let candidates: Vec<Algorithm> = match forced {
-            Some(alg) => vec![alg],
-            None => {
-                let core = &mut self.core;
-                let picked = core.tuner.pick(key, || {
-                    crate::tune::candidates(
-                        &mut core.selector,
-                        &core.topology,
-                        &core.options,
-                        mean,
-                        // After a uniform metadata pass only its algorithm knows the
-                        // sizes of the blocks it forwards.
-                        |alg| match kind {
-                            Kind::V(meta_alg) => !alg.forwards() || alg == meta_alg,
-                            _ => true,
-                        },
-                    )
-                });
-                match picked {
-                    Some((alg, t)) => {
-                        trial = t;
-                        vec![alg]
-                    }
-                    None => {
-                        return Err(Error::internal(
-                            "no all-to-all-v algorithm builds on this topology",
-                        ));
-                    }
-                }
-            }
-        };
+        let choice = self.core.choose(Ask::AllToAllV { mean, meta })?;
+        let candidates = [choice.algorithm];
         let core = &mut self.core;
         let pool = &mut self.pool;
         if kind == Kind::VGathered && candidates.iter().any(|a| a.forwards()) {
@@ -94,12 +60,10 @@ impl Communicator {
                     KnownSizes::from_matrix(me, &pool.send_bytes, &pool.recv_bytes, &pool.v.matrix)
                 }
                 Kind::V(meta_alg) if alg.forwards() => {
-                    let meta_schedule = &core
-                        .cache
-                        .iter()
-                        .find(|(a, b, _)| *a == meta_alg && *b == META_BLOCK)
-                        .ok_or_else(|| Error::internal("the metadata schedule left the cache"))?
-                        .2;
+                    let meta_schedule = core
+                        .policy
+                        .cached_schedule(meta_alg, META_BLOCK)
+                        .ok_or_else(|| Error::internal("the metadata schedule left the cache"))?;
                     let routed = KnownSizes::routed_from_meta(meta_schedule, &pool.meta_scratch)?;
                     KnownSizes::new(me, &pool.send_bytes, &pool.recv_bytes, routed)
                 }
@@ -114,11 +78,10 @@ impl Communicator {
             };
             let schedule = match build(alg, &ctx) {
                 Ok(s) => s,
-                Err(e) if forced.is_none() => {
+                Err(e) if !choice.forced => {
                     // Built with uniform blocks on the first and last rank, it does not
                     // build with these sizes: the next call chooses without it.
-                    core.selector.mark_unavailable(alg, &e);
-                    core.tuner.forget(key);
+                    core.policy.unusable(&choice, &e);
                     last_err = Some(e);
                     continue;
                 }
@@ -138,7 +101,7 @@ impl Communicator {
                 &opts,
             )?;
             core.last = Some(alg);
-            if trial {
+            if let Some(key) = choice.key.filter(|_| choice.trial) {
                 self.record_trial(key, alg, started.elapsed())?;
             }
             return Ok(());

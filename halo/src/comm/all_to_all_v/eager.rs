@@ -71,7 +71,7 @@ impl Communicator {
         } else if let Some(a) = routed {
             let (out, inn) = pool.v.stage[..2 * n * f].split_at_mut(n * f);
             core.uniform(
-                Some(a),
+                a,
                 base,
                 out,
                 inn,

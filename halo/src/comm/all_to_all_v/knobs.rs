@@ -247,7 +247,13 @@ impl Communicator {
     /// of messages. 0 where an algorithm other than [`Algorithm::Flat`] is forced (its
     /// data pass then carries every remainder) or with `HALO_A2AV_SPECULATE=0`.
     pub fn speculate_v(&self) -> usize {
-        if self.core.forced.is_some_and(|a| a != Algorithm::Flat) {
+        if self
+            .core
+            .policy
+            .forced()
+            .all_to_all
+            .is_some_and(|a| a != Algorithm::Flat)
+        {
             return 0;
         }
         self.pool

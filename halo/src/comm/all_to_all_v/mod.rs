@@ -122,7 +122,8 @@
 //! a failed call's receive buffer undefined.
 //!
 //! **Automatic mode** measures ([`crate::tune`], the same tuner as the uniform
-//! all-to-all's, with its own keys): the data pass's algorithm is chosen per size class
+//! all-to-all's, with its own keys, asked through the communicator's policy,
+//! `src/policy.rs`, once per call): the data pass's algorithm is chosen per size class
 //! of the mean block over all pairs (total bytes / `n^2`) that the data pass moves —
 //! after eager bytes, the remainders' — which every rank knows alike after either count
 //! exchange (the gathered matrix, or every rank's total in the status blocks), so every
@@ -184,7 +185,7 @@ mod wire;
 pub use knobs::SPECULATE_V;
 
 use super::all_to_all::{raw_slice, raw_slice_mut};
-use super::{Communicator, Kind, Partition, class, overlaps};
+use super::{Communicator, Kind, Partition, overlaps};
 use crate::error::{Error, Result};
 use halo_collectives::{AllGatherAlgorithm, Call, CallKind, Schedule};
 
@@ -522,7 +523,7 @@ impl Communicator {
     /// call's blocks all fit in the eager bytes (no data pass to measure). Kept apart
     /// from the uniform all-to-all's classes ([`Communicator::tuned`]).
     pub fn tuned_v(&self, mean_block: usize) -> Option<crate::tune::Tuned> {
-        self.core.tuner.tuned_v(class(mean_block))
+        self.core.policy.tuned_v(mean_block)
     }
 
     /// How many bytes of each block all-to-all-v carries with the counts on this

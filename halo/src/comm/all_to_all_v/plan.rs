@@ -7,6 +7,7 @@ use super::gathered::gather_schedule;
 use super::knobs::{GATHER_MAX_RANKS, gather_max_env};
 use crate::comm::{Communicator, Core};
 use crate::error::Result;
+use crate::policy::Ask;
 use halo_collectives::{Algorithm, AllGatherAlgorithm, META_BLOCK, SimOptions, simulate};
 
 /// The model's plan for `core`'s communicator: the cheapest all-gather of the rows
@@ -105,20 +106,14 @@ impl Communicator {
         // choice was tried for the uniform way and lost on one host: its trials of
         // other algorithms cost more than they found; docs/bench/JOURNAL.md.)
         let expect_rest = self.pool.v.last_largest.is_some_and(|l| l > c as u64);
-        if self.core.forced.is_none() && !(s > 0 && expect_rest) {
-            if super::hops::applies(&self.core.topology) {
+        // The policy (`src/policy.rs`) says which: forced, the direct exchange.
+        if !(s > 0 && expect_rest) {
+            let hops = super::hops::applies(&self.core.topology);
+            let choice = self.core.choose(Ask::CountRoute { bytes: f, hops })?;
+            if !choice.forced && (hops || choice.algorithm != Algorithm::Flat) {
                 return Ok(CountRoute {
-                    routed: Some(Algorithm::Halo),
-                    hops: true,
-                    c,
-                    s: 0,
-                });
-            }
-            let a = self.core.prepare_uniform(None, f)?;
-            if a != Algorithm::Flat {
-                return Ok(CountRoute {
-                    routed: Some(a),
-                    hops: false,
+                    routed: Some(choice.algorithm),
+                    hops,
                     c,
                     s: 0,
                 });

@@ -804,7 +804,7 @@ fn the_model_gathers_small_communicators_only() {
 /// byte right on every call.
 #[test]
 fn both_count_exchanges_measure_alike_on_every_rank() {
-    use crate::comm::class;
+    use crate::select::size_class as class;
     use crate::tune::{MAX_CANDIDATES, trials};
     let topo = Topology::preset("nodes:2x3").unwrap();
     let n = topo.size();
