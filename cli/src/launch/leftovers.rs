@@ -159,16 +159,10 @@ impl Record {
     }
 
     fn create_in(dir: &Path) -> Record {
-        use std::os::unix::fs::OpenOptionsExt as _;
         let me = ProcessId::me();
         let made = random_tag().and_then(|tag| {
             let path = dir.join(format!("halo-launch-{}-{tag}.pids", me.tag()));
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&path)
+            let mut f = halo::host::files::create_private(&path)
                 .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
             writeln!(f, "launcher {} {}", me.pid, me.start)?;
             Ok((path, f))

@@ -583,14 +583,8 @@ impl ScratchDir {
     /// `O_NOFOLLOW`).
     fn write(&self, name: &str, text: &str, mode: u32) -> Result<PathBuf, LaunchError> {
         use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
         let path = self.0.join(name);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
+        halo::host::files::create_exclusive(&path, mode)
             .and_then(|mut f| f.write_all(text.as_bytes()))
             .map_err(|e| LaunchError::io(format!("cannot write {}", path.display()), e))?;
         Ok(path)

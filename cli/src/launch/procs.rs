@@ -330,21 +330,16 @@ struct ProcInfo {
 }
 
 impl ProcInfo {
-    /// Parses `pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
-    /// majflt cmajflt utime stime cutime cstime priority nice threads itrealvalue
-    /// starttime ...`; comm may hold spaces and parentheses.
+    /// One `/proc/PID/stat` line, read by the library's one reader
+    /// ([`halo::host::proc::Stat`]).
     fn parse(stat: &str) -> Option<ProcInfo> {
-        let open = stat.find(" (")?;
-        let close = stat.rfind(')')?;
-        let pid = stat[..open].trim().parse().ok()?;
-        let f: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
-        let state = *f.first()?;
+        let st = halo::host::proc::Stat::parse(stat)?;
         Some(ProcInfo {
-            pid,
-            ppid: f.get(1)?.parse().ok()?,
-            pgrp: f.get(2)?.parse().ok()?,
-            start: f.get(19)?.parse().ok()?,
-            live: state != "Z" && state != "X",
+            pid: st.pid,
+            ppid: st.ppid,
+            pgrp: st.pgrp,
+            start: st.start,
+            live: st.state != b'Z' && st.state != b'X',
         })
     }
 

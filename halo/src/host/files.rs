@@ -198,12 +198,20 @@ pub fn sweep(kind: Kind, ns: &str) {
 /// never reused or followed), mode 0600, `O_NOFOLLOW`, `O_CLOEXEC`. Never `chmod`-ed
 /// afterwards.
 pub fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    create_exclusive(path, 0o600)
+}
+
+/// Creates the new file `path` with `mode` from the moment it exists, for reading and
+/// writing: `O_CREAT | O_EXCL` (a file or link already at the name is never reused or
+/// followed) and `O_NOFOLLOW`. [`create_private`] is this with mode 0600; `halo launch`
+/// uses it for its record and for the scripts it hands mpirun (mode 0700).
+pub fn create_exclusive(path: &Path, mode: u32) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt as _;
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(mode)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
 }

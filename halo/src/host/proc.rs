@@ -16,22 +16,56 @@ pub struct Proc {
     pub start: u64,
 }
 
+/// The fields of one `/proc/PID/stat` line that HALO reads: `pid (comm) state ppid pgrp
+/// session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime
+/// priority nice threads itrealvalue starttime ...`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// The process id (field 1).
+    pub pid: i32,
+    /// Its state (field 3): `R`, `S`, `D`, `Z` (zombie), `X` (dead), ...
+    pub state: u8,
+    /// The parent's id (field 4).
+    pub ppid: i32,
+    /// The process group (field 5).
+    pub pgrp: i32,
+    /// The start time (field 22), in clock ticks after boot.
+    pub start: u64,
+}
+
+impl Stat {
+    /// Parses a stat line; the command name (field 2) is in parentheses and may hold
+    /// anything, spaces and parentheses included. `None` when it is not one.
+    pub fn parse(text: &str) -> Option<Stat> {
+        let open = text.find(" (")?;
+        let (_, rest) = text.rsplit_once(')')?;
+        let mut fields = rest.split_whitespace();
+        let state = fields.next()?.bytes().next()?;
+        let ppid = fields.next()?.parse().ok()?;
+        let pgrp = fields.next()?.parse().ok()?;
+        let start = fields.nth(16)?.parse().ok()?;
+        Some(Stat {
+            pid: text[..open].trim().parse().ok()?,
+            state,
+            ppid,
+            pgrp,
+            start,
+        })
+    }
+
+    /// Whether the process runs (is neither a zombie nor dead).
+    pub fn live(&self) -> bool {
+        !matches!(self.state, b'Z' | b'X' | b'x')
+    }
+}
+
 /// State (field 3) and start time (field 22) of a process, from `/proc/PID/stat`.
 pub fn proc_stat(path: &str) -> std::io::Result<(u8, u64)> {
     let s = std::fs::read_to_string(path)?;
-    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "unexpected stat format");
-    // The command name (field 2) is in parentheses and may hold anything.
-    let (_, rest) = s.rsplit_once(')').ok_or_else(bad)?;
-    let mut fields = rest.split_whitespace();
-    let state = fields
-        .next()
-        .and_then(|f| f.bytes().next())
-        .ok_or_else(bad)?;
-    let start = fields
-        .nth(18)
-        .and_then(|f| f.parse::<u64>().ok())
-        .ok_or_else(bad)?;
-    Ok((state, start))
+    let st = Stat::parse(&s).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "unexpected stat format")
+    })?;
+    Ok((st.state, st.start))
 }
 
 /// This process as peers on the same host can watch it: its PID namespace and
