@@ -235,15 +235,7 @@ impl Communicator {
         recv: &mut [E],
         recv_part: &Partition<'_>,
     ) -> Result<()> {
-        let args = Args {
-            send_len: send.len(),
-            recv_len: recv.len(),
-            send_counts: send_part.counts(),
-            send_displs: send_part.displs(),
-            recv_counts: recv_part.counts(),
-            recv_displs: recv_part.displs(),
-            elem: std::mem::size_of::<E>(),
-        };
+        let args = Args::typed(send, send_part, recv, recv_part);
         let send: &[u8] = bytemuck::cast_slice(send);
         let recv: &mut [u8] = bytemuck::cast_slice_mut(recv);
         let pre = if overlaps(send.as_ptr(), send.len(), recv.as_ptr(), recv.len()) {

@@ -62,6 +62,19 @@ use halo_collectives::{
 /// What the transports' operations return.
 pub(crate) type CResult<T> = std::result::Result<T, CollectiveError>;
 
+/// A session's tag for one operation: the session's `base` (its communicator and call
+/// sequence, above [`TAG_BITS`](halo_collectives::TAG_BITS)) with the schedule's `tag`,
+/// which must fit below it.
+pub(crate) fn full_tag(base: u64, tag: u64) -> CResult<u64> {
+    use halo_collectives::TAG_BITS;
+    if tag >> TAG_BITS != 0 {
+        return Err(CollectiveError::Internal(format!(
+            "tag {tag:#x} wider than {TAG_BITS} bits"
+        )));
+    }
+    Ok(base | tag)
+}
+
 /// How long a rank that found a size mismatch keeps delivering its outstanding sends
 /// before it fails (the fabric session closes its endpoints, the shared-memory one
 /// breaks its transport; all-to-all-v's count exchange after a count message of the

@@ -259,6 +259,27 @@ pub(super) struct Args<'a> {
     pub(super) elem: usize,
 }
 
+impl<'a> Args<'a> {
+    /// The arguments of a typed call: `send` and `recv` as `send_part` and `recv_part`
+    /// cut them, elements of `E`.
+    pub(super) fn typed<E>(
+        send: &[E],
+        send_part: &'a Partition<'_>,
+        recv: &[E],
+        recv_part: &'a Partition<'_>,
+    ) -> Args<'a> {
+        Args {
+            send_len: send.len(),
+            recv_len: recv.len(),
+            send_counts: send_part.counts(),
+            send_displs: send_part.displs(),
+            recv_counts: recv_part.counts(),
+            recv_displs: recv_part.displs(),
+            elem: std::mem::size_of::<E>(),
+        }
+    }
+}
+
 impl Communicator {
     /// All-to-all-v: rank `q`'s block of `send` (as `send_part` cuts it) goes to rank
     /// `q`; the block from rank `q` lands where `recv_part` puts rank `q`'s block of
@@ -305,15 +326,7 @@ impl Communicator {
         recv: &mut [E],
         recv_part: &Partition<'_>,
     ) -> Result<()> {
-        let args = Args {
-            send_len: send.len(),
-            recv_len: recv.len(),
-            send_counts: send_part.counts(),
-            send_displs: send_part.displs(),
-            recv_counts: recv_part.counts(),
-            recv_displs: recv_part.displs(),
-            elem: std::mem::size_of::<E>(),
-        };
+        let args = Args::typed(send, send_part, recv, recv_part);
         let send: &[u8] = bytemuck::cast_slice(send);
         let recv: &mut [u8] = bytemuck::cast_slice_mut(recv);
         self.v_bytes(send, recv, &args, Ok(()))

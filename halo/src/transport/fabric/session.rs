@@ -10,7 +10,7 @@ use crate::host::proc::has_ended;
 use crate::host::wait::Step;
 use crate::transport::FLUSH_SENDS;
 use crate::transport::raw::RawBuffers;
-use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Session, TAG_BITS, Transport};
+use halo_collectives::{Buf, Buffers, Call, CollectiveError, Region, Session, Transport};
 use halo_fabric_sys as fi;
 use std::ffi::c_void;
 use std::ptr;
@@ -161,12 +161,7 @@ impl FabricSession<'_> {
     }
 
     fn full_tag(&self, tag: u64) -> CResult<u64> {
-        if tag >> TAG_BITS != 0 {
-            return Err(CollectiveError::Internal(format!(
-                "tag {tag:#x} wider than {TAG_BITS} bits"
-            )));
-        }
-        Ok(self.tag_base | tag)
+        crate::transport::full_tag(self.tag_base, tag)
     }
 
     /// Posts an operation, or defers it when the provider refuses it for now (or

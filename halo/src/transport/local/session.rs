@@ -14,12 +14,7 @@ impl LocalSession<'_> {
     }
 
     fn full_tag(&self, tag: u64) -> CResult<u64> {
-        if tag >> TAG_BITS != 0 {
-            return Err(CollectiveError::Internal(format!(
-                "tag {tag:#x} does not fit in {TAG_BITS} bits"
-            )));
-        }
-        Ok(self.tag_base | tag)
+        crate::transport::full_tag(self.tag_base, tag)
     }
 
     fn check_peer(&self, peer: usize) -> CResult<()> {

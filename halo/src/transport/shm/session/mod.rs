@@ -24,7 +24,7 @@ use super::cma::{OFFERED, REVOKED};
 use super::{CResult, ShmTransport};
 use crate::transport::raw::RawBuffers;
 use crate::transport::{FLUSH_SENDS, take_len};
-use halo_collectives::{Call, CollectiveError, Region, Session, TAG_BITS};
+use halo_collectives::{Call, CollectiveError, Region, Session};
 use std::ptr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -247,12 +247,7 @@ impl ShmSession<'_> {
     }
 
     fn full_tag(&self, tag: u64) -> CResult<u64> {
-        if tag >> TAG_BITS != 0 {
-            return Err(CollectiveError::Internal(format!(
-                "tag {tag:#x} wider than {TAG_BITS} bits"
-            )));
-        }
-        Ok(self.tag_base | tag)
+        crate::transport::full_tag(self.tag_base, tag)
     }
 
     fn check_peer(&self, peer: usize) -> CResult<()> {
