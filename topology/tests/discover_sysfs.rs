@@ -117,6 +117,7 @@ fn build_fake_tree() -> TempTree {
     let _ = cxi0;
     t.file(&format!("{CXI0}/properties/nid"), "0x1a2b\n");
     t.file(&format!("{CXI0}/properties/link"), "1\n");
+    t.file(&format!("{CXI0}/properties/speed"), "200000\n");
     class_dev(&t, "cxi", "cxi1", CXI1, "cxi");
     t.file(&format!("{CXI1}/properties/nid"), "0x1a2c\n");
     t.file(&format!("{CXI1}/properties/link"), "0\n");
@@ -313,6 +314,7 @@ fn fake_sysfs_tree_is_parsed_exactly() {
                 numa_node: Some(0),
                 nid: Some(0x1a2b),
                 link_up: Some(true),
+                link_speed_bytes_per_sec: Some(25_000_000_000),
                 net_interfaces: strings(&["hsn0"]),
             },
             CxiDevice {
@@ -321,6 +323,7 @@ fn fake_sysfs_tree_is_parsed_exactly() {
                 numa_node: None,
                 nid: Some(0x1a2c),
                 link_up: Some(false),
+                link_speed_bytes_per_sec: None,
                 net_interfaces: vec![],
             },
         ]
@@ -337,6 +340,7 @@ fn fake_sysfs_tree_is_parsed_exactly() {
         format!("sysfs {root}/sys/class/infiniband: 1 devices"),
         format!("sysfs {root}/sys/class/drm: 5 cards/render nodes on PCI"),
         format!("sysfs {root}/sys/class/cxi: 2 devices"),
+        format!("sysfs {root}/sys/devices/virtual/kfd/kfd/topology/nodes: absent"),
         "env: no SLURM_JOB_ID or SLURM_PROCID (not under Slurm)".to_owned(),
         format!("procfs {root}/proc/sys/kernel/hostname"),
     ];
@@ -357,7 +361,7 @@ fn fake_sysfs_tree_is_parsed_exactly() {
         "hsn0 (Slingshot, 200 Gb/s, up, PCI 0000:c5:00.0, NUMA 0)",
         "ib0 (InfiniBand, 100 Gb/s, up, PCI 0000:e1:00.0, NUMA 1, mlx5_0)",
         "bond0 (Ethernet, down, virtual)",
-        "\n  Slingshot cxi: 2\n    cxi0 PCI 0000:c5:00.0, NUMA 0, nid 0x1a2b, link up, hsn0\n    \
+        "\n  Slingshot cxi: 2\n    cxi0 PCI 0000:c5:00.0, NUMA 0, nid 0x1a2b, link up, 200 Gbit/s, hsn0\n    \
          cxi1 PCI 0000:d5:00.0, NUMA ?, nid 0x1a2c, link down\n",
         "\n  Slurm: not running under Slurm\n",
     ] {
@@ -386,6 +390,7 @@ fn empty_root_reports_everything_absent() {
         "/sys/class/net",
         "/sys/class/drm",
         "/sys/class/cxi",
+        "/sys/devices/virtual/kfd/kfd/topology/nodes",
     ] {
         let note = format!("sysfs {root}{absent}: absent");
         assert!(m.sources.contains(&note), "{note} not in {:?}", m.sources);

@@ -29,6 +29,7 @@
 mod cpus;
 mod findings;
 mod gpus;
+mod kfd;
 mod net;
 mod render;
 mod slurm;
@@ -64,6 +65,10 @@ pub struct LocalMachine {
     pub pci_devices: Vec<PciDevice>,
     /// Slingshot devices of `/sys/class/cxi`, in natural name order.
     pub cxi_devices: Vec<CxiDevice>,
+    /// Direct GPU-to-GPU links (AMD: the KFD topology's io_links and p2p_links), one
+    /// entry per direction, by (from, to) bus id; empty when no source has them.
+    #[serde(default)]
+    pub gpu_links: Vec<GpuLink>,
     /// Placement under Slurm; `None` when neither `SLURM_JOB_ID` nor `SLURM_PROCID`
     /// is set.
     pub slurm: Option<SlurmPlacement>,
@@ -245,6 +250,38 @@ pub struct XgmiInfo {
     pub peer_pci_bus_ids: Vec<String>,
 }
 
+/// One direct link from one GPU to another, as the driver reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuLink {
+    /// PCI bus id of the GPU the link leaves.
+    pub from: String,
+    /// PCI bus id of the GPU it reaches.
+    pub to: String,
+    /// What carries it.
+    pub kind: GpuLinkKind,
+    /// Number of links between the two (xGMI: `max_bandwidth / min_bandwidth`, as RCCL
+    /// counts them; 1 otherwise).
+    pub links: u32,
+    /// Bandwidth of all of them together, one direction, bytes per second (KFD's
+    /// `max_bandwidth`, MB/s x 10^6).
+    pub bandwidth_bytes_per_sec: u64,
+    /// The driver's relative cost (KFD: 15 per xGMI hop, 20 per PCIe segment).
+    pub weight: u32,
+}
+
+/// What carries a [`GpuLink`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GpuLinkKind {
+    /// AMD Infinity Fabric (xGMI).
+    Xgmi,
+    /// PCI Express.
+    Pcie,
+    /// NVIDIA NVLink.
+    NvLink,
+    /// Another CRAT link type (its number).
+    Other(u32),
+}
+
 /// Kind of network interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NicKind {
@@ -309,6 +346,10 @@ pub struct CxiDevice {
     pub nid: Option<u32>,
     /// Link state (`device/properties/link`), if present.
     pub link_up: Option<bool>,
+    /// Link speed in bytes per second (`device/properties/speed` is Mb/s; 0 or
+    /// unreadable: `None`).
+    #[serde(default)]
+    pub link_speed_bytes_per_sec: Option<u64>,
     /// Network interfaces on the same PCI device (`hsn0`).
     pub net_interfaces: Vec<String>,
 }
@@ -392,6 +433,14 @@ pub enum DiscoverError {
         name: String,
         /// Its value.
         value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file of AMD's KFD topology is malformed, truncated or contradicts another.
+    #[error("KFD topology: {} {reason}", path.display())]
+    Kfd {
+        /// The file.
+        path: PathBuf,
         /// What is wrong with it.
         reason: String,
     },
@@ -479,6 +528,13 @@ pub fn discover_with(options: &DiscoverOptions) -> Result<LocalMachine, Discover
     let nics = net::network_interfaces(&sys, hw_osdevs, &locality, &mut sources)?;
     let gpus = gpus::gpus(&sys, &pci_devices, hw_osdevs, &locality, &mut sources)?;
     let cxi_devices = net::cxi_devices(&sys, &nics, &locality, &mut sources)?;
+    let gpu_links = note(
+        &mut sources,
+        &sys,
+        kfd::TOPOLOGY,
+        kfd::gpu_links(&sys.path(kfd::TOPOLOGY))?,
+        |l| format!("{} direct GPU-to-GPU links (KFD)", l.len()),
+    );
     let env = options.env.variables();
     let slurm = slurm::placement(&env, &mut sources)?;
     let hostname = hostname(&sys, hw.as_ref(), &env, &mut sources)?;
@@ -491,6 +547,7 @@ pub fn discover_with(options: &DiscoverOptions) -> Result<LocalMachine, Discover
         nics,
         pci_devices,
         cxi_devices,
+        gpu_links,
         slurm,
         sources,
     })

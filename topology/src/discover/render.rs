@@ -172,10 +172,23 @@ impl LocalMachine {
                 if let Some(up) = cxi.link_up {
                     text.push_str(if up { ", link up" } else { ", link down" });
                 }
+                if let Some(speed) = cxi.link_speed_bytes_per_sec {
+                    let _ = write!(text, ", {} Gbit/s", speed / 125_000_000);
+                }
                 if !cxi.net_interfaces.is_empty() {
                     let _ = write!(text, ", {}", cxi.net_interfaces.join(" "));
                 }
                 line(2, text);
+            }
+        }
+
+        if !self.gpu_links.is_empty() {
+            line(
+                1,
+                "GPU links (links between each pair; . none; KFD):".to_owned(),
+            );
+            for row in self.gpu_link_matrix() {
+                line(2, row);
             }
         }
 
@@ -254,6 +267,38 @@ fn format_link_speed(bytes_per_sec: u64) -> String {
 }
 
 /// `Some(x)` as `x`, `None` as `?`.
+impl LocalMachine {
+    /// The GPU links as rows of a matrix over the GPUs in bus id order: a header of
+    /// GPU indices, then per GPU its bus id and the number of links to each other GPU
+    /// (`.` for none, `-` for itself).
+    pub fn gpu_link_matrix(&self) -> Vec<String> {
+        let ids: Vec<&str> = self.gpus.iter().map(|g| g.pci_bus_id.as_str()).collect();
+        let mut rows = vec![format!(
+            "{:16}{}",
+            "",
+            (0..ids.len())
+                .map(|i| format!("{i:>3}"))
+                .collect::<String>()
+        )];
+        for (i, a) in ids.iter().enumerate() {
+            let cells: String = ids
+                .iter()
+                .map(|b| {
+                    if a == b {
+                        return format!("{:>3}", "-");
+                    }
+                    match self.gpu_links.iter().find(|l| l.from == *a && l.to == *b) {
+                        Some(l) => format!("{:>3}", l.links),
+                        None => format!("{:>3}", "."),
+                    }
+                })
+                .collect();
+            rows.push(format!("{i:>2} {a:13}{cells}"));
+        }
+        rows
+    }
+}
+
 fn or_unknown<T: std::fmt::Display>(value: Option<T>) -> String {
     value.map_or_else(|| "?".to_owned(), |v| v.to_string())
 }

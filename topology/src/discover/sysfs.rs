@@ -218,6 +218,10 @@ impl<'a> Sysfs<'a> {
                         _ => None,
                     }
                 }),
+                link_speed_bytes_per_sec: read_attr(&device.join("properties/speed"))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .filter(|&mbps| mbps > 0)
+                    .map(|mbps| mbps * 125_000),
                 net_interfaces: Vec::new(),
             });
         }
@@ -421,7 +425,7 @@ impl<'a> Sysfs<'a> {
 }
 
 /// Names in a directory, sorted; `None` when it does not exist.
-fn list_dir(dir: &Path) -> Result<Option<Vec<String>>, DiscoverError> {
+pub(super) fn list_dir(dir: &Path) -> Result<Option<Vec<String>>, DiscoverError> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
