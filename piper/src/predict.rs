@@ -319,6 +319,7 @@ impl<'t> Predictor<'t> {
             links: self.spec.links.clone(),
             ranks,
             nics,
+            node_links: None,
         }
     }
 

@@ -67,6 +67,41 @@ pub struct Topology {
     hosts: Vec<Option<String>>,
     nics: Vec<Nic>,
     nic_of: Vec<Option<u32>>,
+    node_links: Option<NodeLinks>,
+}
+
+/// The direct links between the ranks of a node where a node is not uniform
+/// ([`Topology::node_links`]): the same in every node, by the ranks' positions in their
+/// node ([`Topology::local_index`] at [`Level::Node`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeLinks {
+    pub(crate) link: LinkClass,
+    pub(crate) matrix: Vec<Vec<u32>>,
+}
+
+impl NodeLinks {
+    /// What one link carries, one direction.
+    pub fn link(&self) -> LinkClass {
+        self.link
+    }
+
+    /// Ranks per node the matrix describes (its rows).
+    pub fn size(&self) -> usize {
+        self.matrix.len()
+    }
+
+    /// The links between the node's `i`-th and `j`-th rank (0: no direct link).
+    ///
+    /// # Panics
+    /// When `i` or `j` is not below [`NodeLinks::size`].
+    pub fn links(&self, i: usize, j: usize) -> u32 {
+        self.matrix[i][j]
+    }
+
+    /// Every row of the matrix.
+    pub fn matrix(&self) -> &[Vec<u32>] {
+        &self.matrix
+    }
 }
 
 impl Topology {
@@ -216,7 +251,35 @@ impl Topology {
             hosts,
             nics,
             nic_of,
+            node_links: None,
         })
+    }
+
+    /// This topology with the per-pair links inside its nodes (checked by the caller:
+    /// [`TopologySpec::build`]).
+    pub(crate) fn with_node_links(mut self, links: NodeLinks) -> Self {
+        self.node_links = Some(links);
+        self
+    }
+
+    /// The per-pair links inside a node, when the topology has them (a preset of a
+    /// machine whose nodes are not uniform, or a file's `[node_links]`).
+    pub fn node_links(&self) -> Option<&NodeLinks> {
+        self.node_links.as_ref()
+    }
+
+    /// The direct links between ranks `a` and `b` of the same node, by the node's link
+    /// matrix; `None` when the topology has none or the ranks are on different nodes
+    /// (or are the same rank).
+    pub fn links_between(&self, a: Rank, b: Rank) -> Option<u32> {
+        let m = self.node_links.as_ref()?;
+        if a == b || self.domain(a, Level::Node) != self.domain(b, Level::Node) {
+            return None;
+        }
+        Some(m.links(
+            self.local_index(a, Level::Node),
+            self.local_index(b, Level::Node),
+        ))
     }
 
     /// Loads a topology file (TOML, or JSON when the name ends in `.json`).
@@ -418,6 +481,13 @@ impl Topology {
             links,
             ranks,
             nics,
+            node_links: self
+                .node_links
+                .as_ref()
+                .map(|m| crate::spec::NodeLinksSpec {
+                    link: m.link,
+                    matrix: m.matrix.clone(),
+                }),
         }
     }
 
@@ -460,6 +530,35 @@ impl Topology {
             );
         }
         out
+    }
+
+    /// The per-pair links inside a node as a matrix (links per pair of the node's
+    /// ranks, `.` none, `-` itself), with what one link carries; `None` when the
+    /// topology has no [`NodeLinks`].
+    pub fn node_links_table(&self) -> Option<String> {
+        let m = self.node_links.as_ref()?;
+        let mut out = format!(
+            "Links inside a node (per pair; one link {} per direction, {} latency):\n     ",
+            fmt_bandwidth(m.link.bandwidth),
+            fmt_seconds(m.link.latency)
+        );
+        for j in 0..m.size() {
+            let _ = write!(out, "{j:>3}");
+        }
+        out.push('\n');
+        for (i, row) in m.matrix.iter().enumerate() {
+            let _ = write!(out, "  {i:>3}");
+            for (j, &v) in row.iter().enumerate() {
+                let cell = match v {
+                    _ if i == j => "-".to_string(),
+                    0 => ".".to_string(),
+                    v => v.to_string(),
+                };
+                let _ = write!(out, "{cell:>3}");
+            }
+            out.push('\n');
+        }
+        Some(out)
     }
 
     /// A readable tree, outermost level first. At most `max_children` children are

@@ -1,4 +1,4 @@
-//! Named presets: `flat:N`, `nodes:HxR`, `frontier:N`, `dgx-h100:N`.
+//! Named presets: `flat:N`, `nodes:HxR`, `frontier:N`, `mi300x:N`, `dgx-h100:N`.
 //!
 //! Any preset takes `,ranks=M` to keep only its first `M` ranks, which makes uneven
 //! trees (`nodes:4x4,ranks=14` leaves 2 ranks on the last node).
@@ -9,7 +9,7 @@
 use crate::error::{Result, TopologyError};
 use crate::level::LinkClass;
 use crate::model::Topology;
-use crate::spec::{NicSpec, RankSpec, TopologySpec};
+use crate::spec::{NicSpec, NodeLinksSpec, RankSpec, TopologySpec};
 use std::collections::BTreeMap;
 
 /// Frontier (OLCF): figures from docs/REFERENCE.md §2.
@@ -41,6 +41,44 @@ pub mod frontier {
     pub const NIC_BANDWIDTH: f64 = 25e9;
     /// NICs per node, one per MI250X package.
     pub const NICS_PER_NODE: usize = 4;
+    /// One Infinity Fabric GPU-GPU link: 50 GB/s per direction (AMD's MI250 reference:
+    /// 25 GT/s x 16 lanes). Latency as [`NODE`]'s (inferred).
+    pub const XGMI_LINK: LinkClass = LinkClass::new(50e9, 2.0e-6);
+    /// xGMI links between the GCDs of a node, by GCD: 4 inside an MI250X package, across
+    /// packages 2 (GCDs 0-6, 2-4), 1 (0-2, 1-3, 1-5, 3-7, 4-6, 5-7) or none (the other
+    /// 12 pairs, which route over a peer). From the OLCF Frontier User Guide's node
+    /// diagram (docs.olcf.ornl.gov/systems/frontier_user_guide.html); `rocm-smi
+    /// --shownodesbw` of an 8-GCD MI250 machine prints the same pattern (the KFD
+    /// fixture in topology/tests/discover_kfd.rs).
+    pub const GCD_LINKS: [[u32; 8]; 8] = [
+        [0, 4, 1, 0, 0, 0, 2, 0],
+        [4, 0, 0, 1, 0, 1, 0, 0],
+        [1, 0, 0, 4, 2, 0, 0, 0],
+        [0, 1, 4, 0, 0, 0, 0, 1],
+        [0, 0, 2, 0, 0, 4, 1, 0],
+        [0, 1, 0, 0, 4, 0, 0, 1],
+        [2, 0, 0, 0, 1, 0, 0, 4],
+        [0, 0, 0, 1, 0, 1, 4, 0],
+    ];
+}
+
+/// AMD Instinct MI300X platform: 8 GPUs, each joined to each of the other 7 by one
+/// xGMI link of 64 GB/s per direction (AMD's MI300X platform brief; 448 GB/s per GPU
+/// and direction in all), one 400 Gb/s NIC per GPU.
+pub mod mi300x {
+    use crate::level::LinkClass;
+    /// GPUs per node.
+    pub const GPUS_PER_NODE: usize = 8;
+    /// HBM3 copy rate, 5.3 TB/s.
+    pub const DEVICE: LinkClass = LinkClass::new(5.3e12, 0.0);
+    /// One xGMI link between two GPUs: 64 GB/s per direction. Latency inferred.
+    pub const XGMI_LINK: LinkClass = LinkClass::new(64e9, 1.5e-6);
+    /// The node level: any pair meets on its one link.
+    pub const NODE: LinkClass = XGMI_LINK;
+    /// Between nodes: one 400 Gb/s NIC per GPU. Latency inferred.
+    pub const SYSTEM: LinkClass = LinkClass::new(50e9, 3.0e-6);
+    /// One 400 Gb/s NIC.
+    pub const NIC_BANDWIDTH: f64 = 50e9;
 }
 
 /// DGX H100: 8 GPUs on NVLink 4 (450 GB/s per direction), 8 ConnectX-7 NICs of 400 Gb/s,
@@ -105,6 +143,8 @@ struct Regular {
     nics_per_node: usize,
     nic_prefix: &'static str,
     nic: LinkClass,
+    /// The links between the ranks of a node, where it is not uniform.
+    node_links: Option<NodeLinksSpec>,
 }
 
 impl Regular {
@@ -168,6 +208,7 @@ impl Regular {
                 .collect(),
             ranks,
             nics,
+            node_links: self.node_links.clone(),
         }
     }
 }
@@ -181,7 +222,7 @@ pub fn preset_spec(spec: &str) -> Result<TopologySpec> {
     let (name, arg) = body.split_once(':').ok_or_else(|| {
         bad(
             spec,
-            "expected NAME:ARGS, one of flat:N, nodes:HxR, frontier:N, dgx-h100:N (optionally ,ranks=M)",
+            "expected NAME:ARGS, one of flat:N, nodes:HxR, frontier:N, mi300x:N, dgx-h100:N (optionally ,ranks=M)",
         )
     })?;
     let regular = match name {
@@ -198,6 +239,7 @@ pub fn preset_spec(spec: &str) -> Result<TopologySpec> {
                 nics_per_node: 0,
                 nic_prefix: "",
                 nic: commodity::SYSTEM,
+                node_links: None,
             }
         }
         "nodes" => {
@@ -220,6 +262,7 @@ pub fn preset_spec(spec: &str) -> Result<TopologySpec> {
                 nics_per_node: 1,
                 nic_prefix: "eth",
                 nic: commodity::SYSTEM,
+                node_links: None,
             }
         }
         "frontier" => {
@@ -242,6 +285,10 @@ pub fn preset_spec(spec: &str) -> Result<TopologySpec> {
                 nics_per_node: frontier::NICS_PER_NODE,
                 nic_prefix: "hsn",
                 nic: LinkClass::new(frontier::NIC_BANDWIDTH, frontier::SWITCH.latency),
+                node_links: Some(NodeLinksSpec {
+                    link: frontier::XGMI_LINK,
+                    matrix: frontier::GCD_LINKS.iter().map(|r| r.to_vec()).collect(),
+                }),
             }
         }
         "dgx-h100" => {
@@ -261,12 +308,41 @@ pub fn preset_spec(spec: &str) -> Result<TopologySpec> {
                 nics_per_node: dgx_h100::GPUS_PER_NODE,
                 nic_prefix: "mlx5_",
                 nic: LinkClass::new(dgx_h100::NIC_BANDWIDTH, dgx_h100::SYSTEM.latency),
+                node_links: None,
+            }
+        }
+        "mi300x" => {
+            let nodes = count(spec, "N (nodes)", arg)?;
+            let n = mi300x::GPUS_PER_NODE;
+            Regular {
+                name: body.to_string(),
+                links: vec![
+                    ("device", mi300x::DEVICE),
+                    ("node", mi300x::NODE),
+                    ("system", mi300x::SYSTEM),
+                ],
+                nodes,
+                per_node: n,
+                per_package: 0,
+                nodes_per_switch: 0,
+                nodes_per_group: 0,
+                nics_per_node: n,
+                nic_prefix: "rdma",
+                nic: LinkClass::new(mi300x::NIC_BANDWIDTH, mi300x::SYSTEM.latency),
+                node_links: Some(NodeLinksSpec {
+                    link: mi300x::XGMI_LINK,
+                    matrix: (0..n)
+                        .map(|i| (0..n).map(|j| u32::from(i != j)).collect())
+                        .collect(),
+                }),
             }
         }
         other => {
             return Err(bad(
                 spec,
-                format!("unknown preset '{other}' (known: flat, nodes, frontier, dgx-h100)"),
+                format!(
+                    "unknown preset '{other}' (known: flat, nodes, frontier, mi300x, dgx-h100)"
+                ),
             ));
         }
     };

@@ -24,6 +24,16 @@
 //! ranks = [0]
 //! ```
 //!
+//! Nodes that are not uniform add the direct links between their ranks, by the ranks'
+//! positions in a node, the same in every node ([`NodeLinksSpec`]; the `frontier`
+//! preset writes its MI250X pattern so):
+//!
+//! ```toml
+//! [node_links]
+//! matrix = [[0, 4, 1], [4, 0, 0], [1, 0, 0]]   # links per pair, symmetric, 0 on the diagonal
+//! link = { bandwidth = 5.0e10, latency = 2.0e-6 }  # one link, one direction
+//! ```
+//!
 //! Levels are `device`, `package`, `node`, `switch`, `group` and `system`; `device`
 //! and `system` are always present, the others when `[links]` names them. Each rank
 //! gives its domain at every present level between them (any non-negative label;
@@ -32,7 +42,7 @@
 
 use crate::error::{Result, TopologyError};
 use crate::level::{Level, LinkClass};
-use crate::model::{Nic, Topology};
+use crate::model::{Nic, NodeLinks, Topology};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -114,6 +124,80 @@ pub struct TopologySpec {
     /// Network interfaces and the ranks each one serves.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<NicSpec>,
+    /// The GPU-to-GPU links inside a node, where a node is not uniform (a Frontier
+    /// node's MI250X pattern); absent: every pair meets on its level's link class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_links: Option<NodeLinksSpec>,
+}
+
+/// The direct links between the ranks of a node, the same in every node: how many
+/// links join each pair, by the ranks' positions in their node, and what one link
+/// carries. A node with fewer ranks (a preset cut short by `,ranks=M`) uses the first
+/// rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeLinksSpec {
+    /// One link in one direction: bandwidth (bytes per second) and latency.
+    pub link: LinkClass,
+    /// `matrix[i][j]`: the links between the node's `i`-th and `j`-th rank (square,
+    /// symmetric, zero on the diagonal; 0 where two ranks have no direct link).
+    pub matrix: Vec<Vec<u32>>,
+}
+
+impl NodeLinksSpec {
+    /// Checks the matrix against `topology` and builds the model's form.
+    fn check(&self, topology: &Topology) -> Result<NodeLinks> {
+        check_link("node_links.link", &self.link)?;
+        let k = self.matrix.len();
+        if k == 0 {
+            return Err(TopologyError::invalid(
+                "node_links.matrix",
+                "empty: one row per rank of a node",
+            ));
+        }
+        for (i, row) in self.matrix.iter().enumerate() {
+            if row.len() != k {
+                return Err(TopologyError::invalid(
+                    format!("node_links.matrix[{i}]"),
+                    format!("has {} entries, but the matrix has {k} rows", row.len()),
+                ));
+            }
+            if row[i] != 0 {
+                return Err(TopologyError::invalid(
+                    format!("node_links.matrix[{i}][{i}]"),
+                    format!("is {}: a rank has no link to itself (0)", row[i]),
+                ));
+            }
+            for (j, &v) in row.iter().enumerate() {
+                if self.matrix[j][i] != v {
+                    return Err(TopologyError::invalid(
+                        format!("node_links.matrix[{i}][{j}]"),
+                        format!(
+                            "is {v}, but node_links.matrix[{j}][{i}] is {}: links join both ways",
+                            self.matrix[j][i]
+                        ),
+                    ));
+                }
+            }
+        }
+        if !topology.has_level(Level::Node) {
+            return Err(TopologyError::invalid(
+                "node_links",
+                "the topology has no node level for the links to be inside",
+            ));
+        }
+        let largest = topology.max_domain_size(Level::Node);
+        if largest > k {
+            return Err(TopologyError::invalid(
+                "node_links.matrix",
+                format!("has {k} rows, but a node has {largest} ranks"),
+            ));
+        }
+        Ok(NodeLinks {
+            link: self.link,
+            matrix: self.matrix.clone(),
+        })
+    }
 }
 
 /// One rank's place in the tree.
@@ -400,7 +484,7 @@ impl TopologySpec {
 
         let levels: Vec<(Level, LinkClass)> = links;
         let entry: Vec<usize> = slot.iter().map(|s| s.expect("checked above")).collect();
-        Topology::assemble(
+        let topology = Topology::assemble(
             self.name.clone(),
             levels,
             &inner,
@@ -408,7 +492,14 @@ impl TopologySpec {
             hosts,
             nics,
             Some(&entry),
-        )
+        )?;
+        match &self.node_links {
+            None => Ok(topology),
+            Some(spec) => {
+                let links = spec.check(&topology)?;
+                Ok(topology.with_node_links(links))
+            }
+        }
     }
 
     /// Reads a file: `.json` is JSON, anything else TOML (a file that starts with `{` is JSON too).

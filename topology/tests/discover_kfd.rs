@@ -197,6 +197,10 @@ fn frontier_node_gives_the_mi250x_link_matrix_and_nic_speeds() {
     assert_eq!(m.gpus.len(), 8);
     let want: Vec<Vec<u32>> = FRONTIER_LINKS.iter().map(|r| r.to_vec()).collect();
     assert_eq!(matrix(&m), want);
+    // The frontier preset's node model is what discovery reads on the node.
+    let preset = halo_topology::Topology::preset("frontier:1").unwrap();
+    assert_eq!(preset.node_links().unwrap().matrix(), want.as_slice());
+    assert_eq!(FRONTIER_LINKS, halo_topology::frontier::GCD_LINKS);
     // 16 ordered pairs: 4 quad, 2 dual and 6 single pairs, both directions.
     assert_eq!(m.gpu_links.len(), 24);
     let quad = m

@@ -149,6 +149,7 @@ impl Machine {
             links,
             ranks,
             nics,
+            node_links: None,
         }
     }
 

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 #[command(group(ArgGroup::new("source").args(["preset", "file"])))]
 #[command(group(ArgGroup::new("format").args(["json", "toml"])))]
 pub(crate) struct TopoArgs {
-    /// A named preset: flat:N, nodes:HxR, frontier:N, dgx-h100:N, optionally ,ranks=M.
+    /// A named preset: flat:N, nodes:HxR, frontier:N, mi300x:N, dgx-h100:N, optionally ,ranks=M.
     #[arg(long, value_name = "PRESET")]
     preset: Option<String>,
 
@@ -52,9 +52,13 @@ pub(crate) fn run(args: &TopoArgs) -> Result<(), Failure> {
         topology.to_spec().to_toml_string()
     } else {
         format!(
-            "{}\nLevels (outermost first):\n{}",
+            "{}\nLevels (outermost first):\n{}{}",
             topology.render_tree(args.max_children),
-            topology.summary()
+            topology.summary(),
+            topology
+                .node_links_table()
+                .map(|t| format!("\n{t}"))
+                .unwrap_or_default()
         )
     };
     emit(&text)

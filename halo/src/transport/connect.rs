@@ -77,6 +77,7 @@ fn job_topology(hosts: &[String], spec: &str) -> Result<halo_topology::Topology>
         .collect(),
         ranks,
         nics: Vec::new(),
+        node_links: None,
     };
     Ok(spec.build()?)
 }
