@@ -33,7 +33,9 @@ const NODES: &str = "/sys/devices/virtual/kfd/kfd/topology/nodes";
 const FRONTIER_BUS: [u64; 8] = [0xc1, 0xc6, 0xc9, 0xce, 0xd1, 0xd6, 0xd9, 0xde];
 /// The NUMA node of each GCD.
 const FRONTIER_NUMA: [u64; 8] = [3, 3, 1, 1, 0, 0, 2, 2];
-/// xGMI links between GCD pairs (the node diagram).
+/// xGMI links between GCD pairs (the node diagram), written out here apart from the
+/// preset's `frontier::GCD_LINKS` on purpose: the fixture is its own reading of the
+/// sources, and the test checks that the two agree.
 const FRONTIER_LINKS: [[u32; 8]; 8] = [
     [0, 4, 1, 0, 0, 0, 2, 0],
     [4, 0, 0, 1, 0, 1, 0, 0],

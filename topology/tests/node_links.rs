@@ -74,17 +74,21 @@ fn node_links_round_trip_through_toml_and_json() {
     assert_eq!(t.links_between(2, 4), Some(2));
 }
 
-/// The spec of nodes:2x3 with `[node_links]` as given; the build's error.
-fn error_with(node_links: &str) -> String {
-    let text = format!(
+/// The file of nodes:2x3 with `node_links` appended.
+fn two_nodes_of_3(node_links: &str) -> String {
+    format!(
         "[links.device]\nbandwidth = 1e10\nlatency = 0.0\n\
          [links.node]\nbandwidth = 5e9\nlatency = 1e-6\n\
          [links.system]\nbandwidth = 1e9\nlatency = 5e-6\n\
          [[ranks]]\nrank = 0\nnode = 0\n[[ranks]]\nrank = 1\nnode = 0\n[[ranks]]\nrank = 2\nnode = 0\n\
          [[ranks]]\nrank = 3\nnode = 1\n[[ranks]]\nrank = 4\nnode = 1\n[[ranks]]\nrank = 5\nnode = 1\n\
          {node_links}"
-    );
-    match TopologySpec::from_toml_str(&text).and_then(|s| s.build()) {
+    )
+}
+
+/// [`two_nodes_of_3`] built: the error.
+fn error_with(node_links: &str) -> String {
+    match TopologySpec::from_toml_str(&two_nodes_of_3(node_links)).and_then(|s| s.build()) {
         Ok(_) => panic!("built with {node_links}"),
         Err(e) => e.to_string(),
     }
@@ -130,15 +134,10 @@ fn bad_node_links_are_errors_naming_the_field() {
 }
 
 fn error_with_ok(node_links: &str) -> Topology {
-    let text = format!(
-        "[links.device]\nbandwidth = 1e10\nlatency = 0.0\n\
-         [links.node]\nbandwidth = 5e9\nlatency = 1e-6\n\
-         [links.system]\nbandwidth = 1e9\nlatency = 5e-6\n\
-         [[ranks]]\nrank = 0\nnode = 0\n[[ranks]]\nrank = 1\nnode = 0\n[[ranks]]\nrank = 2\nnode = 0\n\
-         [[ranks]]\nrank = 3\nnode = 1\n[[ranks]]\nrank = 4\nnode = 1\n[[ranks]]\nrank = 5\nnode = 1\n\
-         {node_links}"
-    );
-    TopologySpec::from_toml_str(&text).unwrap().build().unwrap()
+    TopologySpec::from_toml_str(&two_nodes_of_3(node_links))
+        .unwrap()
+        .build()
+        .unwrap()
 }
 
 #[test]
