@@ -546,3 +546,95 @@ fn moe_sizes_are_a_deterministic_skewed_oracle() {
         MoeSizes::new(8, 8, 2, 2.0, 1000, 1, 5).bytes(3, 5)
     );
 }
+
+/// One node of 3 ranks whose link matrix is `matrix` (one link: 50 GB/s, 1 us; the
+/// node level's uniform figure 5 GB/s, 2 us).
+fn node_of_3(matrix: &str) -> Topology {
+    let toml = format!(
+        "[links.device]\nbandwidth = 1e12\nlatency = 0.0\n\
+         [links.node]\nbandwidth = 5e9\nlatency = 2e-6\n\
+         [links.system]\nbandwidth = 1e9\nlatency = 5e-6\n\
+         [[ranks]]\nrank = 0\nnode = 0\n[[ranks]]\nrank = 1\nnode = 0\n[[ranks]]\nrank = 2\nnode = 0\n\
+         [node_links]\nmatrix = {matrix}\n\
+         [node_links.link]\nbandwidth = 5e10\nlatency = 1e-6\n"
+    );
+    TopologySpec::from_toml_str(&toml).unwrap().build().unwrap()
+}
+
+#[test]
+fn transfers_inside_a_node_cross_the_pairs_links() {
+    // 0 - 1 two links, 1 - 2 one link, 0 - 2 none (routed over 1).
+    let topo = node_of_3("[[0, 2, 0], [2, 0, 1], [0, 1, 0]]");
+    let one = |from: usize, to: usize| {
+        let mut steps: Vec<Vec<(S, Vec<u32>)>> = vec![vec![], vec![], vec![]];
+        steps[from].push((S::Send(to, 1, MB), vec![]));
+        steps[to].push((S::Recv(from, 1, MB), vec![]));
+        both(&topo, &programs(3, steps), &no_gap())
+    };
+    // The node level's latency, the bytes at the route's thinnest link.
+    close(one(0, 1).time, 2e-6 + 1e6 / 100e9);
+    close(one(1, 2).time, 2e-6 + 1e6 / 50e9);
+    let routed = one(0, 2);
+    close(routed.time, 2e-6 + 1e6 / 50e9);
+    let load = routed.load(ResourceClass::GpuLink).unwrap();
+    assert_eq!(load.resources, 4, "two linked pairs, both directions");
+    close(load.busiest, 1e6 / 50e9);
+    // The uniform model: the node level's 5 GB/s for every pair.
+    let uniform = topo.without_node_links();
+    assert!(uniform.node_links().is_none());
+    let mut steps: Vec<Vec<(S, Vec<u32>)>> = vec![vec![], vec![], vec![]];
+    steps[0].push((S::Send(2, 1, MB), vec![]));
+    steps[2].push((S::Recv(0, 1, MB), vec![]));
+    let r = both(&uniform, &programs(3, steps), &no_gap());
+    close(r.time, 2e-6 + 1e6 / 5e9);
+    assert!(r.load(ResourceClass::GpuLink).is_none());
+}
+
+#[test]
+fn a_routed_transfer_shares_the_link_it_crosses() {
+    // 0 -> 2 routed over 1 and 1 -> 2 direct share the single link 1 -> 2: each gets
+    // half, both finish together.
+    let topo = node_of_3("[[0, 2, 0], [2, 0, 1], [0, 1, 0]]");
+    let s = programs(
+        3,
+        vec![
+            vec![(S::Send(2, 1, MB), vec![])],
+            vec![(S::Send(2, 2, MB), vec![])],
+            vec![(S::Recv(0, 1, MB), vec![]), (S::Recv(1, 2, MB), vec![])],
+        ],
+    );
+    let r = both(&topo, &s, &no_gap());
+    close(r.time, 2e-6 + 2e6 / 50e9);
+    close(r.load(ResourceClass::GpuLink).unwrap().busiest, 2e6 / 50e9);
+}
+
+#[test]
+fn frontier_node_all_to_all_is_bound_by_its_busiest_single_link() {
+    // 8 GCDs, 16 MiB per pair: the fabric's routes put 4 transfers on a single 50 GB/s
+    // link (NodeLinks::exchange_load); the uniform model has every GCD's 6 transfers
+    // across packages share its one 50 GB/s node port.
+    let s = 16 << 20;
+    let topo = Topology::preset("frontier:1").unwrap();
+    let links =
+        simulate_all_to_all(&topo, Algorithm::Flat, Traffic::Uniform(s), &no_gap()).unwrap();
+    let busiest = links.load(ResourceClass::GpuLink).unwrap().busiest;
+    close(busiest, 4.0 * s as f64 / 50e9);
+    assert!(
+        links.time >= busiest && links.time < busiest * 1.01,
+        "{}",
+        links.summary()
+    );
+    let uniform = simulate_all_to_all(
+        &topo.without_node_links(),
+        Algorithm::Flat,
+        Traffic::Uniform(s),
+        &no_gap(),
+    )
+    .unwrap();
+    let port = uniform
+        .load(ResourceClass::Link(Level::Node))
+        .unwrap()
+        .busiest;
+    close(port, 6.0 * s as f64 / 50e9);
+    assert!(uniform.time >= port && uniform.time < port * 1.01);
+}

@@ -45,7 +45,12 @@
 //! node take `nic(M, s) = (M / k) (g + s / B_nic)`. A message leaving the node takes at
 //! least `α + s / B` of its level.
 //!
-//! - **flat** (all at once): `max( max_on(α_l + b/B_l),
+//! - **flat** (all at once): `max( I, α_off + ...)` with the intra-node part
+//!   `I = max_on(α_l + b/B_l)`, or, when the topology has a link matrix
+//!   (`Topology::node_links`), `I = α_node + b λ / B_link`: `λ` the busiest link's load
+//!   of an exchange inside rank 0's node over the fabric's routes
+//!   (`NodeLinks::exchange_load`), `B_link` one link's bandwidth. In full:
+//!   `max( max_on(α_l + b/B_l),
 //!   α_off + max(nic(R m_off, b), b/B_off) )`.
 //! - **pairwise** (one peer per round, the node's `R` ranks in step):
 //!   `Σ_on m_l (α_l + b/B_l) + Σ_off m_l (α_l + max(nic(R, b), b/B_l))`.
@@ -87,6 +92,9 @@ struct Shape {
     r: usize,
     /// Levels inside rank 0's node: link and number of peers there.
     on: Vec<(LinkClass, usize)>,
+    /// With a link matrix: the node level's latency and the seconds per byte of a pair
+    /// on the node's busiest link (`NodeLinks::exchange_load` / one link's bandwidth).
+    links: Option<(f64, f64)>,
     /// Levels outside rank 0's node.
     off: Vec<(LinkClass, usize)>,
     m_off: usize,
@@ -165,11 +173,16 @@ impl Shape {
             bruck.push((t.link_between(0, peer), same_node(0, peer), blocks));
             dist <<= 1;
         }
+        let links = t.node_links().filter(|_| has_node).map(|m| {
+            let load = m.exchange_load(t.domain_size(Level::Node, 0).min(m.size()));
+            (t.link(Level::Node).latency, load / m.link().bandwidth)
+        });
         Shape {
             n,
             h,
             r,
             on,
+            links,
             off,
             m_off,
             alpha_off,
@@ -187,6 +200,9 @@ impl Shape {
     }
 
     fn phase_one(&self, b: f64) -> f64 {
+        if let Some((alpha, per_byte)) = self.links {
+            return alpha + b * per_byte;
+        }
         self.on
             .iter()
             .map(|(l, _)| l.latency + b / l.bandwidth)
@@ -474,7 +490,8 @@ pub fn alpha_beta_ranking(topology: &Topology, block: usize, options: &AlgoOptio
 }
 
 /// What a topology is for the simulator, as numbers: ranks, per level its link class
-/// and every rank's domain, and the NICs (bandwidth, latency, ranks). Names and host
+/// and every rank's domain, the NICs (bandwidth, latency, ranks) and the link matrix
+/// inside the nodes. Names and host
 /// names are left out, so equal shapes under different names share cache entries.
 pub(crate) fn fingerprint(t: &Topology) -> Arc<[u64]> {
     let n = t.size();
@@ -499,6 +516,12 @@ pub(crate) fn fingerprint(t: &Topology) -> Arc<[u64]> {
             nic.ranks.len() as u64,
         ]);
         v.extend(nic.ranks.iter().map(|&r| r as u64));
+    }
+    // The link matrix inside the nodes: the simulator routes on it.
+    if let Some(m) = t.node_links() {
+        v.push(u64::MAX);
+        v.extend([m.link().bandwidth.to_bits(), m.link().latency.to_bits()]);
+        v.extend(m.matrix().iter().flatten().map(|&l| l as u64));
     }
     v.into()
 }

@@ -247,3 +247,27 @@ fn one_rank_and_empty_blocks_still_choose() {
         }
     }
 }
+
+#[test]
+fn the_link_matrix_inside_a_node_is_part_of_the_choice() {
+    // frontier:1 with its MI250X link matrix and without it (the uniform model) are
+    // different machines to the model: different times, separate cache entries.
+    let links = Topology::preset("frontier:1").unwrap();
+    let uniform = links.without_node_links();
+    let block = 1 << 20;
+    let opts = AlgoOptions::default();
+    let a = select::ranking(&links, block, &opts);
+    let b = select::ranking(&uniform, block, &opts);
+    assert_eq!(a.method, Method::Simulated);
+    let flat = |r: &select::Ranking| r.times.iter().find(|t| t.0 == Algorithm::Flat).unwrap().1;
+    // Each the simulator's own figure for its topology (4 and 6 MiB-transfers' worth
+    // on the busiest 50 GB/s resource: the single link, the node port).
+    let sim = |t: &Topology| simulate_each(t, block, &opts)[0].1;
+    assert_eq!(flat(&a), sim(&links));
+    assert_eq!(flat(&b), sim(&uniform));
+    assert!(flat(&a) < flat(&b) * 0.7, "{} vs {}", flat(&a), flat(&b));
+    // The alpha-beta model: the busiest link's load, 4 transfers at 50 GB/s.
+    let e = select::estimate(&links, Algorithm::Flat, block);
+    assert!((e - (2e-6 + 4.0 * block as f64 / 50e9)).abs() < 1e-9, "{e}");
+    assert!(select::estimate(&uniform, Algorithm::Flat, block) < e);
+}

@@ -102,6 +102,104 @@ impl NodeLinks {
     pub fn matrix(&self) -> &[Vec<u32>] {
         &self.matrix
     }
+
+    /// How loaded the busiest link is when each of the node's first `ranks` ranks sends
+    /// one transfer to each of the others over its [`route`](NodeLinks::route): the
+    /// most transfers any one direction of a pair's links carries, divided by that
+    /// pair's links (`frontier:1`: 4.0, a single link carrying its own transfer and
+    /// three routed over it; `mi300x:1`: 1.0). An all-to-all of `b` bytes per pair
+    /// inside the node then takes at least `exchange_load * b / link().bandwidth`.
+    /// 0 when fewer than two ranks are given; infinite when two of them have no path.
+    ///
+    /// # Panics
+    /// When `ranks` is above [`NodeLinks::size`].
+    pub fn exchange_load(&self, ranks: usize) -> f64 {
+        let size = self.size();
+        assert!(ranks <= size, "more ranks than the matrix has rows");
+        let mut load = vec![0u32; size * size];
+        for i in 0..ranks {
+            for j in (0..ranks).filter(|&j| j != i) {
+                let route = self.route(i, j);
+                if route.is_empty() {
+                    return f64::INFINITY;
+                }
+                for (u, v) in route {
+                    load[u * size + v] += 1;
+                }
+            }
+        }
+        (0..size * size)
+            .filter(|&e| load[e] > 0)
+            .map(|e| load[e] as f64 / self.matrix[e / size][e % size] as f64)
+            .fold(0.0, f64::max)
+    }
+
+    /// The links a transfer from the node's `i`-th to its `j`-th rank crosses, as
+    /// pairs of positions: the direct link when there is one, else the path with the
+    /// fewest hops and of those the widest (the most links at its thinnest hop), ties
+    /// to the lowest positions — how the fabric forwards a transfer between two GPUs
+    /// without a link of their own over a peer (KFD reports such pairs as two xGMI
+    /// hops). Empty when `i == j` or no path joins them.
+    ///
+    /// ```
+    /// use halo_topology::Topology;
+    ///
+    /// let topo = Topology::preset("frontier:1").unwrap();
+    /// let links = topo.node_links().unwrap();
+    /// assert_eq!(links.route(0, 1), vec![(0, 1)]); // the package's quad link
+    /// assert_eq!(links.route(0, 3), vec![(0, 1), (1, 3)]); // no link: over GCD 1
+    /// ```
+    ///
+    /// # Panics
+    /// When `i` or `j` is not below [`NodeLinks::size`].
+    pub fn route(&self, i: usize, j: usize) -> Vec<(usize, usize)> {
+        let size = self.size();
+        assert!(i < size && j < size, "position out of range");
+        if i == j {
+            return Vec::new();
+        }
+        // Breadth first from i: per position the fewest hops, the widest bottleneck
+        // among those paths, and the predecessor on the widest (the lowest on a tie).
+        let mut hops = vec![usize::MAX; size];
+        let mut width = vec![0u32; size];
+        let mut prev = vec![usize::MAX; size];
+        hops[i] = 0;
+        width[i] = u32::MAX;
+        let mut frontier = vec![i];
+        while !frontier.is_empty() && hops[j] == usize::MAX {
+            let mut next = Vec::new();
+            for &u in &frontier {
+                for v in 0..size {
+                    let l = self.matrix[u][v];
+                    if v == u || l == 0 || hops[v] <= hops[u] {
+                        continue;
+                    }
+                    if hops[v] == usize::MAX {
+                        hops[v] = hops[u] + 1;
+                        next.push(v);
+                    }
+                    let w = width[u].min(l);
+                    if w > width[v] {
+                        width[v] = w;
+                        prev[v] = u;
+                    }
+                }
+            }
+            next.sort_unstable();
+            frontier = next;
+        }
+        if hops[j] == usize::MAX {
+            return Vec::new();
+        }
+        let mut route = Vec::with_capacity(hops[j]);
+        let mut v = j;
+        while v != i {
+            route.push((prev[v], v));
+            v = prev[v];
+        }
+        route.reverse();
+        route
+    }
 }
 
 impl Topology {
@@ -266,6 +364,16 @@ impl Topology {
     /// machine whose nodes are not uniform, or a file's `[node_links]`).
     pub fn node_links(&self) -> Option<&NodeLinks> {
         self.node_links.as_ref()
+    }
+
+    /// This topology without its link matrix: every pair of a node meets at its level's
+    /// one bandwidth, as the uniform model has it (to compare the two, `halo simulate
+    /// --uniform-node`).
+    pub fn without_node_links(&self) -> Topology {
+        Topology {
+            node_links: None,
+            ..self.clone()
+        }
     }
 
     /// The direct links between ranks `a` and `b` of the same node, by the node's link
@@ -558,6 +666,33 @@ impl Topology {
             }
             out.push('\n');
         }
+        // The pairs without a link of their own, by the peer the fabric forwards over.
+        let mut routed = Vec::new();
+        for i in 0..m.size() {
+            for j in (i + 1..m.size()).filter(|&j| m.links(i, j) == 0) {
+                let hops: Vec<String> = m.route(i, j)[1..]
+                    .iter()
+                    .map(|&(u, _)| u.to_string())
+                    .collect();
+                routed.push(if hops.is_empty() {
+                    format!("{i}-{j} unreachable")
+                } else {
+                    format!("{i}-{j} via {}", hops.join(","))
+                });
+            }
+        }
+        if !routed.is_empty() {
+            let _ = writeln!(
+                out,
+                "Pairs without a link, routed over: {}",
+                routed.join(", ")
+            );
+        }
+        let _ = writeln!(
+            out,
+            "An all-to-all inside a node loads its busiest link with {} transfers per link",
+            m.exchange_load(m.size())
+        );
         Some(out)
     }
 

@@ -37,6 +37,14 @@ fn frontier_nodes_carry_the_mi250x_pattern() {
         "{table}"
     );
     assert!(table.contains("    0  -  4  1  .  .  .  2  ."), "{table}");
+    assert!(
+        table.contains("routed over: 0-3 via 1, 0-4 via 2, 0-5 via 1, 0-7 via 6, 1-2 via 0,"),
+        "{table}"
+    );
+    assert!(
+        table.contains("busiest link with 4 transfers per link"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -149,4 +157,121 @@ fn node_links_need_a_node_level() {
         e.contains("node_links: the topology has no node level"),
         "{e}"
     );
+}
+
+#[test]
+fn routes_take_the_direct_link_else_the_widest_fewest_hops() {
+    let t = preset("frontier:1");
+    let m = t.node_links().unwrap();
+    for i in 0..8 {
+        assert!(m.route(i, i).is_empty());
+        for j in (0..8).filter(|&j| j != i) {
+            let r = m.route(i, j);
+            if m.links(i, j) > 0 {
+                assert_eq!(r, vec![(i, j)], "{i}->{j} has a link");
+            } else {
+                // Every unlinked pair of a Frontier node is two hops apart.
+                assert_eq!(r.len(), 2, "{i}->{j}: {r:?}");
+                assert_eq!((r[0].0, r[1].1), (i, j));
+                assert_eq!(r[0].1, r[1].0);
+                assert!(m.links(r[0].0, r[0].1) > 0 && m.links(r[1].0, r[1].1) > 0);
+            }
+        }
+    }
+    // 0 -> 7: over GCD 6 (2 links, then the quad link) rather than nothing wider.
+    assert_eq!(m.route(0, 7), vec![(0, 6), (6, 7)]);
+    // 0 -> 3: over GCD 1 or GCD 2, both a single link at the thinnest: the lower.
+    assert_eq!(m.route(0, 3), vec![(0, 1), (1, 3)]);
+    // 3 -> 4: over GCD 2 (quad, then dual).
+    assert_eq!(m.route(3, 4), vec![(3, 2), (2, 4)]);
+    // An all-to-all inside the node: the busiest single link carries 4 transfers (its
+    // own and three routed over it); a fully connected MI300X node 1 each.
+    assert_eq!(m.exchange_load(8), 4.0);
+    assert_eq!(
+        m.exchange_load(2),
+        0.25,
+        "GCDs 0 and 1: one transfer on 4 links"
+    );
+    assert_eq!(m.exchange_load(1), 0.0);
+    assert_eq!(
+        preset("mi300x:1").node_links().unwrap().exchange_load(8),
+        1.0
+    );
+}
+
+#[test]
+fn routes_over_a_chain_and_between_parts_that_never_meet() {
+    let link = "[node_links.link]\nbandwidth = 5e10\nlatency = 1e-6\n";
+    // A chain 0 - 1 - 2 inside each node of 3.
+    let chain = format!("[node_links]\nmatrix = [[0, 2, 0], [2, 0, 1], [0, 1, 0]]\n{link}");
+    let t = TopologySpec::from_toml_str(&two_nodes_of_3(&chain))
+        .and_then(|s| s.build())
+        .unwrap();
+    let m = t.node_links().unwrap();
+    assert_eq!(m.route(0, 2), vec![(0, 1), (1, 2)]);
+    assert_eq!(m.route(2, 0), vec![(2, 1), (1, 0)]);
+    // The single link 1 -> 2 carries 1 -> 2 and 0 -> 2.
+    assert_eq!(m.exchange_load(3), 2.0);
+    // Rank 2 on its own: no path to it.
+    let apart = format!("[node_links]\nmatrix = [[0, 2, 0], [2, 0, 0], [0, 0, 0]]\n{link}");
+    let t = TopologySpec::from_toml_str(&two_nodes_of_3(&apart))
+        .and_then(|s| s.build())
+        .unwrap();
+    let m = t.node_links().unwrap();
+    assert!(m.route(0, 2).is_empty());
+    assert_eq!(m.exchange_load(2), 0.5);
+    assert_eq!(m.exchange_load(3), f64::INFINITY);
+}
+
+/// Why HALO's intra-node phase keeps the fabric's routes on a Frontier node (see
+/// docs/SIMULATION.md, table 9): of every way to send each unlinked pair's transfer over
+/// one of the peers both ends have a link to (2^16 choices for the 16 pairs with two
+/// such peers), none loads the busiest link with fewer than the 4 transfers per link
+/// that [`NodeLinks::route`]'s choice gives.
+#[test]
+fn no_choice_of_two_hop_routes_beats_the_fabrics_on_frontier() {
+    let t = preset("frontier:1");
+    let m = t.node_links().unwrap();
+    let n = m.size();
+    let mut base = vec![0u32; n * n];
+    let mut choices: Vec<((usize, usize), Vec<usize>)> = Vec::new();
+    for i in 0..n {
+        for j in (0..n).filter(|&j| j != i) {
+            if m.links(i, j) > 0 {
+                base[i * n + j] += 1;
+            } else {
+                let via: Vec<usize> = (0..n)
+                    .filter(|&k| m.links(i, k) > 0 && m.links(k, j) > 0)
+                    .collect();
+                assert!(!via.is_empty(), "{i}-{j} is two hops apart");
+                choices.push(((i, j), via));
+            }
+        }
+    }
+    let (single, multi): (Vec<_>, Vec<_>) = choices.into_iter().partition(|c| c.1.len() == 1);
+    for ((i, j), via) in &single {
+        base[i * n + via[0]] += 1;
+        base[via[0] * n + j] += 1;
+    }
+    assert_eq!(multi.len(), 16);
+    assert!(multi.iter().all(|c| c.1.len() == 2));
+    let worst = |load: &[u32]| {
+        (0..n * n)
+            .filter(|&e| load[e] > 0)
+            .map(|e| load[e] as f64 / m.links(e / n, e % n) as f64)
+            .fold(0.0, f64::max)
+    };
+    let mut best = f64::INFINITY;
+    let mut load = base.clone();
+    for bits in 0u32..1 << multi.len() {
+        load.copy_from_slice(&base);
+        for (b, ((i, j), via)) in multi.iter().enumerate() {
+            let k = via[(bits >> b) as usize & 1];
+            load[i * n + k] += 1;
+            load[k * n + j] += 1;
+        }
+        best = best.min(worst(&load));
+    }
+    assert_eq!(best, 4.0);
+    assert_eq!(m.exchange_load(n), best);
 }

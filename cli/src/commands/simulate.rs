@@ -55,6 +55,12 @@ pub(crate) struct SimulateArgs {
     /// Seconds per message on every NIC it crosses (LogGP's g).
     #[arg(long)]
     nic_gap: Option<f64>,
+    /// Cost transfers inside a node on the node level's one bandwidth, as if every
+    /// pair of the node were linked alike, instead of on the links of the topology's
+    /// link matrix (`frontier:N`, `mi300x:N`, a file's `[node_links]`): the uniform
+    /// model, to compare with.
+    #[arg(long)]
+    uniform_node: bool,
     /// Write a plot of time against size, one line per algorithm: SVG, or PNG when the
     /// file name ends in `.png`.
     #[arg(long)]
@@ -101,6 +107,11 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
         Topology::preset(&args.topology)
     }
     .map_err(Failure::input)?;
+    let topo = if args.uniform_node {
+        topo.without_node_links()
+    } else {
+        topo
+    };
     check_numbers(args)?;
     let n = topo.size() as u128;
     crate::limits::check_memory(

@@ -17,7 +17,14 @@
 //!   plus the device level's latency.
 //! - **Resources** (each direction separate):
 //!   - inside a node (`L` = package or node): the sender's egress port and the
-//!     receiver's ingress port of level `L`, at that level's bandwidth;
+//!     receiver's ingress port of level `L`, at that level's bandwidth. When the
+//!     topology has a link matrix ([`Topology::node_links`]: `frontier:N`, `mi300x:N`,
+//!     a file's `[node_links]`), the levels inside the node share one port per rank
+//!     and direction at the sum of the rank's links instead, and the transfer also
+//!     crosses the links of its route ([`halo_topology::NodeLinks::route`]): the
+//!     pair's own link (links x one link's bandwidth), or, for a pair without one, each
+//!     link of the fewest-hop, widest path over its peers (only the level's latency is
+//!     charged, once). `Topology::without_node_links` gives the uniform model back;
 //!   - leaving a node: the sender's NIC (injection) and the receiver's NIC (ejection),
 //!     at the NIC's bandwidth (a rank without a NIC uses one port per node with the sum
 //!     of the node's NICs, or the bandwidth of the first level outside the node when
@@ -159,8 +166,13 @@ impl fmt::Debug for Traffic<'_> {
 pub enum ResourceClass {
     /// A rank's memory (copies, messages to itself).
     Memory,
-    /// A rank's egress or ingress port at an intra-node level (package, node).
+    /// A rank's egress or ingress port at an intra-node level (package, node); with a
+    /// link matrix ([`Topology::node_links`]) one port for both, at the sum of the
+    /// rank's links.
     Link(Level),
+    /// One direction of the direct links between two ranks of a node (the topology's
+    /// link matrix, [`Topology::node_links`]).
+    GpuLink,
     /// A NIC, injection or ejection.
     Nic,
     /// A node's shared port for ranks without a NIC of their own.
@@ -175,6 +187,7 @@ impl fmt::Display for ResourceClass {
         match self {
             ResourceClass::Memory => f.write_str("memory"),
             ResourceClass::Link(l) => write!(f, "{l} link"),
+            ResourceClass::GpuLink => f.write_str("gpu link"),
             ResourceClass::Nic => f.write_str("nic"),
             ResourceClass::NodePort => f.write_str("node port"),
             ResourceClass::Uplink(l) => write!(f, "{l} uplink"),

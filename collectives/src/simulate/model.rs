@@ -36,6 +36,56 @@ pub(crate) struct Model {
     inj: Vec<u32>,
     ej: Vec<u32>,
     uplinks: Vec<Uplink>,
+    /// The direct GPU-GPU links inside the nodes, when the topology has a link matrix.
+    pairs: Option<PairLinks>,
+}
+
+/// The node's link matrix as resources: one per direction of every linked pair of
+/// every node, and the route (the links crossed) of every ordered pair of positions.
+#[derive(Debug)]
+struct PairLinks {
+    /// Ranks per node the matrix describes.
+    size: usize,
+    /// Resources per node (linked ordered pairs).
+    per_node: u32,
+    base: u32,
+    /// Per ordered pair of positions `i * size + j`, the links a transfer crosses, as
+    /// offsets of a node's resources (empty: the pair is not connected at all).
+    routes: Vec<Vec<u32>>,
+}
+
+impl PairLinks {
+    /// A node's linked pairs in order and every ordered pair's route over them
+    /// ([`halo_topology::NodeLinks::route`]).
+    fn new(links: &halo_topology::NodeLinks, base: u32) -> PairLinks {
+        let size = links.size();
+        let mut offset = vec![u32::MAX; size * size];
+        let mut per_node = 0u32;
+        for i in 0..size {
+            for j in 0..size {
+                if i != j && links.links(i, j) > 0 {
+                    offset[i * size + j] = per_node;
+                    per_node += 1;
+                }
+            }
+        }
+        let mut routes = vec![Vec::new(); size * size];
+        for i in 0..size {
+            for j in 0..size {
+                routes[i * size + j] = links
+                    .route(i, j)
+                    .into_iter()
+                    .map(|(u, v)| offset[u * size + v])
+                    .collect();
+            }
+        }
+        PairLinks {
+            size,
+            per_node,
+            base,
+            routes,
+        }
+    }
 }
 
 impl Model {
@@ -57,6 +107,7 @@ impl Model {
             inj: vec![0; n],
             ej: vec![0; n],
             uplinks: Vec::new(),
+            pairs: None,
         };
         for l in topo.levels() {
             m.latency[l as usize] = topo.link(l).latency;
@@ -78,13 +129,70 @@ impl Model {
             0.0,
             ResourceClass::Memory,
         );
-        for l in topo.levels() {
-            if l > Level::Device && l <= m.base {
-                let bw = topo.link(l).bandwidth;
-                let o = add(&mut m, n, bw, options.port_gap, ResourceClass::Link(l));
-                let i = add(&mut m, n, bw, options.port_gap, ResourceClass::Link(l));
-                m.ports[l as usize] = Some((o, i));
+        match topo.node_links().filter(|_| m.base == Level::Node) {
+            None => {
+                for l in topo.levels() {
+                    if l > Level::Device && l <= m.base {
+                        let bw = topo.link(l).bandwidth;
+                        let o = add(&mut m, n, bw, options.port_gap, ResourceClass::Link(l));
+                        let i = add(&mut m, n, bw, options.port_gap, ResourceClass::Link(l));
+                        m.ports[l as usize] = Some((o, i));
+                        m.gate[o as usize..(o as usize + n)].fill(true);
+                    }
+                }
+            }
+            Some(links) => {
+                // One port per rank and direction for every level inside the node, at
+                // the sum of the rank's links (the node level's bandwidth for a rank
+                // without any), and a resource per direction of every linked pair.
+                let per_link = links.link().bandwidth;
+                let fallback = topo.link(Level::Node).bandwidth;
+                let base = m.cap.len() as u32;
+                for dir in 0..2 {
+                    for r in 0..n {
+                        let i = topo.local_index(r, Level::Node);
+                        let sum: u32 = (0..links.size())
+                            .map(|j| {
+                                if dir == 0 {
+                                    links.links(i, j)
+                                } else {
+                                    links.links(j, i)
+                                }
+                            })
+                            .sum();
+                        let cap = if sum > 0 {
+                            sum as f64 * per_link
+                        } else {
+                            fallback
+                        };
+                        add(
+                            &mut m,
+                            1,
+                            cap,
+                            options.port_gap,
+                            ResourceClass::Link(Level::Node),
+                        );
+                    }
+                }
+                let (o, i) = (base, base + n as u32);
                 m.gate[o as usize..(o as usize + n)].fill(true);
+                for l in topo.levels() {
+                    if l > Level::Device && l <= m.base {
+                        m.ports[l as usize] = Some((o, i));
+                    }
+                }
+                let pairs = PairLinks::new(links, m.cap.len() as u32);
+                for _ in 0..topo.num_domains(Level::Node) {
+                    for a in 0..pairs.size {
+                        for b in (0..pairs.size).filter(|&b| b != a) {
+                            let l = links.links(a, b);
+                            if l > 0 {
+                                add(&mut m, 1, l as f64 * per_link, 0.0, ResourceClass::GpuLink);
+                            }
+                        }
+                    }
+                }
+                m.pairs = Some(pairs);
             }
         }
         // Nodes and their injection capacity: the sum of their NICs, or one port at the
@@ -209,6 +317,16 @@ impl Model {
         } else if level <= self.base {
             let (o, i) = self.ports[level as usize].expect("an intra-node level has ports");
             push(o + a as u32, self.extra[o as usize]);
+            if let Some(p) = &self.pairs {
+                let node = topo.domain(a, Level::Node) as u32;
+                let (x, y) = (
+                    topo.local_index(a, Level::Node),
+                    topo.local_index(b, Level::Node),
+                );
+                for &link in &p.routes[x * p.size + y] {
+                    push(p.base + node * p.per_node + link, 0.0);
+                }
+            }
             push(i + b as u32, self.extra[i as usize]);
         } else {
             let (o, i) = (self.inj[a], self.ej[b]);
@@ -230,7 +348,8 @@ impl Model {
     pub(crate) fn slot(&self, level: Level) -> Option<usize> {
         match level {
             Level::Device => None,
-            Level::Package if self.base >= Level::Package => Some(0),
+            // With a link matrix every level inside the node leaves by one port.
+            Level::Package if self.base >= Level::Package && self.pairs.is_none() => Some(0),
             l if l <= self.base => Some(1),
             _ => Some(2),
         }

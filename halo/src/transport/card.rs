@@ -16,6 +16,10 @@ pub(super) struct Card {
     pub(super) host: String,
     /// Its topology spec (`HALO_TOPOLOGY`; every rank must give the same).
     pub(super) topology: String,
+    /// SHA-256 (hexadecimal) of the topology that spec built on this rank (its levels,
+    /// ranks, NICs and link matrix, as JSON): ranks that read the same file name must
+    /// have read the same machine. Empty without a spec, or when it did not build here.
+    pub(super) topology_digest: String,
     /// Its endpoint names, slot by slot (local, network).
     pub(super) names: [Option<Vec<u8>>; 2],
     /// Its process, for peers on the same host: PID namespace and process.
@@ -38,6 +42,9 @@ impl Card {
             "local": self.names[LOCAL].as_deref().map(hex),
             "net": self.names[NET].as_deref().map(hex),
         });
+        if !self.topology_digest.is_empty() {
+            v["topology_digest"] = self.topology_digest.as_str().into();
+        }
         if let Some(b) = &self.bell {
             v["bell"] = b.as_str().into();
         }
@@ -96,6 +103,18 @@ impl Card {
             Some(serde_json::Value::String(s)) if s.is_empty() => String::new(),
             _ => text("topology", TOPOLOGY_MAX)?.ok_or_else(|| bad("topology", "is missing"))?,
         };
+        let topology_digest = text("topology_digest", 64)?.unwrap_or_default();
+        if !(topology_digest.is_empty()
+            || topology_digest.len() == 64
+                && topology_digest
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        {
+            return Err(bad(
+                "topology_digest",
+                "is not a SHA-256 in lower-case hexadecimal",
+            ));
+        }
         let names = [name("local")?, name("net")?];
         let pid = match v.get("pid") {
             None | Some(serde_json::Value::Null) => None,
@@ -156,6 +175,7 @@ impl Card {
         Ok(Card {
             host,
             topology,
+            topology_digest,
             names,
             process,
             bell,

@@ -29,26 +29,85 @@ fn local_hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// The global topology of a fabric job: `spec` (a preset or a file, from
-/// `HALO_TOPOLOGY`) when given, else one node per distinct host name, in order of
-/// first appearance, with the commodity link classes.
-fn job_topology(hosts: &[String], spec: &str) -> Result<halo_topology::Topology> {
-    use halo_topology::{Topology, TopologySpec, commodity, spec::RankSpec};
-    let n = hosts.len();
-    if !spec.is_empty() {
-        let t = if std::path::Path::new(spec).exists() {
-            Topology::load(spec)?
-        } else {
-            Topology::preset(spec)?
-        };
-        if t.size() != n {
-            return Err(Error::invalid_argument(format!(
-                "HALO_TOPOLOGY={spec} describes {} ranks, but the job has {n}",
-                t.size()
-            )));
-        }
-        return Ok(t);
+/// The topology `spec` (a preset or a file, from `HALO_TOPOLOGY`) describes, for a
+/// job of `n` ranks.
+fn spec_topology(spec: &str, n: usize) -> Result<halo_topology::Topology> {
+    use halo_topology::Topology;
+    let t = if std::path::Path::new(spec).exists() {
+        Topology::load(spec)?
+    } else {
+        Topology::preset(spec)?
+    };
+    if t.size() != n {
+        return Err(Error::invalid_argument(format!(
+            "HALO_TOPOLOGY={spec} describes {} ranks, but the job has {n}",
+            t.size()
+        )));
     }
+    Ok(t)
+}
+
+/// SHA-256 of a topology as JSON (levels, ranks, NICs, link matrix), hexadecimal.
+fn topology_digest(t: &halo_topology::Topology) -> String {
+    use sha2::{Digest, Sha256};
+    crate::transport::text::hex(&Sha256::digest(t.to_spec().to_json_string().as_bytes()))
+}
+
+/// Every rank's card names the same topology spec and, when there is one, built the
+/// same topology from it (a file of the same name can differ from host to host): else
+/// the error, on every rank, naming the ranks that differ from rank 0.
+fn check_topologies(cards: &[Card]) -> Result<()> {
+    let differing: Vec<usize> = (0..cards.len())
+        .filter(|&r| cards[r].topology != cards[0].topology)
+        .collect();
+    if let Some(&first) = differing.first() {
+        return Err(Error::InvalidUsage {
+            peer: Some(first),
+            message: format!(
+                "ranks disagree on the topology: rank 0 uses {:?} but ranks {differing:?} use {:?}",
+                cards[0].topology, cards[first].topology
+            ),
+        });
+    }
+    if cards[0].topology.is_empty() {
+        return Ok(());
+    }
+    let failed: Vec<usize> = (0..cards.len())
+        .filter(|&r| cards[r].topology_digest.is_empty())
+        .collect();
+    if let Some(&first) = failed.first() {
+        return Err(Error::InvalidUsage {
+            peer: Some(first),
+            message: format!(
+                "HALO_TOPOLOGY={:?} did not build on ranks {failed:?} (each says why)",
+                cards[0].topology
+            ),
+        });
+    }
+    let differing: Vec<usize> = (0..cards.len())
+        .filter(|&r| cards[r].topology_digest != cards[0].topology_digest)
+        .collect();
+    if let Some(&first) = differing.first() {
+        return Err(Error::InvalidUsage {
+            peer: Some(first),
+            message: format!(
+                "ranks disagree on the topology: HALO_TOPOLOGY={:?} describes another machine \
+                 (levels, ranks, NICs or links inside a node) on ranks {differing:?} than on \
+                 rank 0 (topology SHA-256 {} there, {} on rank 0)",
+                cards[0].topology,
+                &cards[first].topology_digest[..16],
+                &cards[0].topology_digest[..16]
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The global topology of a fabric job without `HALO_TOPOLOGY`: one node per distinct
+/// host name, in order of first appearance, with the commodity link classes.
+fn host_topology(hosts: &[String]) -> Result<halo_topology::Topology> {
+    use halo_topology::{TopologySpec, commodity, spec::RankSpec};
+    let n = hosts.len();
     let mut order: Vec<&str> = Vec::new();
     let ranks = (0..n)
         .map(|r| {
@@ -156,9 +215,17 @@ pub(crate) fn connect(
         config
     };
     let (mut fabric, names) = FabricTransport::open(rank, size, config, &ip.to_string())?;
+    // Built before the exchange so that every rank can compare what it read; a spec
+    // that does not build here is this rank's error after the exchange (the others
+    // see its empty digest), so no rank is left waiting.
+    let local_topology = (!topology_spec.is_empty()).then(|| spec_topology(topology_spec, size));
     let card = Card {
         host: local_hostname(),
         topology: topology_spec.to_string(),
+        topology_digest: match &local_topology {
+            Some(Ok(t)) => topology_digest(t),
+            _ => String::new(),
+        },
         names,
         process: this_process(),
         bell: fabric.bell_path(),
@@ -170,21 +237,14 @@ pub(crate) fn connect(
         .enumerate()
         .map(|(r, b)| Card::decode(r, b))
         .collect::<Result<_>>()?;
-    // Every rank must describe the machine the same way.
-    let differing: Vec<usize> = (0..size)
-        .filter(|&r| cards[r].topology != cards[0].topology)
-        .collect();
-    if !differing.is_empty() {
-        return Err(Error::InvalidUsage {
-            peer: differing.first().copied(),
-            message: format!(
-                "ranks disagree on the topology: rank 0 uses {:?} but ranks {differing:?} use {:?}",
-                cards[0].topology, cards[differing[0]].topology
-            ),
-        });
-    }
     let hosts: Vec<String> = cards.iter().map(|c| c.host.clone()).collect();
-    let topology = job_topology(&hosts, topology_spec)?;
+    let topology = match local_topology {
+        Some(Err(e)) => return Err(e),
+        Some(Ok(t)) => t,
+        None => host_topology(&hosts)?,
+    };
+    // Every rank must describe the machine the same way.
+    check_topologies(&cards)?;
     // Same host name and PID namespace: this rank can see the peer's process end.
     let mut procs = vec![None; size];
     if let Some((ns, _)) = &cards[rank].process {
@@ -436,6 +496,7 @@ mod tests {
         Card {
             host: host.into(),
             topology: String::new(),
+            topology_digest: String::new(),
             names: [None, None],
             process: Some((ns.into(), Proc { pid: 7, start: 1 })),
             bell: None,
@@ -544,5 +605,69 @@ mod tests {
                 other => panic!("{why}: {other:?}"),
             }
         }
+    }
+
+    /// Cards naming `spec`, with the digests of `topologies` (`None`: did not build).
+    fn cards_of(spec: &str, topologies: &[Option<&halo_topology::Topology>]) -> Vec<Card> {
+        topologies
+            .iter()
+            .map(|t| Card {
+                topology: spec.into(),
+                topology_digest: t.map(topology_digest).unwrap_or_default(),
+                ..card("a", "pid:[1]", "auto", None)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ranks_must_build_the_same_topology_from_the_same_spec() {
+        use halo_topology::Topology;
+        let links = Topology::preset("frontier:1").unwrap();
+        let uniform = links.without_node_links();
+        assert_eq!(topology_digest(&links).len(), 64);
+        assert_eq!(topology_digest(&links), topology_digest(&links.clone()));
+        check_topologies(&cards_of("t.toml", &[Some(&links), Some(&links)])).unwrap();
+        check_topologies(&cards_of("", &[None, None])).unwrap();
+        // The same file name, another machine on rank 2: only the link matrix differs.
+        let cards = cards_of("t.toml", &[Some(&links), Some(&links), Some(&uniform)]);
+        match check_topologies(&cards) {
+            Err(Error::InvalidUsage { peer, message }) => {
+                assert_eq!(peer, Some(2));
+                assert!(
+                    message.contains("HALO_TOPOLOGY=\"t.toml\" describes another machine")
+                        && message.contains("on ranks [2]"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Rank 1 could not build it: every rank says so.
+        match check_topologies(&cards_of("t.toml", &[Some(&links), None])) {
+            Err(Error::InvalidUsage { peer, message }) => {
+                assert_eq!(peer, Some(1));
+                assert!(message.contains("did not build on ranks [1]"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Different specs: named as before.
+        let mut cards = cards_of("a.toml", &[Some(&links), Some(&links)]);
+        cards[1].topology = "b.toml".into();
+        match check_topologies(&cards) {
+            Err(Error::InvalidUsage { message, .. }) => {
+                assert!(
+                    message.contains("rank 0 uses \"a.toml\" but ranks [1]"),
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // The digest travels in the card and is checked there.
+        let card = &cards_of("t.toml", &[Some(&links)])[0];
+        assert_eq!(&Card::decode(0, &card.encode()).unwrap(), card);
+        let bad = String::from_utf8(card.encode())
+            .unwrap()
+            .replace(&card.topology_digest, "XYZ");
+        let e = Card::decode(0, bad.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("topology_digest"), "{e}");
     }
 }
