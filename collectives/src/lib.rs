@@ -42,7 +42,7 @@ pub use algo::moe::{
     MoeSend, build_moe_dispatch, build_moe_gather, build_moe_return, moe_forwards, moe_lands,
     moe_node_of, moe_plans, moe_relay_entries, moe_sends,
 };
-pub use algo::{AlgoOptions, Algorithm, BuildCtx, build};
+pub use algo::{AlgoOptions, Algorithm, BuildCtx, DEFAULT_NODE_RELAY_BYTES, build};
 pub use broadcast::{
     BROADCAST_CHUNK, BROADCAST_SMALL, BroadcastAlgorithm, ROOT_AGREEMENT_TAG, build_broadcast,
 };

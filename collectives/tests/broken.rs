@@ -11,6 +11,7 @@ fn halo_schedules() -> (Topology, Vec<Schedule>) {
         chunk_bytes: 4,
         halo_levels: None,
         max_chunks: 4096,
+        ..AlgoOptions::default()
     };
     let s = build_uniform(Algorithm::Halo, &topo, 8, &opts).unwrap();
     verify_all_to_all(&s, &topo, &UniformSizes(8)).expect("unbroken schedules verify");

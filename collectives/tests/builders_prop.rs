@@ -98,6 +98,8 @@ fn options(family: u8, choice: u8, chunk: usize) -> AlgoOptions {
         chunk_bytes: chunk,
         halo_levels,
         max_chunks: 4096,
+        // Half the cases relay inside nodes with a link matrix at every size.
+        node_relay_bytes: if choice.is_multiple_of(2) { 0 } else { usize::MAX },
     }
 }
 
@@ -153,6 +155,7 @@ fn scattered_displacements_verify() {
         chunk_bytes: 4,
         halo_levels: None,
         max_chunks: 4096,
+        ..AlgoOptions::default()
     };
     for algo in [Algorithm::Flat, Algorithm::Pairwise, Algorithm::Halo] {
         let mut layouts_data = Vec::new();

@@ -62,6 +62,7 @@ fn option_sets(topo: &Topology) -> Vec<AlgoOptions> {
             chunk_bytes: 3,
             halo_levels: None,
             max_chunks: 4096,
+            ..AlgoOptions::default()
         },
     ];
     if topo.has_level(Level::Switch) {
@@ -69,16 +70,19 @@ fn option_sets(topo: &Topology) -> Vec<AlgoOptions> {
             chunk_bytes: 5,
             halo_levels: Some(vec![Level::Node, Level::Switch]),
             max_chunks: 4096,
+            ..AlgoOptions::default()
         });
         out.push(AlgoOptions {
             chunk_bytes: 1 << 20,
             halo_levels: Some(vec![Level::Package]),
             max_chunks: 4096,
+            ..AlgoOptions::default()
         });
         out.push(AlgoOptions {
             chunk_bytes: 16,
             halo_levels: Some(vec![Level::Switch, Level::Group]),
             max_chunks: 4096,
+            ..AlgoOptions::default()
         });
     }
     out
@@ -233,6 +237,7 @@ fn message_counts_by_hand() {
         chunk_bytes: 6,
         halo_levels: None,
         max_chunks: 4096,
+        ..AlgoOptions::default()
     };
     let topo = Topology::preset("nodes:4x2").unwrap();
     let s = build_uniform(Algorithm::Halo2d, &topo, 8, &opts).unwrap();
@@ -293,6 +298,7 @@ fn receives_are_posted_without_dependencies() {
             chunk_bytes: 5,
             halo_levels: None,
             max_chunks: 4096,
+            ..AlgoOptions::default()
         };
         let s = build_uniform(Algorithm::Halo2d, &topo, 8, &opts).unwrap();
         for sch in &s {

@@ -22,6 +22,8 @@ fn smoke() {
                     chunk_bytes: 3,
                     halo_levels: None,
                     max_chunks: 4096,
+                    // Relays inside Frontier's nodes at every size, in chunks.
+                    node_relay_bytes: 0,
                 },
             ] {
                 let s = build_uniform(algo, &topo, 8, &opts).unwrap();
@@ -45,6 +47,7 @@ fn smoke() {
                 chunk_bytes: 5,
                 halo_levels: Some(vec![Level::Node, Level::Switch, Level::Group]),
                 max_chunks: 4096,
+                node_relay_bytes: 0,
             };
             let s = build_uniform(Algorithm::Halo, &topo, 8, &opts).unwrap();
             verify_all_to_all(&s, &topo, &UniformSizes(8))

@@ -12,6 +12,7 @@ fn opts(chunk_bytes: usize, max_chunks: usize) -> AlgoOptions {
         chunk_bytes,
         max_chunks,
         halo_levels: None,
+        ..AlgoOptions::default()
     }
 }
 

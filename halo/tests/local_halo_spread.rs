@@ -53,6 +53,7 @@ fn opts(chunk_bytes: usize, max_chunks: usize) -> AlgoOptions {
         chunk_bytes,
         max_chunks,
         halo_levels: None,
+        ..AlgoOptions::default()
     }
 }
 
@@ -86,4 +87,22 @@ fn ragged_chunks_on_uneven_nodes() {
 fn default_options_large_blocks() {
     // 8 blocks of 64 KiB: four chunks of two blocks (frontier:2's 8-rank nodes).
     check("frontier:2", 64 << 10, AlgoOptions::default());
+}
+
+/// HALO's intra-node phase relaying blocks over peers on a Frontier node's balanced
+/// paths (`AlgoOptions::node_relay_bytes`), in chunks, with and without the spread
+/// Phase II, on whole and cut nodes: byte-exact.
+#[test]
+fn relays_inside_frontier_nodes() {
+    let relay = |chunk_bytes: usize| AlgoOptions {
+        chunk_bytes,
+        node_relay_bytes: 0,
+        ..AlgoOptions::default()
+    };
+    for spec in ["frontier:1", "frontier:2", "frontier:2,ranks=13"] {
+        check(spec, 40, relay(16));
+        check(spec, 40, relay(1 << 20));
+    }
+    // The default: relayed from 128 KiB per peer (one node: the whole all-to-all).
+    check("frontier:1", 256 << 10, AlgoOptions::default());
 }

@@ -26,6 +26,8 @@ pub mod spec;
 
 pub use error::{Result, TopologyError};
 pub use level::{Level, LinkClass};
-pub use model::{Nic, NodeLinks, Rank, Topology, fmt_bandwidth, fmt_seconds};
+pub use model::{
+    Nic, NodeLinks, RELAY_HOPS, RELAY_MAX_RANKS, Rank, Topology, fmt_bandwidth, fmt_seconds,
+};
 pub use preset::{commodity, dgx_h100, frontier, mi300x, preset_spec};
 pub use spec::{MAX_FILE_BYTES, NodeLinksSpec, TopologySpec};

@@ -70,6 +70,13 @@ pub struct Topology {
     node_links: Option<NodeLinks>,
 }
 
+/// Most hops a path of [`NodeLinks::balanced_routes`] takes.
+pub const RELAY_HOPS: usize = 3;
+
+/// Most ranks of a node [`NodeLinks::balanced_routes`] searches paths for (every node
+/// of the presets; the search grows with the cube of the ranks).
+pub const RELAY_MAX_RANKS: usize = 8;
+
 /// The direct links between the ranks of a node where a node is not uniform
 /// ([`Topology::node_links`]): the same in every node, by the ranks' positions in their
 /// node ([`Topology::local_index`] at [`Level::Node`]).
@@ -132,6 +139,118 @@ impl NodeLinks {
             .filter(|&e| load[e] > 0)
             .map(|e| load[e] as f64 / self.matrix[e / size][e % size] as f64)
             .fold(0.0, f64::max)
+    }
+
+    /// Paths for an all-to-all inside the node that load its busiest link less than
+    /// the fabric's [`route`](NodeLinks::route)s do, for a library that forwards blocks
+    /// over peers itself: per ordered pair of the node's first `ranks` ranks (index
+    /// `i * ranks + j`), the positions a block from `i` to `j` visits, `i` first and
+    /// `j` last (empty for `i == j`), with their [`exchange_load`](NodeLinks::exchange_load).
+    /// Paths have at most [`RELAY_HOPS`] hops and visit only those ranks; the search
+    /// starts from the fabric's routes and moves one pair at a time to the path that lowers the busiest link's
+    /// load (then the sum of squares of all loads) until none does — deterministic, the
+    /// same on every rank. `None` when it finds nothing better than the fabric's
+    /// routes, when two ranks have no path, or for more than [`RELAY_MAX_RANKS`] ranks.
+    ///
+    /// ```
+    /// use halo_topology::Topology;
+    ///
+    /// let topo = Topology::preset("frontier:1").unwrap();
+    /// let links = topo.node_links().unwrap();
+    /// let (paths, load) = links.balanced_routes(8).unwrap();
+    /// assert_eq!(load, 3.0); // against the fabric's 4.0
+    /// assert_eq!(paths[1], vec![0, 1]); // GCD 0 -> 1 on the quad link
+    /// ```
+    ///
+    /// # Panics
+    /// When `ranks` is above [`NodeLinks::size`].
+    pub fn balanced_routes(&self, ranks: usize) -> Option<(Vec<Vec<usize>>, f64)> {
+        assert!(ranks <= self.size(), "more ranks than the matrix has rows");
+        if !(2..=RELAY_MAX_RANKS).contains(&ranks) {
+            return None;
+        }
+        let fabric = self.exchange_load(ranks);
+        if !fabric.is_finite() {
+            return None;
+        }
+        let n = ranks;
+        let l = |u: usize, v: usize| self.matrix[u][v];
+        // Every simple path of at most RELAY_HOPS hops, fewest hops first, then in order.
+        let mut candidates: Vec<Vec<Vec<usize>>> = vec![Vec::new(); n * n];
+        for i in 0..n {
+            let mut stack = vec![vec![i]];
+            while let Some(p) = stack.pop() {
+                let u = *p.last().expect("a path has a start");
+                for v in (0..n).filter(|&v| l(u, v) > 0 && !p.contains(&v)) {
+                    let mut q = p.clone();
+                    q.push(v);
+                    if q.len() <= RELAY_HOPS {
+                        stack.push(q.clone());
+                    }
+                    candidates[i * n + v].push(q);
+                }
+            }
+        }
+        for c in &mut candidates {
+            c.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        }
+        let mut load = vec![0i64; n * n];
+        let add = |load: &mut [i64], p: &[usize], d: i64| {
+            for w in p.windows(2) {
+                load[w[0] * n + w[1]] += d;
+            }
+        };
+        let cost = |load: &[i64]| {
+            let mut worst = 0.0f64;
+            let mut squares = 0.0f64;
+            for e in (0..n * n).filter(|&e| load[e] > 0) {
+                let x = load[e] as f64 / l(e / n, e % n) as f64;
+                worst = worst.max(x);
+                squares += x * x;
+            }
+            (worst, squares)
+        };
+        let mut paths: Vec<Vec<usize>> = vec![Vec::new(); n * n];
+        for i in 0..n {
+            for j in (0..n).filter(|&j| j != i) {
+                // The fabric's route, unless it crosses a GPU beyond the first `ranks`
+                // (no rank there to forward): then the first candidate.
+                let mut p = vec![i];
+                p.extend(self.route(i, j).into_iter().map(|(_, v)| v));
+                if p.iter().any(|&x| x >= n) {
+                    p = candidates[i * n + j].first()?.clone();
+                }
+                add(&mut load, &p, 1);
+                paths[i * n + j] = p;
+            }
+        }
+        let mut now = cost(&load);
+        for _ in 0..64 {
+            let mut moved = false;
+            for d in (0..n * n).filter(|&d| d / n != d % n) {
+                let here = std::mem::take(&mut paths[d]);
+                add(&mut load, &here, -1);
+                let mut best = (now, here);
+                for p in &candidates[d] {
+                    add(&mut load, p, 1);
+                    let c = cost(&load);
+                    add(&mut load, p, -1);
+                    if c < best.0 {
+                        best = (c, p.clone());
+                    }
+                }
+                if best.0 < now {
+                    moved = true;
+                    now = best.0;
+                }
+                add(&mut load, &best.1, 1);
+                paths[d] = best.1;
+            }
+            if !moved {
+                break;
+            }
+        }
+        (now.0 < fabric).then_some((paths, now.0))
     }
 
     /// The links a transfer from the node's `i`-th to its `j`-th rank crosses, as

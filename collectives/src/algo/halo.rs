@@ -42,6 +42,59 @@ fn tag(tier: usize, chunk: usize, src: Rank) -> u64 {
     ((tier as u64) << 44) | ((chunk as u64) << 32) | src as u64
 }
 
+/// The tier of relayed intra-node messages (`build` refuses 15 levels or more).
+const RELAY_TIER: usize = 15;
+/// Most chunks of one relayed block (6 bits of the chunk field; the destination's
+/// position in its node takes the other 6).
+const RELAY_CHUNKS: usize = 64;
+
+/// Tag of chunk `c` of `src`'s block for the rank at position `dst` of the node, on
+/// every hop of its relay path.
+fn relay_tag(dst: usize, c: usize, src: Rank) -> u64 {
+    tag(RELAY_TIER, (dst << 6) | c, src)
+}
+
+/// The intra-node phase's own paths over peers ([`halo_topology::NodeLinks::balanced_routes`]).
+struct Relay {
+    /// This rank's node's ranks, by position.
+    ranks: Vec<u32>,
+    /// Per ordered pair of positions `i * n + j`, the positions its blocks visit.
+    paths: Vec<Vec<usize>>,
+    /// This rank's position.
+    me: usize,
+}
+
+impl Relay {
+    /// The relay this rank's build uses, if any: a uniform all-to-all of blocks of at
+    /// least `node_relay_bytes`, aggregating first at the node level, on a topology
+    /// whose link matrix has better paths than the fabric's for this rank's node.
+    fn new(ctx: &BuildCtx<'_>, tiers: &[Level]) -> Option<Relay> {
+        let topo = ctx.topology;
+        let s = ctx.sizes.uniform()?;
+        if s <= crate::layout::META_BLOCK || s < ctx.options.node_relay_bytes {
+            return None;
+        }
+        if tiers.first() != Some(&Level::Node) {
+            return None;
+        }
+        let links = topo.node_links()?;
+        let node = topo.domain(ctx.rank, Level::Node);
+        let ranks = topo.ranks(Level::Node, node).to_vec();
+        let (paths, _) = links.balanced_routes(ranks.len())?;
+        Some(Relay {
+            me: topo.local_index(ctx.rank, Level::Node),
+            ranks,
+            paths,
+        })
+    }
+
+    /// The path (positions) from position `i` to position `j` when it is relayed.
+    fn relayed(&self, i: usize, j: usize) -> Option<&[usize]> {
+        let p = &self.paths[i * self.ranks.len() + j];
+        (p.len() > 2).then_some(p.as_slice())
+    }
+}
+
 /// The routing order and the intervals of every domain at every tier below the top.
 struct Plan {
     tiers: Vec<Level>,
@@ -287,6 +340,8 @@ struct Builder<'c, 'a> {
     srcs: Vec<Rank>,
     /// Senders of the packets being received.
     senders: Vec<Rank>,
+    /// The intra-node phase's own paths, when it relays.
+    relay: Option<Relay>,
 }
 
 impl Builder<'_, '_> {
@@ -349,6 +404,77 @@ impl Builder<'_, '_> {
 
     fn chunk_plan(&self, len: usize) -> (usize, usize) {
         self.ctx.options.chunks(len)
+    }
+
+    /// How a relayed block of `len` bytes is cut: in chunks of about `chunk_bytes`, at
+    /// most [`RELAY_CHUNKS`] of them (not `max_chunks`: each hop of a relay waits for
+    /// the whole chunk before it, so fewer, larger chunks leave the links idle longer).
+    fn relay_chunks(&self, len: usize) -> (usize, usize) {
+        let k = len
+            .div_ceil(self.ctx.options.chunk_bytes.max(1))
+            .clamp(1, RELAY_CHUNKS);
+        (k, len.div_ceil(k))
+    }
+
+    /// Appends to `out` the sources whose blocks for `dst` rank `g` (of `dst`'s node)
+    /// sends it at tier 0: its own and those it received for `dst`.
+    fn tier0_sources(&self, g: Rank, dst: Rank, out: &mut Vec<Rank>) {
+        let topo = self.ctx.topology;
+        let (lo, hi) = self.plan.interval(topo, dst, 0);
+        if let Some(bpc) = self.spread(hi - lo) {
+            // g's own block, and those of the spread chunks holding dst's block that g
+            // received.
+            out.push(g);
+            let mine = self.plan.pos[dst] as usize;
+            let pa = lo + (mine - lo) / bpc * bpc;
+            let pb = (pa + bpc).min(hi);
+            let pos = self.plan.pos[g] as usize;
+            if (pa..pb).contains(&pos) {
+                self.spread_senders(pa, pb, pos, out);
+            }
+        } else {
+            self.plan.sources(topo, g, 0, out);
+        }
+    }
+
+    /// This rank's part in the relays of its node: every block whose path passes
+    /// through it is received from the previous rank of the path and sent on to the
+    /// next, chunk by chunk.
+    fn relay_through(&mut self) {
+        let Some(relay) = self.relay.take() else {
+            return;
+        };
+        let n = relay.ranks.len();
+        let mut srcs = Vec::new();
+        for i in 0..n {
+            for j in (0..n).filter(|&j| j != i) {
+                let Some(path) = relay.relayed(i, j) else {
+                    continue;
+                };
+                let Some(t) = path[1..path.len() - 1].iter().position(|&x| x == relay.me) else {
+                    continue;
+                };
+                let (prev, next) = (relay.ranks[path[t]], relay.ranks[path[t + 2]]);
+                let (gi, gj) = (relay.ranks[i] as usize, relay.ranks[j] as usize);
+                srcs.clear();
+                self.tier0_sources(gi, gj, &mut srcs);
+                for &src in &srcs {
+                    let len = self.ctx.sizes.bytes(src, gj);
+                    if len == 0 {
+                        continue;
+                    }
+                    let buf = self.b.scratch(len);
+                    let (k, cs) = self.relay_chunks(len);
+                    for c in 0..k {
+                        let piece = buf.sub(c * cs, cs.min(len - c * cs));
+                        let id = self.b.recv(prev as usize, relay_tag(j, c, src), piece, &[]);
+                        self.b
+                            .send(next as usize, relay_tag(j, c, src), piece, &[id]);
+                    }
+                }
+            }
+        }
+        self.relay = Some(relay);
     }
 
     /// Blocks per Phase II chunk when this build *spreads* its chunks, for a packet
@@ -632,23 +758,28 @@ impl Builder<'_, '_> {
                 continue;
             }
             srcs.clear();
-            if let Some(bpc) = self.spread(hi - lo) {
-                // g's own block, and those of the spread chunks holding this rank's
-                // block that g received.
-                srcs.push(g);
-                let mine = self.plan.pos[me] as usize;
-                let pa = lo + (mine - lo) / bpc * bpc;
-                let pb = (pa + bpc).min(hi);
-                if (pa..pb).contains(&pos) {
-                    self.spread_senders(pa, pb, pos, &mut srcs);
-                }
-            } else {
-                self.plan.sources(topo, g, 0, &mut srcs);
-            }
+            self.tier0_sources(g, me, &mut srcs);
+            // Relayed: from the last rank before this one on the path.
+            let last = self.relay.as_ref().and_then(|r| {
+                let p = r.relayed(topo.local_index(g, Level::Node), r.me)?;
+                Some((r.ranks[p[p.len() - 2]] as usize, r.me))
+            });
             for &src in &srcs {
                 let r = layout.recv_region(src);
-                if r.len > 0 {
-                    self.b.recv(g, tag(0, 0, src), r, &[]);
+                if r.len == 0 {
+                    continue;
+                }
+                match last {
+                    None => {
+                        self.b.recv(g, tag(0, 0, src), r, &[]);
+                    }
+                    Some((prev, at)) => {
+                        let (k, cs) = self.relay_chunks(r.len);
+                        for c in 0..k {
+                            let piece = r.sub(c * cs, cs.min(r.len - c * cs));
+                            self.b.recv(prev, relay_tag(at, c, src), piece, &[]);
+                        }
+                    }
                 }
             }
         }
@@ -661,14 +792,26 @@ impl Builder<'_, '_> {
                 let q = self.plan.order[pos] as usize;
                 let region = self.region(p, &off, pos, pos + 1);
                 let deps = std::mem::take(&mut self.deps);
+                let first = self.relay.as_ref().and_then(|r| {
+                    let at = topo.local_index(q, Level::Node);
+                    let path = r.relayed(r.me, at)?;
+                    Some((r.ranks[path[1]] as usize, at))
+                });
                 if q == me {
                     self.b.copy(region, layout.recv_region(p.src), &deps);
+                } else if let Some((next, at)) = first {
+                    let (k, cs) = self.relay_chunks(region.len);
+                    for c in 0..k {
+                        let piece = region.sub(c * cs, cs.min(region.len - c * cs));
+                        self.b.send(next, relay_tag(at, c, p.src), piece, &deps);
+                    }
                 } else {
                     self.b.send(q, tag(0, 0, p.src), region, &deps);
                 }
                 self.deps = deps;
             }
         }
+        self.relay_through();
         self.b.finish()
     }
 }
@@ -697,8 +840,10 @@ pub(crate) fn build(ctx: &BuildCtx<'_>) -> Result<Schedule> {
     let per_tier = 2 * k * (n / r0 + 1);
     b.reserve(2 * n + levels.len() * per_tier + 64, 2 * n + 64);
     b.reserve_routed(n);
+    let relay = Relay::new(ctx, &plan.tiers);
     let builder = Builder {
         ctx,
+        relay,
         plan,
         b,
         deps: Vec::new(),

@@ -105,6 +105,13 @@ pub struct AlgoOptions {
     /// Adding outer levels (switch, group) sends one message per remote switch or
     /// group instead of per remote node, at the cost of one more hop.
     pub halo_levels: Option<Vec<Level>>,
+    /// HALO's intra-node phase forwards blocks of at least this many bytes over peers
+    /// itself, on the paths of [`NodeLinks::balanced_routes`](halo_topology::NodeLinks::balanced_routes),
+    /// when the topology has a link matrix and those paths load the node's busiest
+    /// link less than the fabric's own routes (a Frontier node: 3 transfers per link
+    /// against 4). Uniform all-to-all only; `usize::MAX`: never. The default is where
+    /// it starts to pay on frontier:1 (docs/SIMULATION.md, table 9).
+    pub node_relay_bytes: usize,
 }
 
 impl Default for AlgoOptions {
@@ -113,9 +120,13 @@ impl Default for AlgoOptions {
             chunk_bytes: 128 << 10,
             max_chunks: 8,
             halo_levels: None,
+            node_relay_bytes: DEFAULT_NODE_RELAY_BYTES,
         }
     }
 }
+
+/// [`AlgoOptions::node_relay_bytes`]'s default.
+pub const DEFAULT_NODE_RELAY_BYTES: usize = 128 << 10;
 
 /// Most chunks a message can be cut into: 12 bits of the tag.
 pub(crate) const MAX_CHUNKS: usize = 1 << 12;
