@@ -69,6 +69,8 @@ pub enum Reader {
     AllToAllV,
     /// The device path's library search (NCCL / RCCL and the runtime).
     Device,
+    /// Local topology discovery (`halo topo`, a communicator without `HALO_TOPOLOGY`).
+    Discovery,
     /// Logging.
     Logging,
     /// The `halo` tool.
@@ -87,6 +89,7 @@ impl Reader {
             Reader::Fabric => "libfabric transport",
             Reader::AllToAllV => "All-to-all-v",
             Reader::Device => "Device path (NCCL / RCCL)",
+            Reader::Discovery => "Topology discovery",
             Reader::Logging => "Logging",
             Reader::Tool => "The halo tool",
             Reader::Python => "Python package",
@@ -319,6 +322,9 @@ params! {
         "Python site directories searched for the libraries (nvidia/nccl/lib, torch/lib); the Python package sets it.";
     SEARCH_CHILD = "HALO_SEARCH_CHILD", Kind::Choice(&["1"]), "-", Error, Device,
         "Internal: marks the child process the library search runs its check in.";
+
+    NVML_LIBRARY = "HALO_NVML_LIBRARY", Kind::Text, "libnvidia-ml.so.1, then libnvidia-ml.so", Warn, Discovery,
+        "The NVML library (a path) discovery loads on a machine with NVIDIA GPUs for their NVLink links; when set, the only one tried. One that does not load is a warning, not an error: no NVLink links, and discovery's sources say why.";
 
     DEBUG = "HALO_DEBUG", Kind::Text, "warn", Error, Logging,
         "How much to log on stderr, as NCCL_DEBUG: off, error, warn, info, debug, trace, or a tracing filter (warn,halo_topology=debug).";

@@ -341,6 +341,7 @@ fn fake_sysfs_tree_is_parsed_exactly() {
         format!("sysfs {root}/sys/class/drm: 5 cards/render nodes on PCI"),
         format!("sysfs {root}/sys/class/cxi: 2 devices"),
         format!("sysfs {root}/sys/devices/virtual/kfd/kfd/topology/nodes: absent"),
+        "nvml: not tried (no NVIDIA GPU)".to_owned(),
         "env: no SLURM_JOB_ID or SLURM_PROCID (not under Slurm)".to_owned(),
         format!("procfs {root}/proc/sys/kernel/hostname"),
     ];

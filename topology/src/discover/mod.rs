@@ -1,17 +1,20 @@
 //! Local machine discovery.
 //!
 //! [`discover`] describes the machine this process runs on: CPU packages, cores and
-//! PUs, NUMA nodes, PCI devices, GPUs (with AMD XGMI hives), network interfaces,
-//! Slingshot `cxi` devices and the Slurm placement of the process. It combines
-//! three sources:
+//! PUs, NUMA nodes, PCI devices, GPUs (with AMD XGMI hives and the direct links
+//! between GPUs), network interfaces, Slingshot `cxi` devices and the Slurm placement
+//! of the process. It combines four sources:
 //!
 //! - hwloc (feature `hwloc`, through `hwlocality`): CPUs, NUMA nodes, PCI devices
 //!   and OS devices, built with every I/O object kept and disallowed CPUs included
 //!   (the whole machine, not only this process's cgroup);
 //! - sysfs and procfs below a configurable root: network interfaces, DRM cards
-//!   (XGMI), `cxi` devices, RDMA devices, the host name, and CPUs, NUMA nodes and
-//!   PCI devices when hwloc is not used or fails;
-//! - the environment: Slurm variables.
+//!   (XGMI), `cxi` devices, RDMA devices, AMD's KFD topology (GPU links), the host
+//!   name, and CPUs, NUMA nodes and PCI devices when hwloc is not used or fails;
+//! - NVML (`libnvidia-ml.so.1`, loaded at run time, never linked), only when NVIDIA
+//!   GPUs were found and the root is `/`: the NVLink links between GPUs, direct or
+//!   through NVSwitches; a missing or failing NVML is noted in `sources`, not an error;
+//! - the environment: Slurm variables, and `HALO_NVML_LIBRARY` (the NVML to load).
 //!
 //! Nothing is invented: what no source reports stays absent (an empty `Vec` or
 //! `None`), and [`LocalMachine::sources`] says which source was used and which was
@@ -22,8 +25,8 @@
 //! [`discover_with`] takes the sources in turn, one (private) file each:
 //! `findings.rs` runs hwloc; `cpus.rs` gives CPUs, NUMA nodes and PCI devices (and
 //! the NUMA node of a PCI bus); `net.rs` network interfaces with their RDMA devices,
-//! and `cxi` devices; `gpus.rs` GPUs; `slurm.rs` the Slurm placement; the host name
-//! comes last. `sysfs.rs` and `hwloc.rs` read the two machine sources; `render.rs`
+//! and `cxi` devices; `gpus.rs` GPUs; `kfd.rs` AMD's GPU links; `nvml.rs` NVIDIA's
+//! NVLink links; `slurm.rs` the Slurm placement; the host name comes last. `sysfs.rs` and `hwloc.rs` read the two machine sources; `render.rs`
 //! prints [`LocalMachine::render_tree`].
 
 mod cpus;
@@ -31,6 +34,7 @@ mod findings;
 mod gpus;
 mod kfd;
 mod net;
+mod nvml;
 mod render;
 mod slurm;
 mod sysfs;
@@ -38,7 +42,10 @@ mod sysfs;
 #[cfg(feature = "hwloc")]
 mod hwloc;
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -65,8 +72,10 @@ pub struct LocalMachine {
     pub pci_devices: Vec<PciDevice>,
     /// Slingshot devices of `/sys/class/cxi`, in natural name order.
     pub cxi_devices: Vec<CxiDevice>,
-    /// Direct GPU-to-GPU links (AMD: the KFD topology's io_links and p2p_links), one
-    /// entry per direction, by (from, to) bus id; empty when no source has them.
+    /// Direct GPU-to-GPU links (AMD: the KFD topology's io_links and p2p_links;
+    /// NVIDIA: NVML's NVLinks, direct or through NVSwitches), one entry per direction,
+    /// by (from, to) bus id within each source (KFD's first); empty when no source has
+    /// them.
     #[serde(default)]
     pub gpu_links: Vec<GpuLink>,
     /// Placement under Slurm; `None` when neither `SLURM_JOB_ID` nor `SLURM_PROCID`
@@ -260,12 +269,15 @@ pub struct GpuLink {
     /// What carries it.
     pub kind: GpuLinkKind,
     /// Number of links between the two (xGMI: `max_bandwidth / min_bandwidth`, as RCCL
-    /// counts them; 1 otherwise).
+    /// counts them; NVLink: active links from the one to the other, or through
+    /// NVSwitches the smaller of the two GPUs' switch links; 1 otherwise).
     pub links: u32,
     /// Bandwidth of all of them together, one direction, bytes per second (KFD's
-    /// `max_bandwidth`, MB/s x 10^6).
+    /// `max_bandwidth`, MB/s x 10^6; NVLink: links x the per-link rate of the GPU's
+    /// generation, 0 where that rate is not known).
     pub bandwidth_bytes_per_sec: u64,
-    /// The driver's relative cost (KFD: 15 per xGMI hop, 20 per PCIe segment).
+    /// The driver's relative cost (KFD: 15 per xGMI hop, 20 per PCIe segment; NVML
+    /// reports none: 0).
     pub weight: u32,
 }
 
@@ -475,12 +487,14 @@ impl EnvSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoverOptions {
     /// Directory below which `/sys` and `/proc` are read (default `/`); tests point
-    /// it at a fake tree. hwloc always reads the real machine.
+    /// it at a fake tree. hwloc always reads the real machine; NVML does too, so it is
+    /// loaded only when the root is `/`.
     pub root: PathBuf,
     /// Use hwloc for CPUs, NUMA nodes, PCI and OS devices (default `true`; without
     /// the `hwloc` feature this is noted in `sources` and sysfs is used).
     pub use_hwloc: bool,
-    /// Where the Slurm variables come from (default: the process environment).
+    /// Where the Slurm variables and `HALO_NVML_LIBRARY` come from (default: the
+    /// process environment).
     pub env: EnvSource,
 }
 
@@ -507,6 +521,8 @@ pub fn discover() -> Result<LocalMachine, DiscoverError> {
 /// Discovers this machine with the given options.
 ///
 /// A failing hwloc is not an error: sysfs is used instead and `sources` says why.
+/// Nor is an NVML that does not load, initialise or answer: there are no NVLink links
+/// and `sources` says why.
 ///
 /// # Errors
 ///
@@ -528,7 +544,7 @@ pub fn discover_with(options: &DiscoverOptions) -> Result<LocalMachine, Discover
     let nics = net::network_interfaces(&sys, hw_osdevs, &locality, &mut sources)?;
     let gpus = gpus::gpus(&sys, &pci_devices, hw_osdevs, &locality, &mut sources)?;
     let cxi_devices = net::cxi_devices(&sys, &nics, &locality, &mut sources)?;
-    let gpu_links = note(
+    let mut gpu_links = note(
         &mut sources,
         &sys,
         kfd::TOPOLOGY,
@@ -536,6 +552,7 @@ pub fn discover_with(options: &DiscoverOptions) -> Result<LocalMachine, Discover
         |l| format!("{} direct GPU-to-GPU links (KFD)", l.len()),
     );
     let env = options.env.variables();
+    gpu_links.extend(nvml_links(&options.root, &gpus, &env, &mut sources));
     let slurm = slurm::placement(&env, &mut sources)?;
     let hostname = hostname(&sys, hw.as_ref(), &env, &mut sources)?;
 
@@ -551,6 +568,61 @@ pub fn discover_with(options: &DiscoverOptions) -> Result<LocalMachine, Discover
         slurm,
         sources,
     })
+}
+
+/// The NVLink links NVML reports, when there are NVIDIA GPUs and the root is `/`: NVML
+/// reads the real machine, so discovery of a test tree never loads it. Never an error:
+/// an NVML that does not load, initialise or answer is noted in `sources`.
+fn nvml_links(
+    root: &Path,
+    gpus: &[Gpu],
+    env: &BTreeMap<String, String>,
+    sources: &mut Vec<String>,
+) -> Vec<GpuLink> {
+    if !gpus.iter().any(|g| g.vendor == GpuVendor::Nvidia) {
+        sources.push("nvml: not tried (no NVIDIA GPU)".to_owned());
+        return Vec::new();
+    }
+    if root != Path::new("/") {
+        sources.push(format!(
+            "nvml: not tried (root {} is not /, and NVML reads the real machine)",
+            root.display()
+        ));
+        return Vec::new();
+    }
+    let library = env
+        .get(halo_params::NVML_LIBRARY.name)
+        .filter(|v| !v.trim().is_empty())
+        .map(PathBuf::from);
+    match nvml::read(library.as_deref()) {
+        Ok(found) => {
+            let links = nvml::nvlink_pairs(&found.devices);
+            let unknown = if links.iter().any(|l| l.bandwidth_bytes_per_sec == 0) {
+                " (bandwidth 0 where the GPU's per-link rate is not known)"
+            } else {
+                ""
+            };
+            sources.push(format!(
+                "nvml {}: {} GPUs, {} NVLink pairs{unknown}",
+                found.library,
+                found.devices.len(),
+                links.len()
+            ));
+            links
+        }
+        Err(nvml::NvmlError::Unavailable(why)) => {
+            if library.is_some() {
+                tracing::warn!("{} not used: {why}", halo_params::NVML_LIBRARY.name);
+            }
+            sources.push(format!("nvml: unavailable ({why})"));
+            Vec::new()
+        }
+        Err(nvml::NvmlError::Failed(why)) => {
+            tracing::warn!("NVML failed, no NVLink links: {why}");
+            sources.push(format!("nvml: failed ({why}); no NVLink links"));
+            Vec::new()
+        }
+    }
 }
 
 /// The host name: procfs, else hwloc's `HostName`, else `$HOSTNAME`.

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use super::{LocalMachine, NumaNode};
+use super::{GpuLinkKind, LocalMachine, NumaNode};
 
 impl LocalMachine {
     /// Readable tree for `halo topo`, e.g.
@@ -183,9 +183,16 @@ impl LocalMachine {
         }
 
         if !self.gpu_links.is_empty() {
+            let nvml = self.gpu_links.iter().any(|l| l.kind == GpuLinkKind::NvLink);
+            let kfd = self.gpu_links.iter().any(|l| l.kind != GpuLinkKind::NvLink);
+            let from = match (kfd, nvml) {
+                (true, true) => "KFD, NVML",
+                (false, true) => "NVML",
+                _ => "KFD",
+            };
             line(
                 1,
-                "GPU links (links between each pair; . none; KFD):".to_owned(),
+                format!("GPU links (links between each pair; . none; {from}):"),
             );
             for row in self.gpu_link_matrix() {
                 line(2, row);
