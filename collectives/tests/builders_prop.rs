@@ -99,7 +99,11 @@ fn options(family: u8, choice: u8, chunk: usize) -> AlgoOptions {
         halo_levels,
         max_chunks: 4096,
         // Half the cases relay inside nodes with a link matrix at every size.
-        node_relay_bytes: if choice.is_multiple_of(2) { 0 } else { usize::MAX },
+        node_relay_bytes: if choice.is_multiple_of(2) {
+            0
+        } else {
+            usize::MAX
+        },
     }
 }
 
