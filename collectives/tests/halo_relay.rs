@@ -60,15 +60,23 @@ fn relays_from_the_threshold_on_nodes_with_better_paths() {
         ..AlgoOptions::default()
     };
     assert_eq!(relayed_sends(&halo(&frontier, 1 << 10, &package)), 0);
-    // Several nodes, a cut last node (5 GCDs: its own paths), chunked relays.
+    // Several nodes and cut last nodes, chunked relays: a last node of 6 GCDs relays
+    // over its own ranks, one of 5 keeps the fabric's routes (nothing better there).
     let chunked = AlgoOptions {
         chunk_bytes: 8,
         node_relay_bytes: 0,
         ..AlgoOptions::default()
     };
-    for spec in ["frontier:2", "frontier:3,ranks=21"] {
+    for (spec, last_node_relays) in [
+        ("frontier:2", true),
+        ("frontier:2,ranks=14", true),
+        ("frontier:3,ranks=21", false),
+    ] {
         let topo = Topology::preset(spec).unwrap();
-        assert!(relayed_sends(&halo(&topo, 40, &chunked)) > 0, "{spec}");
+        let s = halo(&topo, 40, &chunked);
+        assert!(relayed_sends(&s[..8]) > 0, "{spec}");
+        let last = (topo.size() - 1) / 8 * 8;
+        assert_eq!(relayed_sends(&s[last..]) > 0, last_node_relays, "{spec}");
     }
 }
 

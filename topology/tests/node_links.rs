@@ -223,11 +223,13 @@ fn routes_over_a_chain_and_between_parts_that_never_meet() {
     assert_eq!(m.exchange_load(3), f64::INFINITY);
 }
 
-/// Why HALO's intra-node phase keeps the fabric's routes on a Frontier node (see
+/// Why HALO's relays inside a Frontier node take paths of up to 3 hops (see
 /// docs/SIMULATION.md, table 9): of every way to send each unlinked pair's transfer over
 /// one of the peers both ends have a link to (2^16 choices for the 16 pairs with two
 /// such peers), none loads the busiest link with fewer than the 4 transfers per link
-/// that [`NodeLinks::route`]'s choice gives.
+/// that the fabric's routes ([`NodeLinks::route`]) give; `balanced_routes`, with three
+/// hops, gets 3. (A cut bound: the 6 links between GCDs 0-3 and 4-7 carry 16 transfers
+/// each way, so no routing gets below 16 / 6 = 2.67.)
 #[test]
 fn no_choice_of_two_hop_routes_beats_the_fabrics_on_frontier() {
     let t = preset("frontier:1");
@@ -274,4 +276,24 @@ fn no_choice_of_two_hop_routes_beats_the_fabrics_on_frontier() {
     }
     assert_eq!(best, 4.0);
     assert_eq!(m.exchange_load(n), best);
+    let (paths, load) = m.balanced_routes(n).unwrap();
+    assert_eq!(load, 3.0);
+    assert!(paths.iter().all(|p| p.len() <= 4), "at most 3 hops");
+    // The paths are walks over links, from i to j.
+    for i in 0..n {
+        for j in (0..n).filter(|&j| j != i) {
+            let p = &paths[i * n + j];
+            assert_eq!((p[0], p[p.len() - 1]), (i, j));
+            assert!(p.windows(2).all(|w| m.links(w[0], w[1]) > 0), "{p:?}");
+        }
+    }
+    // Nothing to gain on a fully connected node. A cut node gets paths over its own
+    // ranks only: better than the fabric's with 6 GCDs; with 5 the fabric's 3.0 (over
+    // GCDs 5-7 too) is not beaten.
+    assert!(preset("mi300x:1").node_links().unwrap().balanced_routes(8).is_none());
+    let (cut, load) = m.balanced_routes(6).unwrap();
+    assert!(cut.iter().flatten().all(|&x| x < 6));
+    assert!(load < m.exchange_load(6));
+    assert_eq!(m.exchange_load(5), 3.0);
+    assert!(m.balanced_routes(5).is_none());
 }

@@ -61,6 +61,11 @@ pub(crate) struct SimulateArgs {
     /// model, to compare with.
     #[arg(long)]
     uniform_node: bool,
+    /// HALO relays intra-node blocks of at least this many bytes over peers on the
+    /// node's balanced paths (`AlgoOptions::node_relay_bytes`; K, M suffixes), or
+    /// `never`. Default: the library's (128 KiB).
+    #[arg(long, value_name = "BYTES|never")]
+    node_relay: Option<String>,
     /// Write a plot of time against size, one line per algorithm: SVG, or PNG when the
     /// file name ends in `.png`.
     #[arg(long)]
@@ -159,6 +164,13 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
         opts.algo = AlgoOptions {
             halo_levels: Some(levels),
             ..AlgoOptions::default()
+        };
+    }
+    if let Some(r) = &args.node_relay {
+        opts.algo.node_relay_bytes = match r.as_str() {
+            "never" => usize::MAX,
+            r => crate::plot::parse_bytes(r)
+                .map_err(|e| Failure::input(format!("--node-relay {r}: {e}")))?,
         };
     }
     if let Some(g) = args.nic_gap {
