@@ -22,7 +22,7 @@
 mod discover_support;
 
 use halo_topology::discover::{
-    DiscoverError, DiscoverOptions, GpuLink, GpuLinkKind, LocalMachine, discover_with,
+    DiscoverError, DiscoverOptions, GpuLink, GpuLinkKind, LocalMachine, NicKind, discover_with,
 };
 
 use discover_support::{TempTree, no_env};
@@ -163,6 +163,14 @@ fn frontier() -> TempTree {
         t.link(&format!("/sys/class/cxi/cxi{i}"), &cxi);
         t.file(&format!("{dir}/properties/link"), "1\n");
         t.file(&format!("{dir}/properties/speed"), "200000\n");
+        // Its Ethernet personality, hsnN, on the same PCI device.
+        let hsn = format!("{dir}/net/hsn{i}");
+        t.link(&format!("{hsn}/device"), &dir);
+        t.link(&format!("/sys/class/net/hsn{i}"), &hsn);
+        t.file(&format!("{hsn}/type"), "1\n");
+        t.file(&format!("{hsn}/speed"), "200000\n");
+        t.file(&format!("{hsn}/operstate"), "up\n");
+        t.file(&format!("{hsn}/address"), &format!("02:00:00:00:00:0{i}\n"));
     }
     t
 }
@@ -239,6 +247,43 @@ fn frontier_node_gives_the_mi250x_link_matrix_and_nic_speeds() {
         [("cxi0", 3), ("cxi1", 1), ("cxi2", 0), ("cxi3", 2)]
             .map(|(n, numa)| (n.to_string(), Some(numa), Some(25_000_000_000)))
             .to_vec()
+    );
+    // Each cxi NIC's hsn interface: same PCI device, NUMA node and speed, link up.
+    let cxi_nets: Vec<Vec<String>> = m
+        .cxi_devices
+        .iter()
+        .map(|c| c.net_interfaces.clone())
+        .collect();
+    assert_eq!(
+        cxi_nets,
+        (0..4).map(|i| vec![format!("hsn{i}")]).collect::<Vec<_>>()
+    );
+    let hsn: Vec<(String, NicKind, Option<u32>, Option<u64>, Option<String>)> = m
+        .nics
+        .iter()
+        .map(|n| {
+            (
+                n.name.clone(),
+                n.kind,
+                n.numa_node,
+                n.link_speed_bytes_per_sec,
+                n.operstate.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        hsn,
+        [3, 1, 0, 2]
+            .iter()
+            .enumerate()
+            .map(|(i, &numa)| (
+                format!("hsn{i}"),
+                NicKind::Slingshot,
+                Some(numa),
+                Some(25_000_000_000),
+                Some("up".to_string())
+            ))
+            .collect::<Vec<_>>()
     );
     let tree = m.render_tree();
     assert!(tree.contains("GPU links (links between"), "{tree}");

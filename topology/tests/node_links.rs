@@ -290,7 +290,13 @@ fn no_choice_of_two_hop_routes_beats_the_fabrics_on_frontier() {
     // Nothing to gain on a fully connected node. A cut node gets paths over its own
     // ranks only: better than the fabric's with 6 GCDs; with 5 the fabric's 3.0 (over
     // GCDs 5-7 too) is not beaten.
-    assert!(preset("mi300x:1").node_links().unwrap().balanced_routes(8).is_none());
+    assert!(
+        preset("mi300x:1")
+            .node_links()
+            .unwrap()
+            .balanced_routes(8)
+            .is_none()
+    );
     let (cut, load) = m.balanced_routes(6).unwrap();
     assert!(cut.iter().flatten().all(|&x| x < 6));
     assert!(load < m.exchange_load(6));
