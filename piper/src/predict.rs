@@ -319,8 +319,39 @@ impl<'t> Predictor<'t> {
             links: self.spec.links.clone(),
             ranks,
             nics,
-            node_links: None,
+            node_links: self.group_node_links(members),
         }
+    }
+
+    /// The link matrix of a group's nodes: the topology's, restricted to the positions
+    /// the group's members hold in their nodes, when those are the same in every node
+    /// of the group (groups of consecutive ranks aligned to the nodes); else none (the
+    /// group's nodes are not alike, and the uniform levels stand for them). Pairs whose
+    /// only paths ran over GPUs outside the group keep no route in the group: the
+    /// simulator charges them on the ports alone.
+    fn group_node_links(&self, members: &[usize]) -> Option<halo_topology::NodeLinksSpec> {
+        let links = self.spec.node_links.as_ref()?;
+        let t = self.topology;
+        let mut positions: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for &m in members {
+            positions
+                .entry(t.domain(m, Level::Node))
+                .or_default()
+                .push(t.local_index(m, Level::Node));
+        }
+        let mut nodes = positions.values();
+        let first = nodes.next()?;
+        if nodes.any(|p| p != first) {
+            tracing::debug!("EP group's nodes hold different GPUs: uniform node model");
+            return None;
+        }
+        Some(halo_topology::NodeLinksSpec {
+            link: links.link,
+            matrix: first
+                .iter()
+                .map(|&i| first.iter().map(|&j| links.matrix[i][j]).collect())
+                .collect(),
+        })
     }
 
     /// The distinct shapes of the expert-parallel groups of degree `ep` (blocks of `ep`

@@ -425,3 +425,41 @@ fn expert_groups_never_straddle_a_switch() {
     assert_eq!(r.constraint, Constraint::EpInFastDomain);
     assert!(r.detail.contains("straddle"), "{}", r.detail);
 }
+
+#[test]
+fn expert_groups_keep_their_nodes_links() {
+    // EP = 8 on one Frontier node: the planner's all-to-all is simulated on the node's
+    // xGMI links (HALO relaying over peers at this size), not on the uniform node.
+    let m = ModelConfig::preset("mixtral-8x7b").unwrap();
+    let links = Topology::preset("frontier:1").unwrap();
+    let uniform = links.without_node_links();
+    let layout = Layout {
+        pp: 1,
+        ep: 8,
+        dp: 1,
+        microbatches: 1,
+    };
+    let profile = || HardwareProfile::preset("mi250x-gcd").unwrap();
+    let a = Predictor::new(&links, profile())
+        .unwrap()
+        .predict(&m, layout, &workload(8, 4096))
+        .unwrap();
+    let b = Predictor::new(&uniform, profile())
+        .unwrap()
+        .predict(&m, layout, &workload(8, 4096))
+        .unwrap();
+    assert!(
+        a.a2a_one_seconds < 0.6 * b.a2a_one_seconds,
+        "{} vs {}",
+        a.a2a_one_seconds,
+        b.a2a_one_seconds
+    );
+    // Two nodes, data parallel over them: each node's group the same as frontier:1.
+    let two = Topology::preset("frontier:2").unwrap();
+    let layout2 = Layout { dp: 2, ..layout };
+    let c = Predictor::new(&two, profile())
+        .unwrap()
+        .predict(&m, layout2, &workload(16, 4096))
+        .unwrap();
+    assert_eq!(c.a2a_one_seconds, a.a2a_one_seconds);
+}

@@ -258,7 +258,8 @@ fn frontier_node_gives_the_mi250x_link_matrix_and_nic_speeds() {
         cxi_nets,
         (0..4).map(|i| vec![format!("hsn{i}")]).collect::<Vec<_>>()
     );
-    let hsn: Vec<(String, NicKind, Option<u32>, Option<u64>, Option<String>)> = m
+    type Nic = (String, NicKind, Option<u32>, Option<u64>, Option<String>);
+    let hsn: Vec<Nic> = m
         .nics
         .iter()
         .map(|n| {
