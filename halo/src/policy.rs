@@ -260,9 +260,8 @@ impl Policy {
     /// all-gather and all-reduce algorithms (not the broadcast's, as before), no
     /// choices and no schedules.
     pub(crate) fn inherit(&mut self, parent: &Policy) {
-        self.forced.all_to_all = parent.forced.all_to_all;
-        self.forced.all_gather = parent.forced.all_gather;
-        self.forced.all_reduce = parent.forced.all_reduce;
+        // Every collective's, broadcast's included (a split child used to lose it).
+        self.forced = parent.forced;
     }
 
     /// The all-gather algorithm for `block` bytes per rank on `n` ranks: the forced one

@@ -26,7 +26,8 @@ mod split;
 use halo::local::{self, Emulation};
 use halo::topology::Topology;
 use halo::{
-    AllGatherAlgorithm, AllReduceAlgorithm, Communicator, Error, ReduceOp, Reducible, bf16, f16,
+    AllGatherAlgorithm, AllReduceAlgorithm, BroadcastAlgorithm, Communicator, Error, ReduceOp,
+    Reducible, bf16, f16,
 };
 use local_common::{Rng, buildable};
 use std::fmt::Debug;

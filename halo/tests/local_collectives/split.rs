@@ -101,6 +101,25 @@ fn child_and_parent_used_alternately() {
 }
 
 #[test]
+fn a_split_child_inherits_every_forced_algorithm() {
+    run_ok(&flat(4), |comm| {
+        comm.set_algorithm(Some(halo::Algorithm::Pairwise));
+        comm.set_all_gather_algorithm(Some(AllGatherAlgorithm::Bruck));
+        comm.set_all_reduce_algorithm(Some(AllReduceAlgorithm::Rabenseifner));
+        comm.set_broadcast_algorithm(Some(BroadcastAlgorithm::Chain));
+        let mut c = comm.split(Some((comm.rank() % 2) as u32), 0)?.unwrap();
+        assert_eq!(c.algorithm(), Some(halo::Algorithm::Pairwise));
+        assert_eq!(c.all_gather_algorithm(), Some(AllGatherAlgorithm::Bruck));
+        assert_eq!(c.all_reduce_algorithm(), Some(AllReduceAlgorithm::Rabenseifner));
+        assert_eq!(c.broadcast_algorithm(), Some(BroadcastAlgorithm::Chain));
+        let mut buf = [comm.rank() as u8; 3];
+        c.broadcast(&mut buf, 1)?;
+        assert_eq!(buf, [(comm.rank() % 2 + 2) as u8; 3]);
+        Ok(())
+    });
+}
+
+#[test]
 fn nocolor_gives_none() {
     run_ok(&flat(5), |comm| {
         let me = comm.rank();
