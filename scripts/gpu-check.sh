@@ -21,6 +21,7 @@
 # so when the loader refuses it).
 #
 # On the GPU machine (under 5 minutes), it:
+#   0. records what HALO's discovery reads (NVML's NVLink links on NVIDIA: issue 33);
 #   1. finds NCCL and the CUDA runtime: HALO_NCCL_LIBRARY / HALO_CUDART_LIBRARY if set,
 #      else the wheels of python3 (torch's: HALO_PYTHON_SITE from its sys.path), else
 #      the library search of sys/rccl; reports the versions;

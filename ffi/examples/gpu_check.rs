@@ -82,6 +82,17 @@ fn fail(what: impl std::fmt::Display) -> Outcome {
 }
 
 fn run(report: &mut Value) -> Result<(), Outcome> {
+    // 0. The machine as HALO's discovery reads it (issue 33): on an NVIDIA machine,
+    // NVML's NVLink links and its `sources` note, recorded once on a real driver. Never
+    // a failure of the check.
+    report["discovery"] = match halo_rs::topology::discover::discover() {
+        Ok(m) => json!({
+            "sources": m.sources,
+            "gpus": m.gpus.iter().map(|g| g.pci_bus_id.clone()).collect::<Vec<_>>(),
+            "gpu_links": serde_json::to_value(&m.gpu_links).unwrap_or(Value::Null),
+        }),
+        Err(e) => json!({ "error": e.to_string() }),
+    };
     // 1. Versions.
     let info = halo_rs::device::probe().map_err(|e| Outcome::Skip(e.to_string()))?;
     if info.devices == 0 {
