@@ -63,7 +63,8 @@
 //!   (redistribution inside the node of the fraction `f` of blocks not already at
 //!   their rank):
 //!   `max( I, (H-1) R b / B_dev + α_off + max(nic(c R (H-1), R b / c), R b / (c B_off)) +
-//!   [f > 0] (α_node + f (H-1) b / B_node) )`. As the builder cuts the packet
+//!   [f > 0] (α_node + f (H-1) b / B_node) )` (with a link matrix the last term is
+//!   `α_node + f (H-1) b λ / B_link`, as `I` is; also halo2d's gather below). As the builder cuts the packet
 //!   (`AlgoOptions::chunks`): `c = 1`, `f = 1` (one message to the aligned rank) while
 //!   it is one chunk; once it is cut, chunks of `p = min(⌈R / chunks⌉, 2)` blocks go to
 //!   one of their blocks' ranks, `c = ⌈R / p⌉`, `f = (p - 1) / p`.
@@ -199,6 +200,15 @@ impl Shape {
         messages / self.ports * (NIC_MESSAGE_GAP + bytes / self.b_nic)
     }
 
+    /// An exchange inside the node of `s` bytes per pair: on the node level's link, or,
+    /// with a link matrix, on the node's busiest link (as `phase_one`).
+    fn inside(&self, node: LinkClass, s: f64) -> f64 {
+        match self.links {
+            Some((alpha, per_byte)) => alpha + s * per_byte,
+            None => node.latency + s / node.bandwidth,
+        }
+    }
+
     fn phase_one(&self, b: f64) -> f64 {
         if let Some((alpha, per_byte)) = self.links {
             return alpha + b * per_byte;
@@ -286,7 +296,7 @@ impl Shape {
                 .nic(r * h * msgs, r * b / msgs)
                 .max(r * b / msgs / self.b_off);
         let local = if forwarded > 0.0 {
-            node.latency + forwarded * h * b / node.bandwidth
+            self.inside(node, forwarded * h * b)
         } else {
             0.0
         };

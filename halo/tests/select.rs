@@ -270,4 +270,16 @@ fn the_link_matrix_inside_a_node_is_part_of_the_choice() {
     let e = select::estimate(&links, Algorithm::Flat, block);
     assert!((e - (2e-6 + 4.0 * block as f64 / 50e9)).abs() < 1e-9, "{e}");
     assert!(select::estimate(&uniform, Algorithm::Flat, block) < e);
+    // Above 128 ranks: halo2d's gather inside the node (127 blocks per pair on
+    // frontier:128) runs on the busiest link too, 4 x where the uniform node had 1 x.
+    let big = Topology::preset("frontier:128").unwrap();
+    let b = 64 << 10;
+    let gather = |t: &Topology| select::estimate(t, Algorithm::Halo2d, b);
+    let extra = 127.0 * b as f64 * (4.0 - 1.0) / 50e9;
+    let got = gather(&big) - gather(&big.without_node_links());
+    assert!((got - extra).abs() < 1e-3 * extra, "{got} vs {extra}");
+    assert_eq!(
+        select::alpha_beta_ranking(&big, b, &opts).method,
+        Method::AlphaBeta
+    );
 }

@@ -110,7 +110,10 @@ fn a_split_child_inherits_every_forced_algorithm() {
         let mut c = comm.split(Some((comm.rank() % 2) as u32), 0)?.unwrap();
         assert_eq!(c.algorithm(), Some(halo::Algorithm::Pairwise));
         assert_eq!(c.all_gather_algorithm(), Some(AllGatherAlgorithm::Bruck));
-        assert_eq!(c.all_reduce_algorithm(), Some(AllReduceAlgorithm::Rabenseifner));
+        assert_eq!(
+            c.all_reduce_algorithm(),
+            Some(AllReduceAlgorithm::Rabenseifner)
+        );
         assert_eq!(c.broadcast_algorithm(), Some(BroadcastAlgorithm::Chain));
         let mut buf = [comm.rank() as u8; 3];
         c.broadcast(&mut buf, 1)?;
