@@ -446,3 +446,38 @@ fn p2p_links_add_to_io_links_without_doubling() {
     let e = discover(&t).unwrap_err().to_string();
     assert!(e.contains("nodes/2/p2p_links/1/properties line 1"), "{e}");
 }
+
+#[test]
+fn cxi_devices_are_found_under_cxi_user_where_the_cxi_class_is_missing() {
+    let t = frontier();
+    std::fs::rename(t.0.join("sys/class/cxi"), t.0.join("sys/class/cxi_user")).unwrap();
+    let m = discover(&t).unwrap();
+    let found: Vec<(String, Option<u64>, Vec<String>)> = m
+        .cxi_devices
+        .iter()
+        .map(|c| {
+            (
+                c.name.clone(),
+                c.link_speed_bytes_per_sec,
+                c.net_interfaces.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        (0..4)
+            .map(|i| (
+                format!("cxi{i}"),
+                Some(25_000_000_000),
+                vec![format!("hsn{i}")]
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        m.sources
+            .iter()
+            .any(|s| s.ends_with("/sys/class/cxi_user: 4 devices")),
+        "{:?}",
+        m.sources
+    );
+}

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::cpus::Locality;
 use super::findings::{HwOsDevice, HwOsKind};
-use super::sysfs::Sysfs;
+use super::sysfs::{CXI_CLASS, CXI_USER_CLASS, Sysfs};
 use super::{CxiDevice, DiscoverError, NetworkDevice, note, show, sorted_natural};
 
 /// The network interfaces besides `lo`, each with its PCI device (sysfs, else
@@ -63,7 +63,16 @@ pub(super) fn cxi_devices(
     locality: &Locality<'_>,
     sources: &mut Vec<String>,
 ) -> Result<Vec<CxiDevice>, DiscoverError> {
-    let mut cxi_devices = note(sources, sys, "/sys/class/cxi", sys.cxi_devices()?, |c| {
+    // `/sys/class/cxi`, else `cxi_user` (the user-space driver's class for the same
+    // devices, which libcxi reads) where only that one is there.
+    let (class, found) = match sys.cxi_devices()? {
+        Some(found) => (CXI_CLASS, Some(found)),
+        None => match sys.cxi_devices_in(CXI_USER_CLASS)? {
+            Some(found) => (CXI_USER_CLASS, Some(found)),
+            None => (CXI_CLASS, None),
+        },
+    };
+    let mut cxi_devices = note(sources, sys, class, found, |c| {
         format!("{} devices", c.len())
     });
     for cxi in &mut cxi_devices {

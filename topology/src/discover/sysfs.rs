@@ -13,6 +13,11 @@ use std::{
 use super::{Core, CxiDevice, DiscoverError, NetworkDevice, NicKind, NumaNode, Package, PciDevice};
 
 /// `type` value of Ethernet interfaces (ARPHRD_ETHER).
+/// The Slingshot driver's device class.
+pub(super) const CXI_CLASS: &str = "/sys/class/cxi";
+/// The class `cxi_user` registers for the same devices (libcxi reads it).
+pub(super) const CXI_USER_CLASS: &str = "/sys/class/cxi_user";
+
 const ARPHRD_ETHER: u32 = 1;
 /// `type` value of InfiniBand interfaces (ARPHRD_INFINIBAND).
 const ARPHRD_INFINIBAND: u32 = 32;
@@ -196,7 +201,16 @@ impl<'a> Sysfs<'a> {
 
     /// Slingshot devices of `/sys/class/cxi`; `net_interfaces` is left empty.
     pub(super) fn cxi_devices(&self) -> Result<Option<Vec<CxiDevice>>, DiscoverError> {
-        let dir = self.path("/sys/class/cxi");
+        self.cxi_devices_in(CXI_CLASS)
+    }
+
+    /// The `cxi` devices of one class directory (`/sys/class/cxi`, or `cxi_user`, the
+    /// class libcxi reads, which names the same PCI devices).
+    pub(super) fn cxi_devices_in(
+        &self,
+        class: &str,
+    ) -> Result<Option<Vec<CxiDevice>>, DiscoverError> {
+        let dir = self.path(class);
         let Some(names) = list_dir(&dir)? else {
             return Ok(None);
         };
