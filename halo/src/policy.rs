@@ -580,6 +580,10 @@ mod tests {
         p.forced_mut().broadcast = Some(BroadcastAlgorithm::auto(4, 8));
         child.inherit(&p);
         assert_eq!(child.forced().all_to_all, Some(Algorithm::Halo));
-        assert_eq!(child.forced().broadcast, None);
+        // Every collective's forced algorithm, broadcast's included.
+        assert_eq!(
+            child.forced().broadcast,
+            Some(BroadcastAlgorithm::auto(4, 8))
+        );
     }
 }
