@@ -454,3 +454,51 @@ fn simulate_against_a_measurement() {
     );
     assert!(out.contains("# halo: error from"), "{out}");
 }
+
+/// `auto`'s trials run untimed before its warm-up (every rank the same number of calls,
+/// a whole round robin of its candidates), and are timed with `--time-trials`.
+#[test]
+fn autos_trials_run_untimed_unless_asked() {
+    let run = |extra: &str| {
+        let out = Command::new(HALO)
+            .args(["bench", "--threads", "--topology", "nodes:2x2", "-m", "8:8"])
+            .args([
+                "-i",
+                "2",
+                "-x",
+                "0",
+                "-c",
+                "--no-emulation",
+                "--algo",
+                "flat,auto",
+            ])
+            .args(extra.split_whitespace())
+            .env("HALO_DEBUG", "debug")
+            .env_remove("RANK")
+            .env_remove("OMPI_COMM_WORLD_RANK")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).to_string();
+        (ok(&out), log)
+    };
+    let (table, log) = run("");
+    assert!(table.contains("auto's trials untimed"), "{table}");
+    let calls: Vec<usize> = log
+        .lines()
+        .filter(|l| l.contains("auto's trials run untimed"))
+        .map(|l| {
+            let at = l.find("calls=").expect("calls= in the line") + 6;
+            l[at..].split_whitespace().next().unwrap().parse().unwrap()
+        })
+        .collect();
+    assert_eq!(calls.len(), 4, "one line per rank:\n{log}");
+    assert!(calls.iter().all(|&c| c == calls[0]), "{calls:?}");
+    // 8 calls per candidate below 4 KiB (halo::tune::trials), two or more candidates.
+    assert!(calls[0] >= 16 && calls[0].is_multiple_of(8), "{calls:?}");
+    assert!(log.contains("measured all-to-all candidates"), "{log}");
+
+    let (table, log) = run("--time-trials");
+    assert!(!table.contains("auto's trials untimed"), "{table}");
+    assert!(!log.contains("auto's trials run untimed"), "{log}");
+}

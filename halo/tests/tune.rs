@@ -59,7 +59,7 @@ fn every_rank_measures_and_picks_the_same_algorithm() {
             let out = local::run(&topo, Emulation::off(), |comm| {
                 let mut ran = Vec::new();
                 let mut call = 0;
-                while comm.tuned(block).is_none() {
+                while comm.tuning(block) {
                     assert!(
                         call < trials_of(block) * MAX_CANDIDATES,
                         "no decision after {call} calls"
@@ -116,6 +116,7 @@ fn a_forced_algorithm_wins_over_measurement() {
             assert_eq!(exact_call(comm, block, call)?, Algorithm::Pairwise);
         }
         assert!(comm.tuned(block).is_none(), "nothing measured while forced");
+        assert!(!comm.tuning(block), "no trials while forced");
         // Back to automatic: the measurement starts, and forcing again still wins.
         comm.set_algorithm(None);
         let first = exact_call(comm, block, 100)?;

@@ -265,8 +265,8 @@ params! {
         "How long one operation may take before it fails on every rank (also the halo tool's --timeout default).";
     ALGO = "HALO_ALGO", Kind::Text, "auto", Error, Communicator,
         "The all-to-all algorithm for every call: auto, flat, pairwise, bruck, halo or halo2d.";
-    BARRIER_ALGO = "HALO_BARRIER_ALGO", Kind::Text, "bruck", Error, Communicator,
-        "The all-to-all algorithm the barrier runs on (flat, pairwise, bruck, halo, halo2d).";
+    BARRIER_ALGO = "HALO_BARRIER_ALGO", Kind::Text, "auto", Error, Communicator,
+        "The all-to-all algorithm the barrier runs on (flat, pairwise, bruck, halo, halo2d); auto: flat on one host up to 8 ranks, else bruck.";
     SPIN = "HALO_SPIN", count("polls", 0, u32::MAX as u64), "4", Warn, Communicator,
         "Polls before the schedule engine starts to back off.";
 

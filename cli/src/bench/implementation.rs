@@ -41,6 +41,13 @@ pub trait Implementation {
     /// # Errors
     /// The implementation's error.
     fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<()>;
+    /// Whether the next all-to-alls of `block` bytes per peer are the implementation's
+    /// own trials (HALO's automatic mode measuring its candidates), which the harness
+    /// runs untimed unless told otherwise; the default: never.
+    fn tuning(&self, block: usize) -> bool {
+        let _ = block;
+        false
+    }
     /// `window` sends of `buf` to `peer`, complete on return (OSU's `bw` window);
     /// one blocking send after the other unless the engine can keep several in flight.
     ///
@@ -147,6 +154,9 @@ impl Implementation for Communicator {
     }
     fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<()> {
         Communicator::recv(self, buf, peer)
+    }
+    fn tuning(&self, block: usize) -> bool {
+        Communicator::tuning(self, block)
     }
     /// `window` non-blocking sends in one scope, then wait for all (OSU's
     /// `MPI_Isend` x window + `MPI_Waitall`).

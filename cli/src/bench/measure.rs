@@ -2,7 +2,7 @@
 //! point-to-point measurements, and the byte patterns that validate them (`-c`).
 
 use super::implementation::{Blocking, Implementation, MemcpyReference};
-use super::{BenchAlgo, BenchOptions, Op};
+use super::{BenchAlgo, BenchOptions, Op, SETTLE_MAX_CALLS};
 use halo::{Communicator, Error, Partition, Result};
 use std::time::{Duration, Instant};
 
@@ -78,6 +78,7 @@ fn measure_collective(
     validate: bool,
     uniform: bool,
     sync: bool,
+    settle: bool,
 ) -> Result<Sample> {
     let (me, n) = (e.rank(), e.size());
     let send_counts = counts[me].clone();
@@ -90,6 +91,30 @@ fn measure_collective(
     let mut timed = Duration::ZERO;
     let mut wrong = 0;
     debug_assert_eq!(counts.len(), n);
+    // The automatic mode's trials, untimed: every rank decides on the same call, so
+    // every rank leaves this loop after the same number of calls.
+    let block = send_counts.first().copied().unwrap_or(0);
+    let mut settled = 0;
+    while settle && uniform && settled < SETTLE_MAX_CALLS && e.tuning(block) {
+        if validate {
+            fill_blocks(&mut send, me, &send_counts, &send_displs, 0);
+            recv.fill(0xa5);
+        }
+        barrier(e, &mut harness)?;
+        e.all_to_all(&send, &mut recv)?;
+        if validate {
+            wrong += check_blocks(&recv, me, &recv_counts, &recv_displs, 0);
+        }
+        settled += 1;
+    }
+    if settled > 0 {
+        tracing::debug!(
+            rank = me,
+            block,
+            calls = settled,
+            "auto's trials run untimed"
+        );
+    }
     for i in 0..warmup + iterations {
         if validate {
             fill_blocks(&mut send, me, &send_counts, &send_displs, i);
@@ -374,6 +399,7 @@ fn measure_point(
             opts.validate && alg != BenchAlgo::Memcpy,
             opts.op == Op::AllToAll,
             opts.sync,
+            !opts.time_trials,
         ),
         Op::Latency | Op::Bandwidth => measure_p2p(
             engine,

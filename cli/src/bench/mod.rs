@@ -45,6 +45,11 @@ use std::time::Duration;
 /// Largest size (bytes per destination) that gets OSU's small-message iteration counts.
 pub const LARGE_MESSAGE_SIZE: usize = 8192;
 
+/// Most untimed calls an `auto` all-to-all size runs for the automatic mode's trials
+/// before its warm-up ([`BenchOptions::time_trials`]): twice the most the tuner takes
+/// (`halo::tune::MAX_CANDIDATES` candidates x 8 calls), a bound, not a target.
+pub const SETTLE_MAX_CALLS: usize = 64;
+
 /// Which benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -220,6 +225,11 @@ pub struct BenchOptions {
     /// exit — which ranks leave it first and when — is the same for every column and
     /// only the timed calls differ; without MPI every column uses HALO's.
     pub own_barrier: bool,
+    /// Time the automatic mode's trial calls (`--time-trials`). By default, before an
+    /// `auto` all-to-all size's warm-up, the calls on which the communicator still
+    /// times its candidates ([`halo::Communicator::tuning`]) run untimed, at most
+    /// [`SETTLE_MAX_CALLS`].
+    pub time_trials: bool,
     /// The router behind `alltoallv`'s counts.
     pub moe: MoeShape,
     /// Messages in flight per iteration of `bw` (OSU's window, 64).
@@ -251,6 +261,7 @@ impl Default for BenchOptions {
             validate: false,
             sync: false,
             own_barrier: false,
+            time_trials: false,
             moe: MoeShape::default(),
             window: 64,
             progress: false,

@@ -64,6 +64,12 @@ pub(crate) struct BenchArgs {
     /// harness: only the timed calls differ between columns).
     #[arg(long)]
     own_barrier: bool,
+    /// Time the automatic mode's trials too. By default an `auto` column's size first
+    /// runs the calls on which `auto` times its candidates (at most 32 per size, see
+    /// `halo::tune`) as extra warm-up, so that the column shows what a job sees once
+    /// they are over, as a fixed algorithm's does from its first timed call.
+    #[arg(long)]
+    time_trials: bool,
     /// Measure every size in R rounds: each round runs every implementation's warm-up
     /// and timed iterations once, in an order rotated by the round, and a rank's figure
     /// is the median of its per-round means, so that load drifting over the run does
@@ -231,6 +237,7 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
         validate: args.validate,
         sync: args.sync,
         own_barrier: args.own_barrier,
+        time_trials: args.time_trials,
         moe: MoeShape {
             experts: args.experts,
             topk: args.topk,
@@ -331,6 +338,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
     }
     if args.sync {
         info.mode.push_str(", timed to a barrier after each call");
+    }
+    let auto = opts.algorithms.is_empty() || opts.algorithms.contains(&BenchAlgo::Halo(None));
+    if op == Op::AllToAll && !args.time_trials && auto {
+        info.mode.push_str(", auto's trials untimed");
     }
     print_results(args, &info, &rows)
 }

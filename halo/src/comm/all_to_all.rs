@@ -92,6 +92,15 @@ impl Communicator {
         self.core.policy.tuned(block)
     }
 
+    /// Whether the next all-to-alls of `block` bytes per peer are the automatic mode's
+    /// trials ([`crate::tune`]): no algorithm is forced and their size class is not
+    /// decided yet. The same on every rank after the same calls, so a benchmark can
+    /// run them as warm-up (`halo bench` does) the way a training job's first steps
+    /// absorb them.
+    pub fn tuning(&self, block: usize) -> bool {
+        self.core.policy.forced().all_to_all.is_none() && self.tuned(block).is_none()
+    }
+
     /// All-to-all over raw memory, for the C ABI: `count` elements of `elem_size` bytes
     /// per peer.
     ///
@@ -138,11 +147,11 @@ impl Communicator {
         self.uniform_bytes(tag_base, send, recv, block)
     }
 
-    /// Waits until every rank has called `barrier`: a one-byte all-to-all with Bruck's
-    /// algorithm (`ceil(log2 n)` rounds of one message; `HALO_BARRIER_ALGO` picks another
-    /// all-to-all algorithm). Bruck's rounds beat the flat fan-out's `n - 1` messages
-    /// when ranks share cores: 8 processes on 2 cores, 35-49 us against 62-70 us on one
-    /// host and 274-315 us against 413-475 us on 4 emulated hosts (docs/bench/JOURNAL.md).
+    /// Waits until every rank has called `barrier`: a one-byte all-to-all. On one host
+    /// with up to 8 ranks it is the flat fan-out (every rank leaves at the last
+    /// arrival's message), elsewhere Bruck's algorithm (`ceil(log2 n)` rounds of one
+    /// message); `HALO_BARRIER_ALGO` picks another all-to-all algorithm. Measured in
+    /// docs/bench/JOURNAL.md ("HALO's own barrier").
     ///
     /// # Errors
     /// [`Error::Timeout`], [`Error::Aborted`], [`Error::RemoteError`] as they happen.
@@ -154,7 +163,7 @@ impl Communicator {
         let recv = sized(&mut self.pool.barrier_recv, n);
         let last = self.core.last;
         self.core.uniform(
-            barrier_algorithm(),
+            barrier_algorithm(&self.core.topology),
             tag_base,
             send,
             recv,

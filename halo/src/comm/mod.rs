@@ -178,17 +178,46 @@ pub(crate) fn exec_options(timeout: Duration, abort: &AbortHandle) -> ExecOption
     }
 }
 
-/// The barrier's all-to-all algorithm: `HALO_BARRIER_ALGO`, else Bruck's. An unknown
-/// name is logged and ignored.
-fn barrier_algorithm() -> Algorithm {
-    static ALGO: std::sync::OnceLock<Algorithm> = std::sync::OnceLock::new();
-    *ALGO.get_or_init(|| match halo_params::BARRIER_ALGO.raw() {
-        Some(a) => a.parse().unwrap_or_else(|e| {
-            tracing::warn!("HALO_BARRIER_ALGO={a:?} ignored: {e}");
-            Algorithm::Bruck
-        }),
-        None => Algorithm::Bruck,
-    })
+/// Most ranks for which a barrier inside one host is the flat fan-out
+/// ([`barrier_algorithm`]).
+pub(crate) const FLAT_BARRIER_MAX_RANKS: usize = 8;
+
+/// The barrier's all-to-all algorithm: `HALO_BARRIER_ALGO` (an unknown name is logged
+/// and ignored), else by the topology: the flat fan-out when every rank is on one host
+/// and there are at most [`FLAT_BARRIER_MAX_RANKS`], Bruck's rounds otherwise.
+///
+/// Measured on one host (docs/bench/JOURNAL.md, "HALO's own barrier", 2026-12-07): with
+/// 4 and 8 processes on 2 cores a flat barrier plus a small all-to-all took 8.5 and
+/// 30 us against 9.5 and 38 us with Bruck's, and the all-to-all timed after the
+/// barrier ran 10-15% faster, because the flat barrier releases every rank at the last
+/// arrival's message, where Bruck's release travels its `log2 n` rounds. Across hosts
+/// Bruck's `log2 n` messages per rank beat the flat `n - 1` on the network (the
+/// emulated 4 x 2 cluster: 274-315 us against 413-475 us).
+fn barrier_algorithm(topology: &Topology) -> Algorithm {
+    static ALGO: std::sync::OnceLock<Option<Algorithm>> = std::sync::OnceLock::new();
+    let forced = *ALGO.get_or_init(|| {
+        let a = halo_params::BARRIER_ALGO.raw()?;
+        match a.trim() {
+            "" | "auto" => None,
+            name => name
+                .parse()
+                .inspect_err(|e| tracing::warn!("HALO_BARRIER_ALGO={a:?} ignored: {e}"))
+                .ok(),
+        }
+    });
+    forced.unwrap_or_else(|| default_barrier(topology))
+}
+
+/// The barrier's algorithm when none is forced (see [`barrier_algorithm`]).
+pub(crate) fn default_barrier(topology: &Topology) -> Algorithm {
+    let node = halo_topology::Level::Node;
+    // A topology without a node level (`flat:N`) has no hosts to tell apart.
+    let one_host = !topology.has_level(node) || topology.num_domains(node) <= 1;
+    if one_host && topology.size() <= FLAT_BARRIER_MAX_RANKS {
+        Algorithm::Flat
+    } else {
+        Algorithm::Bruck
+    }
 }
 
 /// Polls before the engine starts to back off: `HALO_SPIN`, else the engine's
@@ -457,4 +486,27 @@ pub(crate) struct Ext {
     /// The device path's last uniform plan (algorithm, block bytes) and its state.
     pub(super) waves: Option<(Algorithm, usize, Arc<waves::WavePlan>)>,
     pub(super) device: Option<Box<crate::transport::device::DeviceState>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The barrier's default by topology: flat on one host up to the bound, Bruck's
+    /// with more ranks there or across hosts.
+    #[test]
+    fn the_barrier_is_flat_on_one_small_host_and_bruck_elsewhere() {
+        let on = |spec: &str| default_barrier(&Topology::preset(spec).unwrap());
+        assert_eq!(on("flat:2"), Algorithm::Flat);
+        assert_eq!(
+            on(&format!("flat:{FLAT_BARRIER_MAX_RANKS}")),
+            Algorithm::Flat
+        );
+        assert_eq!(
+            on(&format!("flat:{}", FLAT_BARRIER_MAX_RANKS + 1)),
+            Algorithm::Bruck
+        );
+        assert_eq!(on("nodes:2x2"), Algorithm::Bruck);
+        assert_eq!(on("nodes:4x4"), Algorithm::Bruck);
+    }
 }

@@ -18,40 +18,64 @@ pub(crate) type Job<'env> = Box<dyn FnOnce(&mut Communicator) -> Result<()> + Se
 /// Where an operation's outcome lands.
 #[derive(Debug, Default)]
 pub(crate) struct Slot {
-    outcome: Mutex<Option<Result<()>>>,
+    outcome: Mutex<Outcome>,
     done: Condvar,
     /// Whether somebody took the outcome (a wait, a successful test).
     taken: AtomicBool,
 }
 
+/// A slot's state under its lock: the outcome once there, and how many threads sleep
+/// on the slot's condition variable waiting for it (so that filling a slot nobody
+/// waits on costs no wake-up system call: most of a window's requests are filled
+/// before anyone waits on them).
+#[derive(Debug, Default)]
+struct Outcome {
+    result: Option<Result<()>>,
+    sleepers: u32,
+}
+
 impl Slot {
+    /// Stores `outcome` unless the slot has one.
     fn fill(&self, outcome: Result<()>) {
+        self.fill_with(|| outcome);
+    }
+
+    /// [`Slot::fill`] with the outcome made only when the slot is still empty.
+    fn fill_with(&self, outcome: impl FnOnce() -> Result<()>) {
         let mut g = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
-        if g.is_none() {
-            *g = Some(outcome);
+        if g.result.is_some() {
+            return;
         }
+        g.result = Some(outcome());
+        let sleepers = g.sleepers;
         drop(g);
-        self.done.notify_all();
+        if sleepers > 0 {
+            self.done.notify_all();
+        }
     }
 
     /// Blocks until the operation has finished and returns its outcome.
     pub(crate) fn wait(&self) -> Result<()> {
         let mut g = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
-            if let Some(r) = g.as_ref() {
+            if let Some(r) = g.result.as_ref() {
                 self.taken.store(true, Ordering::Release);
                 return r.clone();
             }
             // The worker fills every slot it was given, also when it unwinds (see
-            // `Task`'s `Drop`), and every operation is bounded by the timeout.
+            // `Task`'s `Drop`), and every operation is bounded by the timeout. The
+            // count is changed under the lock that `fill_with` reads it under, so a
+            // fill either sees this sleeper or comes before the check above.
+            g.sleepers += 1;
             g = self.done.wait(g).unwrap_or_else(PoisonError::into_inner);
+            g.sleepers -= 1;
         }
     }
 
     /// The outcome if the operation has finished.
     pub(crate) fn try_take(&self) -> Option<Result<()>> {
         let g = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
-        let r = g.as_ref().cloned();
+        let r = g.result.as_ref().cloned();
         if r.is_some() {
             self.taken.store(true, Ordering::Release);
         }
@@ -63,6 +87,7 @@ impl Slot {
         self.outcome
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .result
             .is_some()
     }
 
@@ -73,6 +98,7 @@ impl Slot {
         self.outcome
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .result
             .clone()
     }
 }
@@ -92,10 +118,14 @@ impl Drop for Task<'_> {
     /// A task dropped before it ran (the worker panicked or went away) still
     /// completes its request, so no waiter waits forever.
     fn drop(&mut self) {
-        self.slot.fill(Err(Error::internal(format!(
-            "{} (operation {}) was not run: the communicator's worker stopped",
-            self.name, self.index
-        ))));
+        // The message is made only for a task that did not run (the common drop is
+        // of a task whose slot the worker filled: no allocation then).
+        self.slot.fill_with(|| {
+            Err(Error::internal(format!(
+                "{} (operation {}) was not run: the communicator's worker stopped",
+                self.name, self.index
+            )))
+        });
     }
 }
 
