@@ -24,11 +24,20 @@ pub struct RunInfo {
     /// Rounds per size ([`BenchOptions::rounds`](super::BenchOptions::rounds)); 1 is
     /// not mentioned in the reports, which then read as before rounds existed.
     pub rounds: usize,
+    /// More about how the figures were taken, one line each, printed as `# ` lines
+    /// before the tables (and as `notes` in the JSON): that `auto`'s trials ran untimed.
+    pub notes: Vec<String>,
 }
 
-/// The line that says how the figures were taken when there were several rounds.
-fn rounds_line(info: &RunInfo) -> Option<String> {
-    (info.rounds > 1).then(|| format!("# rounds: {}, median of per-round means", info.rounds))
+/// The lines that say how the figures were taken: the rounds when there were several,
+/// then the notes.
+fn header_lines(info: &RunInfo) -> Vec<String> {
+    let rounds =
+        (info.rounds > 1).then(|| format!("# rounds: {}, median of per-round means", info.rounds));
+    rounds
+        .into_iter()
+        .chain(info.notes.iter().map(|n| format!("# {n}")))
+        .collect()
 }
 
 fn algorithms(rows: &[BenchRow]) -> Vec<BenchAlgo> {
@@ -62,10 +71,11 @@ fn osu_title(op: Op) -> &'static str {
 /// `-f`) also the minimum, maximum and iterations; `latency` prints `Latency (us)`,
 /// `bw` `Bandwidth (MB/s)`. With `-c` a last column counts wrong bytes (`Errors`).
 ///
-/// With several rounds a first line says so: `# rounds: R, median of per-round means`.
+/// With several rounds a first line says so: `# rounds: R, median of per-round means`;
+/// then one `# ` line per note.
 pub fn format_osu(info: &RunInfo, rows: &[BenchRow], full: bool, validated: bool) -> String {
     let mut out = String::new();
-    if let Some(line) = rounds_line(info) {
+    for line in header_lines(info) {
         let _ = writeln!(out, "{line}");
     }
     for (i, alg) in algorithms(rows).into_iter().enumerate() {
@@ -137,7 +147,7 @@ pub fn format_osu(info: &RunInfo, rows: &[BenchRow], full: bool, validated: bool
 /// as in [`format_osu`].
 pub fn format_nccl_tests(info: &RunInfo, rows: &[BenchRow]) -> String {
     let mut out = String::new();
-    if let Some(line) = rounds_line(info) {
+    for line in header_lines(info) {
         let _ = writeln!(out, "{line}");
     }
     let n = if info.op.is_collective() {
@@ -208,6 +218,9 @@ pub fn format_json(info: &RunInfo, rows: &[BenchRow]) -> String {
         "moe": info.moe,
         "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
     });
+    if !info.notes.is_empty() {
+        doc["notes"] = info.notes.clone().into();
+    }
     if info.rounds > 1 {
         doc["rounds"] = info.rounds.into();
         doc["rounds_statistic"] = "median of per-round means".into();
@@ -450,6 +463,7 @@ mod tests {
             mode: "processes".into(),
             moe: None,
             rounds: 1,
+            notes: Vec::new(),
         }
     }
 

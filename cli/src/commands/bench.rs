@@ -252,6 +252,9 @@ fn options(args: &BenchArgs, op: Op, in_process: bool) -> Result<BenchOptions, F
     })
 }
 
+/// The note of a run whose `auto` column did not time its trials.
+const AUTO_TRIALS_NOTE: &str = "auto: the calls on which it times its candidates ran untimed, before the warm-up (--time-trials times them)";
+
 pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
     let op: Op = args.op.parse().map_err(Failure::input)?;
     let in_process = args.threads || !crate::launch::launched();
@@ -323,6 +326,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
             mode,
             moe: None,
             rounds: opts.rounds,
+            notes: Vec::new(),
         };
         (info, rows)
     } else {
@@ -341,7 +345,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
     }
     let auto = opts.algorithms.is_empty() || opts.algorithms.contains(&BenchAlgo::Halo(None));
     if op == Op::AllToAll && !args.time_trials && auto {
-        info.mode.push_str(", auto's trials untimed");
+        info.notes.push(AUTO_TRIALS_NOTE.to_string());
     }
     print_results(args, &info, &rows)
 }
@@ -402,6 +406,7 @@ fn process_info(op: Op, comm: &Communicator, mpi: bool) -> RunInfo {
         },
         moe: None,
         rounds: 1,
+        notes: Vec::new(),
     }
 }
 
