@@ -151,7 +151,7 @@ impl Communicator {
     /// with up to 8 ranks it is the flat fan-out (every rank leaves at the last
     /// arrival's message), elsewhere Bruck's algorithm (`ceil(log2 n)` rounds of one
     /// message); `HALO_BARRIER_ALGO` picks another all-to-all algorithm. Measured in
-    /// docs/bench/JOURNAL.md ("HALO's own barrier").
+    /// docs/bench/JOURNAL.md ("Issue 30", item 2).
     ///
     /// # Errors
     /// [`Error::Timeout`], [`Error::Aborted`], [`Error::RemoteError`] as they happen.

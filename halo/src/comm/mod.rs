@@ -186,11 +186,11 @@ pub(crate) const FLAT_BARRIER_MAX_RANKS: usize = 8;
 /// and ignored), else by the topology: the flat fan-out when every rank is on one host
 /// and there are at most [`FLAT_BARRIER_MAX_RANKS`], Bruck's rounds otherwise.
 ///
-/// Measured on one host (docs/bench/JOURNAL.md, "HALO's own barrier", 2026-12-07): with
-/// 4 and 8 processes on 2 cores a flat barrier plus a small all-to-all took 8.5 and
-/// 30 us against 9.5 and 38 us with Bruck's, and the all-to-all timed after the
-/// barrier ran 10-15% faster, because the flat barrier releases every rank at the last
-/// arrival's message, where Bruck's release travels its `log2 n` rounds. Across hosts
+/// Measured on one host (docs/bench/JOURNAL.md, "Issue 30", item 2): with 4 and 8
+/// processes on 2 cores a flat barrier plus a small all-to-all took 8.5 and 30 us
+/// against 9.5 and 38 us with Bruck's, and a 1-256 B all-to-all timed after the barrier
+/// ran 13% and 34% faster (medians), because the flat barrier releases every rank at
+/// the last arrival's message, where Bruck's release travels its `log2 n` rounds. Across hosts
 /// Bruck's `log2 n` messages per rank beat the flat `n - 1` on the network (the
 /// emulated 4 x 2 cluster: 274-315 us against 413-475 us).
 fn barrier_algorithm(topology: &Topology) -> Algorithm {
