@@ -175,6 +175,16 @@ fn frontier() -> TempTree {
     t
 }
 
+/// Discovery noted, in its sources, a line ending with `suffix`.
+#[track_caller]
+fn assert_noted(m: &LocalMachine, suffix: &str) {
+    assert!(
+        m.sources.iter().any(|s| s.ends_with(suffix)),
+        "no source ends with {suffix:?}: {:?}",
+        m.sources
+    );
+}
+
 fn discover(t: &TempTree) -> Result<LocalMachine, DiscoverError> {
     discover_with(&DiscoverOptions {
         root: t.0.clone(),
@@ -336,13 +346,7 @@ fn a_node_without_gpus_has_no_gpu_links() {
     io_link(&t, "io_links", 1, 0, 0, 2, 21, 0, 0);
     let m = discover(&t).unwrap();
     assert!(m.gpus.is_empty() && m.gpu_links.is_empty());
-    assert!(
-        m.sources
-            .iter()
-            .any(|s| s.ends_with("nodes: 0 direct GPU-to-GPU links (KFD)")),
-        "{:?}",
-        m.sources
-    );
+    assert_noted(&m, "nodes: 0 direct GPU-to-GPU links (KFD)");
     assert!(!m.render_tree().contains("GPU links (links between"));
 }
 
@@ -473,11 +477,5 @@ fn cxi_devices_are_found_under_cxi_user_where_the_cxi_class_is_missing() {
             ))
             .collect::<Vec<_>>()
     );
-    assert!(
-        m.sources
-            .iter()
-            .any(|s| s.ends_with("/sys/class/cxi_user: 4 devices")),
-        "{:?}",
-        m.sources
-    );
+    assert_noted(&m, "/sys/class/cxi_user: 4 devices");
 }

@@ -91,31 +91,15 @@ fn measure_collective(
     let mut timed = Duration::ZERO;
     let mut wrong = 0;
     debug_assert_eq!(counts.len(), n);
-    // The automatic mode's trials, untimed: every rank decides on the same call, so
-    // every rank leaves this loop after the same number of calls.
+    // The automatic mode's trials run untimed, before the warm-up: while the
+    // implementation says its next call is a trial, a call does not count as one of
+    // the `warmup + iterations`. Every rank decides on the same call, so every rank
+    // makes as many calls.
     let block = send_counts.first().copied().unwrap_or(0);
-    let mut settled = 0;
-    while settle && uniform && settled < SETTLE_MAX_CALLS && e.tuning(block) {
-        if validate {
-            fill_blocks(&mut send, me, &send_counts, &send_displs, 0);
-            recv.fill(0xa5);
-        }
-        barrier(e, &mut harness)?;
-        e.all_to_all(&send, &mut recv)?;
-        if validate {
-            wrong += check_blocks(&recv, me, &recv_counts, &recv_displs, 0);
-        }
-        settled += 1;
-    }
-    if settled > 0 {
-        tracing::debug!(
-            rank = me,
-            block,
-            calls = settled,
-            "auto's trials run untimed"
-        );
-    }
-    for i in 0..warmup + iterations {
+    let mut trials = 0;
+    let mut i = 0;
+    while i < warmup + iterations {
+        let trial = settle && uniform && trials < SETTLE_MAX_CALLS && e.tuning(block);
         if validate {
             fill_blocks(&mut send, me, &send_counts, &send_displs, i);
             recv.fill(0xa5);
@@ -135,12 +119,25 @@ fn measure_collective(
         if sync {
             barrier(e, &mut harness)?;
         }
-        if i >= warmup {
+        if !trial && i >= warmup {
             timed += t.elapsed();
         }
         if validate {
             wrong += check_blocks(&recv, me, &recv_counts, &recv_displs, i);
         }
+        if trial {
+            trials += 1;
+        } else {
+            i += 1;
+        }
+    }
+    if trials > 0 {
+        tracing::debug!(
+            rank = me,
+            block,
+            calls = trials,
+            "auto's trials run untimed"
+        );
     }
     Ok(Sample {
         seconds: mean(timed, iterations),

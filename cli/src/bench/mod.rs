@@ -46,7 +46,7 @@ use std::time::Duration;
 pub const LARGE_MESSAGE_SIZE: usize = 8192;
 
 /// Most untimed calls an `auto` all-to-all size runs for the automatic mode's trials
-/// before its warm-up ([`BenchOptions::time_trials`]): twice the most the tuner takes
+/// ([`BenchOptions::time_trials`]): twice the most the tuner takes
 /// (`halo::tune::MAX_CANDIDATES` candidates x 8 calls), a bound, not a target.
 pub const SETTLE_MAX_CALLS: usize = 64;
 
@@ -225,10 +225,10 @@ pub struct BenchOptions {
     /// exit — which ranks leave it first and when — is the same for every column and
     /// only the timed calls differ; without MPI every column uses HALO's.
     pub own_barrier: bool,
-    /// Time the automatic mode's trial calls (`--time-trials`). By default, before an
-    /// `auto` all-to-all size's warm-up, the calls on which the communicator still
-    /// times its candidates ([`halo::Communicator::tuning`]) run untimed, at most
-    /// [`SETTLE_MAX_CALLS`].
+    /// Time the automatic mode's trial calls (`--time-trials`). By default the calls of
+    /// an `auto` all-to-all size on which the communicator times its candidates
+    /// ([`halo::Communicator::tuning`]) run untimed and count neither as warm-up nor as
+    /// timed iterations, at most [`SETTLE_MAX_CALLS`] per size.
     pub time_trials: bool,
     /// The router behind `alltoallv`'s counts.
     pub moe: MoeShape,

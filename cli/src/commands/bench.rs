@@ -64,9 +64,9 @@ pub(crate) struct BenchArgs {
     /// harness: only the timed calls differ between columns).
     #[arg(long)]
     own_barrier: bool,
-    /// Time the automatic mode's trials too. By default an `auto` column's size first
-    /// runs the calls on which `auto` times its candidates (at most 32 per size, see
-    /// `halo::tune`) as extra warm-up, so that the column shows what a job sees once
+    /// Time the automatic mode's trials too. By default the calls on which `auto` times
+    /// its candidates (at most 32 per size, see `halo::tune`) run untimed and outside
+    /// the warm-up and iteration counts, so that the column shows what a job sees once
     /// they are over, as a fixed algorithm's does from its first timed call.
     #[arg(long)]
     time_trials: bool,

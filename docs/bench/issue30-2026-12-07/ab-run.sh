@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# A/B of issue 30's changes: B=/tmp/halo-before (02b407a), A=/tmp/halo-after (working tree).
-cd /tmp/ab
-B=/tmp/halo-before; A=/tmp/halo-after
+# A/B of issue 30's changes: bash ab-run.sh BEFORE_HALO AFTER_HALO [OUT_DIR]
+# (the run here: BEFORE = the release halo of 02b407a, AFTER = of 25c3a0e; --features mpi).
+# Writes bw.txt, own-barrier.txt, launch.txt, mainjob.txt into OUT_DIR (default: .).
+B=${1:?the before build's halo binary}; A=${2:?the after build's halo binary}
+mkdir -p "${3:-.}" && cd "${3:-.}"
 ratio() { sed -n '/Speed-up over MPI/,$p' | grep -E "^[0-9]"; }
 {
 echo "# bw, 2 processes under --mpi, us per message (halo-blocking, halo, mpi), 3 alternations"
@@ -32,4 +34,3 @@ for r in 1 2 3; do
   echo "## A round $r load $(cut -d' ' -f1 /proc/loadavg)"; $A bench -i 50 -x 5 --scale 100 2>&1 | sed -n '/Speed-up over the flat/,$p'
 done
 } > mainjob.txt 2>&1
-echo done > finished

@@ -71,13 +71,8 @@ impl InitConfig {
         if let Some(t) = halo_params::TRANSPORT.raw() {
             c.transport = t.parse()?;
         }
-        if let Some(a) = halo_params::BARRIER_ALGO.raw()
-            && !matches!(a.trim(), "" | "auto")
-        {
-            a.trim()
-                .parse::<Algorithm>()
-                .map_err(|e| Error::invalid_argument(format!("HALO_BARRIER_ALGO: {e}")))?;
-        }
+        super::forced_barrier()
+            .map_err(|e| Error::invalid_argument(format!("HALO_BARRIER_ALGO: {e}")))?;
         if let Some(a) = halo_params::ALGO.raw()
             && a != "auto"
         {

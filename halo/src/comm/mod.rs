@@ -196,16 +196,25 @@ pub(crate) const FLAT_BARRIER_MAX_RANKS: usize = 8;
 fn barrier_algorithm(topology: &Topology) -> Algorithm {
     static ALGO: std::sync::OnceLock<Option<Algorithm>> = std::sync::OnceLock::new();
     let forced = *ALGO.get_or_init(|| {
-        let a = halo_params::BARRIER_ALGO.raw()?;
-        match a.trim() {
-            "" | "auto" => None,
-            name => name
-                .parse()
-                .inspect_err(|e| tracing::warn!("HALO_BARRIER_ALGO={a:?} ignored: {e}"))
-                .ok(),
-        }
+        forced_barrier()
+            .inspect_err(|e| tracing::warn!("HALO_BARRIER_ALGO ignored: {e}"))
+            .ok()
+            .flatten()
     });
     forced.unwrap_or_else(|| default_barrier(topology))
+}
+
+/// The barrier's algorithm forced by `HALO_BARRIER_ALGO` (`None`: unset, empty or
+/// `auto`); an unknown name is the parse error (init refuses it, the barrier ignores it).
+pub(crate) fn forced_barrier()
+-> std::result::Result<Option<Algorithm>, halo_collectives::CollectiveError> {
+    match halo_params::BARRIER_ALGO.raw() {
+        None => Ok(None),
+        Some(a) => match a.trim() {
+            "" | "auto" => Ok(None),
+            name => name.parse().map(Some),
+        },
+    }
 }
 
 /// The barrier's algorithm when none is forced (see [`barrier_algorithm`]).
