@@ -456,7 +456,7 @@ fn simulate_against_a_measurement() {
 }
 
 /// `auto`'s trials run untimed before its warm-up (every rank the same number of calls,
-/// a whole round robin of its candidates), and are timed with `--time-trials`.
+/// the whole plan of its candidates' trials), and are timed with `--time-trials`.
 #[test]
 fn autos_trials_run_untimed_unless_asked() {
     let run = |extra: &str| {
@@ -497,8 +497,14 @@ fn autos_trials_run_untimed_unless_asked() {
         .collect();
     assert_eq!(calls.len(), 4, "one line per rank:\n{log}");
     assert!(calls.iter().all(|&c| c == calls[0]), "{calls:?}");
-    // 8 calls per candidate below 4 KiB (halo::tune::trials), two or more candidates.
-    assert!(calls[0] >= 16 && calls[0].is_multiple_of(8), "{calls:?}");
+    // 8 B blocks: two passes of a block of calls per candidate (halo::tune::trial_call),
+    // two or more candidates.
+    let class = halo::select::size_class(8);
+    let per_candidate = halo::tune::trial_calls(class, 2) / 2;
+    assert!(
+        calls[0] >= halo::tune::trial_calls(class, 2) && calls[0].is_multiple_of(per_candidate),
+        "{calls:?}"
+    );
     assert!(log.contains("measured all-to-all candidates"), "{log}");
 
     let (table, log) = run("--time-trials");

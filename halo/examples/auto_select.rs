@@ -9,7 +9,7 @@
 //! ```
 
 use halo::select::size_class;
-use halo::tune::{MAX_CANDIDATES, trials};
+use halo::tune::{MAX_CANDIDATES, trial_calls};
 use halo::{Algorithm, Communicator, ReduceOp};
 
 fn byte(src: usize, dst: usize, i: usize, call: usize) -> u8 {
@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for block in [16usize, 4096, 64 << 10] {
         let mut call = 0;
         while comm.tuned(block).is_none() {
-            if call > trials(size_class(block)) * MAX_CANDIDATES {
+            if call > trial_calls(size_class(block), MAX_CANDIDATES) {
                 return Err(
                     format!("rank {me}: no choice for {block} B after {call} calls").into(),
                 );

@@ -15,7 +15,7 @@
 //! ```
 
 use halo::select::size_class;
-use halo::tune::{MAX_CANDIDATES, trials};
+use halo::tune::{MAX_CANDIDATES, trial_calls};
 use halo::{Algorithm, Communicator, Partition, ReduceOp};
 
 fn byte(src: usize, dst: usize, i: usize, call: usize) -> u8 {
@@ -46,8 +46,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .sum::<usize>()
             / (n * n);
         let all_eager = 10 * scale <= eager;
-        // The class's trial calls per candidate, for each candidate.
-        let most = trials(size_class(mean)) * MAX_CANDIDATES;
+        // The most trial calls of the class.
+        let most = trial_calls(size_class(mean), MAX_CANDIDATES);
         let mut call = 0;
         while if all_eager {
             call < most

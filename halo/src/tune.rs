@@ -16,17 +16,31 @@
 //!    both judged on the first and the last rank's programs, at most
 //!    [`MAX_CANDIDATES`]. Neither the ranking nor these tests depend on the calling
 //!    rank, so every rank has the same list.
-//! 2. **Trials**: the next `trials x candidates` calls of the class run the candidates
-//!    in turn (round robin, [`trials`] calls each: 8 for blocks under 4 KiB, whose calls
-//!    take microseconds and vary by more than the candidates differ, 4 up to 64 KiB,
-//!    [`TRIALS`] above); each rank keeps, per candidate, the median of its calls (the
-//!    fastest would reward one lucky turn of the scheduler).
+//! 2. **Trials**: the next calls of the class run the candidates in blocks of
+//!    consecutive calls, in two passes, the model's order and then the reverse (A B C,
+//!    C B A: a load that drifts over the trials weighs on every candidate alike). A
+//!    block starts with [`lead_calls`] untimed calls and then times half of the
+//!    candidate's [`trials`] (8 calls each for blocks under 64 KiB, whose calls take
+//!    microseconds and vary by more than the candidates differ, [`TRIALS`] above);
+//!    [`trial_call`] says which call does what. The untimed calls
+//!    are there because a call's time depends on the calls before it: in the emulated
+//!    cluster (16 threads on 2 cores) the first two calls of an algorithm after
+//!    another one's took up to 25% more or less than its steady calls, and an earlier
+//!    round robin (every call a different candidate) measured only those
+//!    transitions — it ranked HALO 11% ahead of the flat fan-out at 8 KiB where it is
+//!    4-9% behind in steady calls (docs/bench/JOURNAL.md, "The tuner's trials"). Each
+//!    rank keeps, per candidate, the median of its timed calls (the fastest would
+//!    reward one lucky turn of the scheduler).
 //! 3. **Agreement**: right after the last trial call every rank takes part in one
-//!    all-reduce (maximum) of those times, in nanoseconds, so a candidate's time is
-//!    that of its slowest rank; every rank then picks the candidate with the smallest
-//!    time, where a later candidate (the model ranked it lower) must be at least
-//!    [`MARGIN`] faster than the one it displaces (ties and near-ties: the earlier
-//!    candidate) — the same on every rank, because every rank reduces the same numbers.
+//!    all-reduce (sum) of those times, in nanoseconds; divided by the ranks, a
+//!    candidate's time is the mean over the ranks of their medians — what a rank spends
+//!    in the call, OSU's "Avg Latency". (The slowest rank's, used before, adds the skew
+//!    with which the ranks enter the call, which is the same whichever algorithm runs
+//!    and is the noisiest part of a small call.) Every rank then picks the candidate
+//!    with the smallest time, where a later candidate (the model ranked it lower) must
+//!    be at least [`MARGIN`] faster than the one it displaces (ties and near-ties: the
+//!    earlier candidate) — the same on every rank, because every rank reduces the same
+//!    numbers.
 //! 4. **Cached** per communicator and size class (in its policy, `src/policy.rs`,
 //!    which asks the tuner once per call); after [`RETRY_CALLS`] more calls of the
 //!    class the trials run again, so a choice made on a cold or disturbed machine is not
@@ -59,21 +73,67 @@ pub const MAX_CANDIDATES: usize = 4;
 /// candidates come in the model's order, so a near-tie goes to the model's choice.
 pub const MARGIN: f64 = 0.05;
 
-/// Calls per candidate during the trials of large blocks (the fewest); their median
-/// counts. See [`trials`].
-pub const TRIALS: usize = 2;
+/// Timed calls per candidate during the trials of large blocks (the fewest); their
+/// median counts. See [`trials`].
+pub const TRIALS: usize = 4;
 
-/// Calls per candidate during the trials of size class `class` (of the block, or of
-/// the mean block for all-to-all-v; [`crate::select::size_class`]): 8 below 4 KiB, 4
-/// below 64 KiB, [`TRIALS`] above. Small calls take a few microseconds, and two of them
-/// on a shared or oversubscribed machine differ by more than the candidates do; their
-/// trials cost little however many they are.
-pub fn trials(class: u32) -> usize {
-    match class {
-        0..=12 => 4 * TRIALS,
-        13..=16 => 2 * TRIALS,
-        _ => TRIALS,
+/// Timed calls per candidate during the trials of size class `class` (of the block,
+/// or of the mean block for all-to-all-v; [`crate::select::size_class`]): 8 below 64
+/// KiB, [`TRIALS`] above, half in each pass. Small calls take a few microseconds, and
+/// two of them on a shared or oversubscribed machine differ by more than the candidates
+/// do; their trials cost little however many they are. (With 4 and 2, the emulated
+/// main job chose a candidate 10-13% slower than the best in one size class of 17 in
+/// each of three runs.)
+pub const fn trials(class: u32) -> usize {
+    if class <= 16 { 2 * TRIALS } else { TRIALS }
+}
+
+/// Untimed calls at the start of each block of a candidate's trial calls (see the
+/// module's documentation): 2 up to 64 KiB, 1 above, where a call costs as much as the
+/// transition and takes long enough for it to matter less.
+pub const fn lead_calls(class: u32) -> usize {
+    if class <= 16 { 2 } else { 1 }
+}
+
+/// Passes over the candidates during the trials: the model's order, then the reverse.
+const PASSES: usize = 2;
+
+/// All trial calls of size class `class` with `candidates` candidates (none with one
+/// candidate: there is nothing to measure).
+pub const fn trial_calls(class: u32, candidates: usize) -> usize {
+    if candidates < 2 {
+        return 0;
     }
+    PASSES * candidates * (lead_calls(class) + trials(class) / PASSES)
+}
+
+/// What trial call `call` (from 0) of size class `class` does among `candidates`
+/// candidates: the index of the candidate it runs and whether it is timed; `None` once
+/// the trials are over.
+///
+/// ```
+/// use halo::tune::{trial_call, trial_calls};
+/// // 64 KiB blocks (class 17), two candidates: one untimed call, then two timed calls
+/// // of each, in the order 0, 1 and then 1, 0.
+/// let plan: Vec<_> = (0..trial_calls(17, 2)).map(|c| trial_call(17, 2, c).unwrap()).collect();
+/// let (lead, timed) = ((0, false), (0, true));
+/// let (lead1, timed1) = ((1, false), (1, true));
+/// assert_eq!(
+///     plan,
+///     [lead, timed, timed, lead1, timed1, timed1, lead1, timed1, timed1, lead, timed, timed]
+/// );
+/// assert_eq!(trial_call(17, 2, 12), None);
+/// ```
+pub fn trial_call(class: u32, candidates: usize, call: usize) -> Option<(usize, bool)> {
+    if call >= trial_calls(class, candidates) {
+        return None;
+    }
+    let lead = lead_calls(class);
+    let block = lead + trials(class) / PASSES;
+    let (pass, in_pass) = (call / (block * candidates), call % (block * candidates));
+    let k = in_pass / block;
+    let candidate = if pass % 2 == 0 { k } else { candidates - 1 - k };
+    Some((candidate, in_pass % block >= lead))
 }
 
 impl Key {
@@ -107,8 +167,9 @@ pub(crate) enum Key {
 /// One size class's state.
 #[derive(Debug, Clone)]
 enum State {
-    /// Trial calls in progress: `done` calls made so far (round robin over the
-    /// candidates), `seen[i]` the local times of candidate `i`'s calls in nanoseconds.
+    /// Trial calls in progress: `done` calls made so far (in the order of
+    /// [`trial_call`]), `seen[i]` the local times of candidate `i`'s timed calls in
+    /// nanoseconds.
     Trying {
         candidates: Vec<Algorithm>,
         done: usize,
@@ -128,8 +189,9 @@ enum State {
 pub struct Tuned {
     /// The algorithm in use.
     pub algorithm: Algorithm,
-    /// Every candidate with its agreed time (the slowest rank's median trial call),
-    /// in nanoseconds, in candidate order; empty when there was one candidate.
+    /// Every candidate with its agreed time (the mean over the ranks of each rank's
+    /// median timed trial call), in nanoseconds, in candidate order; empty when there
+    /// was one candidate.
     pub times: Vec<(Algorithm, u64)>,
 }
 
@@ -169,12 +231,15 @@ impl Tuner {
             State::Trying {
                 candidates, done, ..
             } => {
-                if *done >= trials(class.class()) * candidates.len() {
-                    // The agreement after the last trial did not happen (an error): try again.
-                    *state = start(candidates.clone());
-                    return self.pick(class, Vec::new);
+                match trial_call(class.class(), candidates.len(), *done) {
+                    Some((i, _)) => Some((candidates[i], true)),
+                    None => {
+                        // The agreement after the last trial did not happen (an
+                        // error): try again.
+                        *state = start(candidates.clone());
+                        self.pick(class, Vec::new)
+                    }
                 }
-                Some((candidates[*done % candidates.len()], true))
             }
             State::Decided {
                 candidates,
@@ -193,9 +258,10 @@ impl Tuner {
     }
 
     /// Records that a trial call of `class` with `algorithm` took `elapsed` on this
-    /// rank. Returns this rank's times per candidate when the trials are complete: the
-    /// caller must then all-reduce them (maximum) on every rank and pass the result to
-    /// [`Tuner::agree`].
+    /// rank (every trial call, timed by [`trial_call`] or not: the untimed ones only
+    /// count). Returns this rank's times per candidate when the trials are complete:
+    /// the caller must then all-reduce them (sum) on every rank, divide them by the
+    /// ranks and pass the result to [`Tuner::agree`].
     pub(crate) fn record(
         &mut self,
         class: Key,
@@ -210,18 +276,20 @@ impl Tuner {
         else {
             return None;
         };
-        let i = *done % candidates.len();
+        let (i, timed) = trial_call(class.class(), candidates.len(), *done)?;
         if candidates[i] != algorithm {
             return None;
         }
-        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        seen[i].push(ns);
+        if timed {
+            seen[i].push(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+        }
         *done += 1;
-        (*done == trials(class.class()) * candidates.len())
+        (*done == trial_calls(class.class(), candidates.len()))
             .then(|| seen.iter_mut().map(|t| median(t)).collect())
     }
 
-    /// Decides `class` from the times all-reduced (maximum over ranks) after its trials.
+    /// Decides `class` from the times agreed after its trials (the mean over the ranks
+    /// of their medians).
     pub(crate) fn agree(&mut self, class: Key, times: &[u64]) -> Option<Algorithm> {
         let State::Trying { candidates, .. } = self.get(class)? else {
             return None;
@@ -439,49 +507,92 @@ mod tests {
         Duration::from_millis(x)
     }
 
+    /// Runs every trial call of `key` through `pick` and `record`, each taking
+    /// `took(call, algorithm)`; returns the algorithms in call order and what the last
+    /// `record` returned (this rank's medians).
+    fn run_trials(
+        t: &mut Tuner,
+        key: Key,
+        c: &[Algorithm],
+        took: impl Fn(usize, Algorithm) -> Duration,
+    ) -> (Vec<Algorithm>, Option<Vec<u64>>) {
+        let (mut ran, mut out) = (Vec::new(), None);
+        for call in 0..trial_calls(key.class(), c.len()) {
+            let (a, trial) = t.pick(key, || c.to_vec()).unwrap();
+            assert!(trial, "call {call} is a trial");
+            assert!(t.tuned(key).is_none());
+            ran.push(a);
+            out = t.record(key, a, took(call, a));
+            assert_eq!(out.is_some(), call + 1 == trial_calls(key.class(), c.len()));
+        }
+        (ran, out)
+    }
+
     #[test]
-    fn trials_round_robin_then_agree_on_the_smallest_time() {
+    fn trials_run_in_blocks_with_lead_in_calls_in_two_passes() {
+        // Class 5: 2 untimed + 4 timed calls per candidate and pass.
+        let plan: Vec<_> = (0..trial_calls(5, 3))
+            .map(|c| trial_call(5, 3, c).unwrap())
+            .collect();
+        assert_eq!(plan.len(), 2 * 3 * (2 + 4));
+        let order: Vec<usize> = plan.chunks(6).map(|b| b[0].0).collect();
+        assert_eq!(order, [0, 1, 2, 2, 1, 0]);
+        for b in plan.chunks(6) {
+            assert!(b.iter().all(|p| p.0 == b[0].0));
+            let timed: Vec<bool> = b.iter().map(|p| p.1).collect();
+            assert_eq!(timed, [false, false, true, true, true, true]);
+        }
+        assert_eq!(trial_call(5, 3, plan.len()), None);
+        // Large blocks: one lead-in call, [`TRIALS`] timed calls in all.
+        assert_eq!(trial_calls(20, 4), 2 * 4 * (1 + TRIALS / 2));
+        assert_eq!(trial_calls(20, 1), 0);
+        assert_eq!(trial_call(20, 1, 0), None);
+    }
+
+    #[test]
+    fn lead_in_calls_do_not_count_and_the_smallest_time_is_agreed() {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Flat, Algorithm::Halo, Algorithm::Bruck];
-        let mut seen = Vec::new();
-        let mut out = None;
-        for i in 0..trials(5) * 3 {
-            let (a, trial) = t.pick(Key::Uniform(5), || c.clone()).unwrap();
-            assert!(trial);
-            seen.push(a);
-            assert!(t.tuned(Key::Uniform(5)).is_none());
-            let took = match a {
-                Algorithm::Flat => 30,
-                Algorithm::Halo => 10 + i as u64,
-                _ => 20,
-            };
-            out = t.record(Key::Uniform(5), a, ms(took));
-            assert_eq!(out.is_some(), i + 1 == trials(5) * 3);
-        }
-        assert_eq!(&seen[..3], &c[..]);
-        let local = out.unwrap();
-        // Medians: HALO's calls took 11, 14, .., 32 ms (the lower middle is 20 ms).
-        assert_eq!(local, vec![30_000_000, 20_000_000, 20_000_000]);
-        // Another rank was slower with HALO: the maximum decides.
+        let key = Key::Uniform(5);
+        // Lead-in calls take 1 s: if they counted, they would decide.
+        let (ran, out) = run_trials(&mut t, key, &c, |call, a| match trial_call(5, 3, call) {
+            Some((_, false)) => ms(1000),
+            _ => match a {
+                Algorithm::Flat => ms(30),
+                Algorithm::Halo => ms(10 + call as u64),
+                _ => ms(20),
+            },
+        });
+        assert_eq!(&ran[..2], &[Algorithm::Flat, Algorithm::Flat]);
+        assert_eq!(ran[6], Algorithm::Halo);
+        // HALO's blocks are calls 6-11 and 24-29, timed from the third call: 18-21
+        // and 36-39 ms; the lower middle of the eight is 21 ms.
+        assert_eq!(out.unwrap(), vec![30_000_000, 21_000_000, 20_000_000]);
+        // Another rank was slower with HALO: the agreed (mean) times decide.
         let agreed = vec![30_000_000, 25_000_000, 20_000_000];
-        assert_eq!(t.agree(Key::Uniform(5), &agreed), Some(Algorithm::Bruck));
-        assert_eq!(
-            t.pick(Key::Uniform(5), Vec::new).map(|p| p.0),
-            Some(Algorithm::Bruck)
-        );
-        let tuned = t.tuned(Key::Uniform(5)).unwrap();
+        assert_eq!(t.agree(key, &agreed), Some(Algorithm::Bruck));
+        assert_eq!(t.pick(key, Vec::new), Some((Algorithm::Bruck, false)));
+        let tuned = t.tuned(key).unwrap();
         assert_eq!(tuned.algorithm, Algorithm::Bruck);
         assert_eq!(tuned.times[1], (Algorithm::Halo, 25_000_000));
+    }
+
+    #[test]
+    fn a_call_of_the_wrong_algorithm_is_not_recorded() {
+        let mut t = Tuner::default();
+        let c = vec![Algorithm::Flat, Algorithm::Halo];
+        let key = Key::Uniform(3);
+        assert_eq!(t.pick(key, || c.clone()), Some((Algorithm::Flat, true)));
+        assert!(t.record(key, Algorithm::Halo, ms(1)).is_none());
+        // Still the first call.
+        assert_eq!(t.pick(key, Vec::new), Some((Algorithm::Flat, true)));
     }
 
     #[test]
     fn ties_go_to_the_earlier_candidate_and_one_candidate_needs_no_trial() {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Halo, Algorithm::Flat];
-        for _ in 0..trials(1) * 2 {
-            let a = t.pick(Key::Uniform(1), || c.clone()).unwrap().0;
-            t.record(Key::Uniform(1), a, ms(1));
-        }
+        run_trials(&mut t, Key::Uniform(1), &c, |_, _| ms(1));
         assert_eq!(t.agree(Key::Uniform(1), &[7, 7]), Some(Algorithm::Halo));
         assert_eq!(
             t.pick(Key::Uniform(2), || vec![Algorithm::Pairwise])
@@ -503,10 +614,7 @@ mod tests {
     fn a_decision_is_retried_after_retry_calls() {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Flat, Algorithm::Halo];
-        for _ in 0..trials(9) * 2 {
-            let a = t.pick(Key::Uniform(9), || c.clone()).unwrap().0;
-            t.record(Key::Uniform(9), a, ms(1));
-        }
+        run_trials(&mut t, Key::Uniform(9), &c, |_, _| ms(1));
         t.agree(Key::Uniform(9), &[1, 2]);
         for _ in 0..RETRY_CALLS {
             // Decided calls are no trials: the caller neither times nor records them.
@@ -514,33 +622,29 @@ mod tests {
             assert_eq!(a, (Algorithm::Flat, false));
         }
         assert!(t.tuned(Key::Uniform(9)).is_none(), "trials start again");
-        assert_eq!(
-            t.pick(Key::Uniform(9), Vec::new).map(|p| p.0),
-            Some(Algorithm::Flat)
+        let (ran, out) = run_trials(&mut t, Key::Uniform(9), &[], |_, _| ms(1));
+        assert!(
+            ran.is_empty() && out.is_none(),
+            "no candidates given: none asked"
         );
-        assert!(t.record(Key::Uniform(9), Algorithm::Flat, ms(1)).is_none());
-        assert_eq!(
-            t.pick(Key::Uniform(9), Vec::new).map(|p| p.0),
-            Some(Algorithm::Halo)
-        );
+        let (ran, _) = run_trials(&mut t, Key::Uniform(9), &c, |_, _| ms(1));
+        assert_eq!(ran.len(), trial_calls(9, 2));
+        assert_eq!(ran[lead_calls(9) + trials(9) / 2], Algorithm::Halo);
     }
 
     #[test]
     fn small_classes_take_more_trials_and_a_decided_call_is_no_trial() {
-        assert_eq!((trials(0), trials(12)), (8, 8));
-        assert_eq!((trials(13), trials(16)), (4, 4));
+        assert_eq!((trials(0), trials(12), trials(16)), (8, 8, 8));
         assert_eq!((trials(17), trials(30)), (TRIALS, TRIALS));
+        assert_eq!((lead_calls(16), lead_calls(17)), (2, 1));
         let mut t = Tuner::default();
         let c = vec![Algorithm::Flat, Algorithm::Halo];
         let key = Key::V {
             class: 14,
             meta: None,
         };
-        for k in 0..4 * 2 {
-            assert_eq!(t.pick(key, || c.clone()), Some((c[k % 2], true)));
-            let out = t.record(key, c[k % 2], ms(1));
-            assert_eq!(out.is_some(), k == 7);
-        }
+        let (ran, _) = run_trials(&mut t, key, &c, |_, _| ms(1));
+        assert_eq!(ran.len(), 2 * 2 * (2 + 4));
         t.agree(key, &[3, 2]);
         assert_eq!(t.pick(key, Vec::new), Some((Algorithm::Halo, false)));
         assert!(t.record(key, Algorithm::Halo, ms(1)).is_none());
@@ -555,10 +659,7 @@ mod tests {
         ] {
             let mut t = Tuner::default();
             let c = vec![Algorithm::Flat, Algorithm::Halo];
-            for _ in 0..trials(20) * 2 {
-                let a = t.pick(Key::Uniform(20), || c.clone()).unwrap().0;
-                t.record(Key::Uniform(20), a, ms(1));
-            }
+            run_trials(&mut t, Key::Uniform(20), &c, |_, _| ms(1));
             assert_eq!(t.agree(Key::Uniform(20), &times), Some(want), "{times:?}");
         }
         assert_eq!(median(&mut [5, 1, 3]), 3);
@@ -570,15 +671,11 @@ mod tests {
     fn a_missed_agreement_restarts_the_trials() {
         let mut t = Tuner::default();
         let c = vec![Algorithm::Flat, Algorithm::Halo];
-        for _ in 0..trials(4) * 2 {
-            let a = t.pick(Key::Uniform(4), || c.clone()).unwrap().0;
-            t.record(Key::Uniform(4), a, ms(1));
-        }
-        // No agree(): the next pick starts over.
-        assert_eq!(
-            t.pick(Key::Uniform(4), Vec::new).map(|p| p.0),
-            Some(Algorithm::Flat)
-        );
+        run_trials(&mut t, Key::Uniform(4), &c, |_, _| ms(1));
+        // No agree(): the next pick starts over, from the first call of the plan.
+        let (ran, out) = run_trials(&mut t, Key::Uniform(4), &c, |_, _| ms(1));
+        assert_eq!(ran.len(), trial_calls(4, 2));
+        assert_eq!(out.map(|o| o.len()), Some(2));
         assert!(
             t.agree(Key::Uniform(4), &[1]).is_none(),
             "wrong length is refused"
@@ -597,31 +694,16 @@ mod tests {
             class: 7,
             meta: Some(Algorithm::Bruck),
         };
-        for _ in 0..trials(7) * 2 {
-            let a = t.pick(Key::Uniform(7), || c.clone()).unwrap().0;
-            t.record(Key::Uniform(7), a, ms(1));
-        }
+        run_trials(&mut t, Key::Uniform(7), &c, |_, _| ms(1));
         assert_eq!(t.agree(Key::Uniform(7), &[5, 1]), Some(Algorithm::Halo));
         // The v class of the same size starts its own trials, from its own candidates.
         assert!(t.tuned_v(7).is_none());
-        assert_eq!(
-            t.pick(v, || vec![Algorithm::Pairwise, Algorithm::Flat])
-                .map(|p| p.0),
-            Some(Algorithm::Pairwise)
-        );
-        assert!(t.record(v, Algorithm::Pairwise, ms(3)).is_none());
-        assert_eq!(t.pick(v, Vec::new).map(|p| p.0), Some(Algorithm::Flat));
-        let local = t.record(v, Algorithm::Flat, ms(2));
-        assert!(local.is_none());
-        let mut local = None;
-        for k in 1..trials(7) {
-            for a in [Algorithm::Pairwise, Algorithm::Flat] {
-                assert_eq!(t.pick(v, Vec::new), Some((a, true)));
-                local = t.record(v, a, ms(k as u64));
-            }
-        }
-        // Medians of 3, 1, 2, .., 7 ms and of 2, 1, 2, .., 7 ms: 3 ms both.
-        assert_eq!(local, Some(vec![3_000_000, 3_000_000]));
+        let vc = [Algorithm::Pairwise, Algorithm::Flat];
+        let (ran, local) = run_trials(&mut t, v, &vc, |call, a| {
+            ms(call as u64 % 7 + if a == Algorithm::Pairwise { 3 } else { 0 })
+        });
+        assert_eq!(ran[0], Algorithm::Pairwise);
+        assert_eq!(local.unwrap().len(), 2);
         assert_eq!(t.agree(v, &[9, 4]), Some(Algorithm::Flat));
         assert_eq!(t.tuned_v(7).unwrap().algorithm, Algorithm::Flat);
         assert!(t.tuned_v(6).is_none());

@@ -8,7 +8,7 @@
 use halo::local::{self, Emulation};
 use halo::select::size_class;
 use halo::topology::Topology;
-use halo::tune::{MARGIN, MAX_CANDIDATES, TRIALS, trials};
+use halo::tune::{MARGIN, MAX_CANDIDATES, TRIALS, trial_call, trial_calls};
 
 /// The candidate the agreed times should choose: in candidate order, a later one
 /// displaces the current choice only when it is more than `MARGIN` faster.
@@ -22,9 +22,18 @@ fn expected_choice(times: &[(Algorithm, u64)]) -> Algorithm {
     times[at].0
 }
 
-/// Trial calls per candidate for blocks (or mean blocks) of `block` bytes.
-fn trials_of(block: usize) -> usize {
-    trials(size_class(block))
+/// The most trial calls for blocks (or mean blocks) of `block` bytes (with the most
+/// candidates).
+fn most_trials(block: usize) -> usize {
+    trial_calls(size_class(block), MAX_CANDIDATES)
+}
+
+/// The candidates trial calls of blocks of `block` bytes run, in call order.
+fn planned(block: usize, cands: &[Algorithm]) -> Vec<Algorithm> {
+    let class = size_class(block);
+    (0..trial_calls(class, cands.len()))
+        .map(|c| cands[trial_call(class, cands.len(), c).unwrap().0])
+        .collect()
 }
 use halo::{Algorithm, Communicator, Error, Partition};
 
@@ -60,10 +69,7 @@ fn every_rank_measures_and_picks_the_same_algorithm() {
                 let mut ran = Vec::new();
                 let mut call = 0;
                 while comm.tuning(block) {
-                    assert!(
-                        call < trials_of(block) * MAX_CANDIDATES,
-                        "no decision after {call} calls"
-                    );
+                    assert!(call < most_trials(block), "no decision after {call} calls");
                     ran.push(exact_call(comm, block, call)?);
                     call += 1;
                 }
@@ -90,14 +96,12 @@ fn every_rank_measures_and_picks_the_same_algorithm() {
             if tuned.times.is_empty() {
                 assert!(ran.is_empty() || ran.iter().all(|a| *a == tuned.algorithm));
             } else {
-                // Round robin over the candidates, `trials` calls each, and the choice
-                // is the one with the smallest agreed time (a later one by more than MARGIN).
+                // Blocks of calls per candidate, in two passes (`halo::tune::trial_call`),
+                // and the choice is the one with the smallest agreed time (a later one
+                // by more than MARGIN).
                 let cands: Vec<Algorithm> = tuned.times.iter().map(|t| t.0).collect();
                 assert!(cands.len() >= 2 && cands.len() <= MAX_CANDIDATES);
-                assert_eq!(ran.len(), trials_of(block) * cands.len());
-                for (i, a) in ran.iter().enumerate() {
-                    assert_eq!(*a, cands[i % cands.len()]);
-                }
+                assert_eq!(ran, &planned(block, &cands));
                 assert_eq!(tuned.algorithm, expected_choice(&tuned.times));
                 assert!(tuned.times.iter().all(|t| t.1 > 0));
             }
@@ -112,7 +116,7 @@ fn a_forced_algorithm_wins_over_measurement() {
     let out = local::run(&topo, Emulation::off(), |comm| {
         let block = 512;
         comm.set_algorithm(Some(Algorithm::Pairwise));
-        for call in 0..trials_of(block) * MAX_CANDIDATES + 2 {
+        for call in 0..most_trials(block) + 2 {
             assert_eq!(exact_call(comm, block, call)?, Algorithm::Pairwise);
         }
         assert!(comm.tuned(block).is_none(), "nothing measured while forced");
@@ -219,8 +223,8 @@ fn exact_v_call(
 }
 
 /// Checks that every rank tried the same candidates in the same order and chose the
-/// same, round robin with the class's trial calls each (`mean`: the mean block), the
-/// choice the smallest agreed time (a later candidate by more than MARGIN).
+/// same, in the class's plan of trial calls (`mean`: the mean block), the choice the
+/// smallest agreed time (a later candidate by more than MARGIN).
 fn check_agreed(what: &str, mean: usize, out: &[(Vec<Algorithm>, halo::tune::Tuned)]) {
     let (ran, tuned) = &out[0];
     for (rank, o) in out.iter().enumerate() {
@@ -233,10 +237,7 @@ fn check_agreed(what: &str, mean: usize, out: &[(Vec<Algorithm>, halo::tune::Tun
     }
     let cands: Vec<Algorithm> = tuned.times.iter().map(|t| t.0).collect();
     assert!(cands.len() >= 2 && cands.len() <= MAX_CANDIDATES, "{what}");
-    assert_eq!(ran.len(), trials_of(mean) * cands.len(), "{what}: {ran:?}");
-    for (i, a) in ran.iter().enumerate() {
-        assert_eq!(*a, cands[i % cands.len()], "{what}: trial {i} of {ran:?}");
-    }
+    assert_eq!(ran, &planned(mean, &cands), "{what}");
     assert_eq!(tuned.algorithm, expected_choice(&tuned.times), "{what}");
     assert!(tuned.times.iter().all(|t| t.1 > 0), "{what}");
 }
@@ -268,7 +269,7 @@ fn every_rank_measures_all_to_all_v_alike() {
                     // direct exchange, or across nodes a hierarchical one), the same on
                     // every rank at every call.
                     let full = v_mean(n, scale);
-                    for call in 0..trials_of(full) * MAX_CANDIDATES + 2 {
+                    for call in 0..most_trials(full) + 2 {
                         let ran = exact_v_call(comm, scale, call, false)?;
                         let at = Algorithm::ALL.iter().position(|&a| a == ran).unwrap() as u64;
                         let (mut hi, mut lo) = ([0u64], [0u64]);
@@ -283,10 +284,7 @@ fn every_rank_measures_all_to_all_v_alike() {
                 let mut ran = Vec::new();
                 let mut call = 0;
                 while comm.tuned_v(mean).is_none() {
-                    assert!(
-                        call < trials_of(mean) * MAX_CANDIDATES,
-                        "no decision after {call} calls"
-                    );
+                    assert!(call < most_trials(mean), "no decision after {call} calls");
                     ran.push(exact_v_call(comm, scale, call, false)?);
                     call += 1;
                 }
@@ -342,10 +340,7 @@ fn a_count_mismatch_during_v_trials_records_no_trial() {
         let mut call = 0;
         let mut failed = 0;
         while comm.tuned_v(mean).is_none() {
-            assert!(
-                call < 2 * trials_of(mean) * MAX_CANDIDATES + 2,
-                "no decision"
-            );
+            assert!(call < 2 * most_trials(mean) + 2, "no decision");
             // Every other call is a mismatch, including the one before the trial
             // that completes the class.
             if call % 2 == 1 {
@@ -380,7 +375,7 @@ fn a_forced_algorithm_wins_over_v_measurement() {
         comm.set_speculate_v(Some(0));
         let mean = v_mean_beyond(n, scale, comm.eager_v());
         comm.set_algorithm(Some(Algorithm::Pairwise));
-        for call in 0..trials_of(mean) * MAX_CANDIDATES + 2 {
+        for call in 0..most_trials(mean) + 2 {
             assert_eq!(exact_v_call(comm, scale, call, false)?, Algorithm::Pairwise);
         }
         assert!(

@@ -47,8 +47,9 @@ pub const LARGE_MESSAGE_SIZE: usize = 8192;
 
 /// Most untimed calls an `auto` all-to-all size runs for the automatic mode's trials
 /// ([`BenchOptions::time_trials`]): twice the most the tuner takes
-/// (`halo::tune::MAX_CANDIDATES` candidates x 8 calls), a bound, not a target.
-pub const SETTLE_MAX_CALLS: usize = 64;
+/// ([`halo::tune::trial_calls`] of the smallest blocks with
+/// [`halo::tune::MAX_CANDIDATES`] candidates: 48), a bound, not a target.
+pub const SETTLE_MAX_CALLS: usize = 2 * halo::tune::trial_calls(0, halo::tune::MAX_CANDIDATES);
 
 /// Which benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -65,7 +65,7 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     own_barrier: bool,
     /// Time the automatic mode's trials too. By default the calls on which `auto` times
-    /// its candidates (at most 32 per size, see `halo::tune`) run untimed and outside
+    /// its candidates (at most 48 per size, see `halo::tune`) run untimed and outside
     /// the warm-up and iteration counts, so that the column shows what a job sees once
     /// they are over, as a fixed algorithm's does from its first timed call.
     #[arg(long)]

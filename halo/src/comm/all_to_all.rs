@@ -70,16 +70,24 @@ impl Communicator {
 
     /// Records one trial of `alg` for `key`, and once the class's trials are over
     /// agrees on them with every rank (an all-reduce of the timings, so every rank
-    /// picks alike).
+    /// picks alike): a candidate's time is the mean over the ranks of their medians.
     pub(super) fn record_trial(
         &mut self,
         key: crate::tune::Key,
         alg: Algorithm,
         took: std::time::Duration,
     ) -> Result<()> {
-        if let Some(local) = self.core.policy.record(key, alg, took) {
+        if let Some(mut local) = self.core.policy.record(key, alg, took) {
+            let n = self.size() as u64;
+            // The sum cannot overflow (a call of centuries aside).
+            for t in &mut local {
+                *t = (*t).min(u64::MAX / n);
+            }
             let mut agreed = vec![0u64; local.len()];
-            self.all_reduce(&local, &mut agreed, crate::ReduceOp::Max)?;
+            self.all_reduce(&local, &mut agreed, crate::ReduceOp::Sum)?;
+            for t in &mut agreed {
+                *t /= n;
+            }
             self.core.policy.agree(key, &agreed);
         }
         Ok(())

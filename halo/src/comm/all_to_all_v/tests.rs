@@ -805,7 +805,7 @@ fn the_model_gathers_small_communicators_only() {
 #[test]
 fn both_count_exchanges_measure_alike_on_every_rank() {
     use crate::select::size_class as class;
-    use crate::tune::{MAX_CANDIDATES, trials};
+    use crate::tune::{MAX_CANDIDATES, trial_call, trial_calls};
     let topo = Topology::preset("nodes:2x3").unwrap();
     let n = topo.size();
     // The tuner's class is the mean of what the data pass moves: with `c` eager
@@ -837,7 +837,7 @@ fn both_count_exchanges_measure_alike_on_every_rank() {
             let mut call = 0u32;
             while comm.tuned_v(mean).is_none() {
                 assert!(
-                    (call as usize) < trials(class(mean)) * MAX_CANDIDATES,
+                    (call as usize) < trial_calls(class(mean), MAX_CANDIDATES),
                     "no decision"
                 );
                 let send: Vec<u32> = (0..n)
@@ -882,10 +882,11 @@ fn both_count_exchanges_measure_alike_on_every_rank() {
         let cands: Vec<Algorithm> = tuned.times.iter().map(|t| t.0).collect();
         println!("{plan:?}: tried {ran:?}, chose {tuned:?}");
         assert!(cands.len() >= 2, "{plan:?}: {cands:?}");
-        assert_eq!(ran.len(), trials(class(mean)) * cands.len());
-        for (i, a) in ran.iter().enumerate() {
-            assert_eq!(*a, cands[i % cands.len()], "{plan:?}");
-        }
+        let c = class(mean);
+        let planned: Vec<Algorithm> = (0..trial_calls(c, cands.len()))
+            .map(|k| cands[trial_call(c, cands.len(), k).unwrap().0])
+            .collect();
+        assert_eq!(ran, &planned, "{plan:?}");
         if plan == MetaPlan::Agreed {
             let forwarding: Vec<_> = cands.iter().filter(|a| a.forwards()).collect();
             assert!(forwarding.len() <= 1, "{forwarding:?}");
