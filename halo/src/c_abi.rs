@@ -5,9 +5,8 @@
 //! before making a reference to the memory. They are public only because `libhalo` is
 //! another crate.
 
-use crate::comm::{Job, Queue, Slot, Task, serve, with_context};
+use crate::comm::{Inbox, Job, Queue, Slot, Task, Work, serve, with_context};
 use crate::{Communicator, Error, Result};
-use crossbeam::channel::Receiver;
 use std::sync::Arc;
 
 /// `haloAllToAll`: `count` elements of `elem_size` bytes per peer.
@@ -63,7 +62,7 @@ pub struct OpQueue(Queue<'static>, Option<crate::transport::SharedTickets>);
 
 /// The receiving end of an [`OpQueue`]: [`OpServer::serve`] runs its operations.
 #[derive(Debug)]
-pub struct OpServer(Receiver<Task<'static>>);
+pub struct OpServer(Inbox<'static>);
 
 /// A queued operation's outcome, to wait on or test.
 #[derive(Debug, Clone)]
@@ -96,7 +95,7 @@ impl OpQueue {
     pub fn submit(&mut self, name: &'static str, job: OpJob) -> OpHandle {
         let job: Job<'static> = job;
         let ticket = self.1.as_ref().map(|t| t.ticket());
-        let (slot, index) = self.0.submit(name, ticket, job);
+        let (slot, index) = self.0.submit(name, ticket, Work::Job(job));
         OpHandle { slot, index, name }
     }
 }
@@ -106,7 +105,7 @@ impl OpServer {
     /// dropped (the rules of [`Communicator::scope`]: after a failure the later ones
     /// fail naming it).
     pub fn serve(self, comm: &mut Communicator) {
-        serve(comm, self.0);
+        serve(&std::sync::Mutex::new(comm), self.0);
     }
 }
 

@@ -63,7 +63,7 @@ pub use bootstrap::UniqueId;
 pub use bootstrap::root_handshake_for_fuzzing;
 pub use comm::{
     AbortHandle, Communicator, DEFAULT_TIMEOUT, InitConfig, MAX_RANKS, MAX_USER_TAG, MoeDispatch,
-    MoeExchange, MoeFloat, MoeRouting, MoeStats, Partition, ReduceOp, Reducible, Request,
+    MoeExchange, MoeFloat, MoeRouting, MoeStats, P2pStats, Partition, ReduceOp, Reducible, Request,
     SPECULATE_V, Scope,
 };
 pub use error::{Error, Result};

@@ -11,7 +11,11 @@
 //! - requests dropped without waiting (the data still arrives; an error is returned
 //!   by the scope);
 //! - two communicators in nested scopes progress at the same time (a schedule that
-//!   deadlocks if they did not).
+//!   deadlocks if they did not);
+//! - windows of sends and receives (sizes across the batch limit, tags 0 and 3, empty
+//!   messages) byte-exact, batched by the worker and, on HALO's rings, sent eagerly by
+//!   the starting thread; a receive of the wrong length inside a batch fails on both
+//!   ranks.
 
 use halo::local::{self, Emulation, LocalCluster};
 use halo::topology::Topology;
@@ -147,6 +151,140 @@ fn suite(comm: &mut Communicator) -> halo::Result<()> {
         .collect();
     assert_eq!(ag_recv, want, "rank {me}: all_gather");
     Ok(())
+}
+
+/// The bytes of message `k` from `src` to `dst` in [`window`]: lengths across
+/// `BATCH_MAX_BYTES` (4096) and empty ones.
+fn window_msg(src: usize, dst: usize, k: usize) -> Vec<u8> {
+    let len = match k % 7 {
+        0 => 0,
+        3 => 5000 + k,
+        _ => (k * 37) % 300,
+    };
+    (0..len)
+        .map(|i| (src * 31 + dst * 7 + k * 3 + i) as u8)
+        .collect()
+}
+
+/// Rank 0 enters late, so every other rank's worker is still in the scope's first
+/// operation (a barrier) while its window is queued behind it: the worker then runs the
+/// sends and receives in batches. A second scope after a blocking barrier starts with
+/// sends into empty rings: on HALO's rings the first of them is written at once by the
+/// starting thread. Returns the communicator's [`halo::P2pStats`].
+fn window(comm: &mut Communicator) -> halo::Result<halo::P2pStats> {
+    const W: usize = 40;
+    let (me, n) = (comm.rank(), comm.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let out: Vec<Vec<u8>> = (0..W).map(|k| window_msg(me, next, k)).collect();
+    let mut inn: Vec<Vec<u8>> = (0..W)
+        .map(|k| vec![0xee; window_msg(prev, me, k).len()])
+        .collect();
+    if me == 0 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    comm.scope(|s| {
+        let mut reqs = vec![s.barrier()];
+        let tag = |k: usize| if k.is_multiple_of(2) { 0 } else { 3 };
+        let sends = |reqs: &mut Vec<_>| {
+            for (k, m) in out.iter().enumerate() {
+                reqs.push(s.send_tagged(m, next, tag(k)));
+            }
+        };
+        // Even ranks send first, odd ranks receive first (the in-process transport is
+        // rendezvous and a scope's operations do not overlap unless batched).
+        if me % 2 == 0 {
+            sends(&mut reqs);
+        }
+        for (k, b) in inn.iter_mut().enumerate() {
+            reqs.push(s.recv_tagged(b, prev, tag(k)));
+        }
+        if me % 2 == 1 {
+            sends(&mut reqs);
+        }
+        reqs.into_iter().try_for_each(|r| r.wait())
+    })?;
+    for (k, b) in inn.iter().enumerate() {
+        assert_eq!(
+            b,
+            &window_msg(prev, me, k),
+            "rank {me}: message {k} from {prev}"
+        );
+    }
+    // Empty rings, nothing unfinished: small sends first.
+    comm.barrier()?;
+    let small: Vec<u32> = (0..4).map(|i| val(me, next, 9, i)).collect();
+    let mut got = vec![0u32; 4];
+    comm.scope(|s| {
+        let (a, b) = if me % 2 == 0 {
+            (s.send(&small, next), s.recv(&mut got, prev))
+        } else {
+            (s.recv(&mut got, prev), s.send(&small, next))
+        };
+        a.wait()?;
+        b.wait()
+    })?;
+    let want: Vec<u32> = (0..4).map(|i| val(prev, me, 9, i)).collect();
+    assert_eq!(got, want, "rank {me}: the small message");
+    Ok(comm.p2p_stats())
+}
+
+#[test]
+fn windows_of_sends_and_receives_are_batched_byte_exact_on_threads() {
+    for n in [2usize, 3, 4] {
+        let stats = run_ok(n, window);
+        for (r, st) in stats.iter().enumerate().skip(1) {
+            // Messages 3, 10, 17, ... are above the batch limit: the 40 sends and 40
+            // receives form at least a few batches of two or more.
+            assert!(
+                st.batches >= 2 && st.batched >= 20,
+                "rank {r} of {n}: {st:?}"
+            );
+        }
+        // The in-process transport has no eager path.
+        assert!(stats.iter().all(|s| s.eager == 0), "{stats:?}");
+    }
+}
+
+#[test]
+fn a_receive_of_the_wrong_length_in_a_batch_fails_on_both_ranks() {
+    let out = local::run(&flat(2), Emulation::off(), |comm| {
+        comm.set_timeout(Duration::from_secs(5));
+        let me = comm.rank();
+        let msgs: Vec<Vec<u8>> = (0..10).map(|k| vec![k as u8; 8]).collect();
+        let mut bufs: Vec<Vec<u8>> = (0..10)
+            .map(|k| vec![0; if k == 6 { 16 } else { 8 }])
+            .collect();
+        if me == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let started = Instant::now();
+        let r = comm.scope(|s| {
+            let mut reqs = vec![s.barrier()];
+            if me == 0 {
+                reqs.extend(msgs.iter().map(|m| s.send(m, 1)));
+            } else {
+                reqs.extend(bufs.iter_mut().map(|b| s.recv(b, 0)));
+            }
+            Ok(reqs.into_iter().map(|r| r.wait()).collect::<Vec<_>>())
+        })?;
+        Ok((r, started.elapsed(), comm.p2p_stats()))
+    });
+    for (rank, o) in out.into_iter().enumerate() {
+        let (r, took, stats) = o.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert!(took < Duration::from_secs(4), "rank {rank} took {took:?}");
+        assert!(r[0].is_ok(), "rank {rank}: the barrier: {:?}", r[0]);
+        let errors: Vec<&Error> = r.iter().filter_map(|x| x.as_ref().err()).collect();
+        assert!(!errors.is_empty(), "rank {rank}: no error: {r:?}");
+        if rank == 1 {
+            // Every receive was batched behind the barrier: the batch fails as one.
+            assert_eq!(stats.batched, 0, "a failed batch is not counted: {stats:?}");
+            assert_eq!(errors.len(), 10, "{r:?}");
+            let m = errors[0].to_string();
+            assert!(matches!(errors[0], Error::InvalidUsage { .. }), "{m}");
+            assert!(m.contains("run in one batch with operations 2-11"), "{m}");
+            assert!(m.contains("16") && m.contains('8'), "{m}");
+        }
+    }
 }
 
 #[test]
@@ -296,7 +434,8 @@ fn abort_while_waiting_returns_promptly_and_fails_the_queue() {
         r2.as_ref()
             .unwrap_err()
             .to_string()
-            .contains("recv (operation 2) was not run"),
+            // Not run, or run in one batch with the first and aborted with it.
+            .contains("recv (operation 2"),
         "{r2:?}"
     );
     assert!(
@@ -559,6 +698,20 @@ fn nonblocking_rank() {
     for _ in 0..3 {
         suite(&mut comm).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
     }
+    let stats = window(&mut comm).unwrap_or_else(|e| panic!("rank {rank}: window: {e}"));
+    if rank != 0 {
+        assert!(
+            stats.batches >= 2 && stats.batched >= 20,
+            "rank {rank}: {stats:?}"
+        );
+    }
+    // HALO's rings write the small sends at once (on even ranks at least the first of
+    // the last scope; odd ranks receive first, so their sends queue behind it);
+    // libfabric's providers never.
+    let rings = comm.provider_to((rank + 1) % size) == Some("halo-shm");
+    if rank % 2 == 0 || !rings {
+        assert_eq!(stats.eager > 0, rings, "rank {rank}: {stats:?}");
+    }
     println!(
         "NB-RANK-OK {rank} provider={:?}",
         comm.provider_to((rank + 1) % size)
@@ -639,6 +792,13 @@ fn processes(n: usize, provider: Option<&str>) {
 fn every_operation_byte_exact_on_processes_shm() {
     for n in [2, 3, 4] {
         processes(n, Some("shm"));
+    }
+}
+
+#[test]
+fn every_operation_byte_exact_on_processes_halo_rings() {
+    for n in [2, 3, 4] {
+        processes(n, None);
     }
 }
 

@@ -2,7 +2,7 @@
 # A/B of issue 30's changes: bash ab-run.sh BEFORE_HALO AFTER_HALO [OUT_DIR]
 # (the run here: BEFORE = the release halo of 02b407a, AFTER = of 25c3a0e; --features mpi).
 # Writes bw.txt, own-barrier.txt, launch.txt, mainjob.txt into OUT_DIR (default: .).
-B=${1:?the before build's halo binary}; A=${2:?the after build's halo binary}
+B=${1:?halo binary of the before build}; A=${2:?halo binary of the after build}
 mkdir -p "${3:-.}" && cd "${3:-.}"
 ratio() { sed -n '/Speed-up over MPI/,$p' | grep -E "^[0-9]"; }
 {

@@ -40,9 +40,9 @@ pub use all_reduce::{ReduceOp, Reducible};
 pub use all_to_all_v::SPECULATE_V;
 pub use init::InitConfig;
 pub use moe::{MoeDispatch, MoeExchange, MoeFloat, MoeRouting, MoeStats};
-pub(crate) use nonblocking::{Job, Queue, Slot, Task, serve, with_context};
+pub(crate) use nonblocking::{Inbox, Job, Queue, Slot, Task, Work, serve, with_context};
 pub use nonblocking::{Request, Scope};
-pub use p2p::MAX_USER_TAG;
+pub use p2p::{MAX_USER_TAG, P2pStats};
 pub use partition::Partition;
 
 use crate::error::{Error, Result};
@@ -490,6 +490,10 @@ pub(crate) struct Ext {
     /// Reduce-scatter accumulator (a copy of the send buffer, `u64` words).
     pub(super) reduce_scatter_acc: Vec<u64>,
     pub(super) gather_scratch: Vec<u8>,
+    /// The staged bytes of a batch of sends and of receives (`p2p_batch`), kept.
+    pub(super) batch_send: Vec<u8>,
+    pub(super) batch_recv: Vec<u8>,
+    pub(super) p2p_stats: p2p::P2pStats,
     /// The worker thread of [`Communicator::scope`], once one ran.
     pub(super) pool: Option<Arc<rayon_core::ThreadPool>>,
     /// The device path's last uniform plan (algorithm, block bytes) and its state.

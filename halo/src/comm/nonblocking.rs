@@ -2,6 +2,7 @@
 //!
 //! The public notes (model, ordering, lifetimes, errors) are on [`Scope`].
 
+use super::p2p::{BATCH_MAX_OPS, P2pOp};
 use super::{AbortHandle, Communicator, Partition, ReduceOp, Reducible};
 use crate::error::{Error, Result};
 use crate::transport::Ticket;
@@ -9,11 +10,28 @@ use crossbeam::channel::{Receiver, Sender, unbounded};
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 /// One operation for the worker: what to run on the communicator.
 pub(crate) type Job<'env> = Box<dyn FnOnce(&mut Communicator) -> Result<()> + Send + 'env>;
+
+/// What a task asks of the worker: any operation as a closure, or a send or receive
+/// as data, which the worker runs in one batch with the sends and receives queued
+/// right after it ([`Communicator::p2p_batch`]).
+pub(crate) enum Work<'env> {
+    Job(Job<'env>),
+    P2p(P2pOp<'env>),
+}
+
+impl Work<'_> {
+    fn run(self, comm: &mut Communicator) -> Result<()> {
+        match self {
+            Work::Job(job) => job(comm),
+            Work::P2p(op) => op.run(comm),
+        }
+    }
+}
 
 /// Where an operation's outcome lands.
 #[derive(Debug, Default)]
@@ -35,6 +53,19 @@ struct Outcome {
 }
 
 impl Slot {
+    /// A slot that has its outcome, success, and counts as taken: the request of an
+    /// operation that completed as it started (an eager send).
+    fn succeeded() -> Slot {
+        Slot {
+            outcome: Mutex::new(Outcome {
+                result: Some(Ok(())),
+                sleepers: 0,
+            }),
+            done: Condvar::new(),
+            taken: AtomicBool::new(true),
+        }
+    }
+
     /// Stores `outcome` unless the slot has one.
     fn fill(&self, outcome: Result<()>) {
         self.fill_with(|| outcome);
@@ -105,7 +136,7 @@ impl Slot {
 
 /// An operation on its way to the worker.
 pub(crate) struct Task<'env> {
-    job: Option<Job<'env>>,
+    work: Option<Work<'env>>,
     /// Its place among the operations on the communicators of its split tree.
     ticket: Option<Ticket>,
     slot: Arc<Slot>,
@@ -135,28 +166,72 @@ impl Drop for Task<'_> {
 pub(crate) struct Queue<'env> {
     tx: Sender<Task<'env>>,
     next: u64,
+    progress: Arc<Progress>,
+}
+
+/// How far the worker is: what the starting thread reads before it writes a small send
+/// itself ([`Scope`]'s eager sends), which it may only do when nothing started before
+/// is unfinished.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    /// Operations queued and not yet finished (the worker counts them down under the
+    /// communicator's lock, once their outcome is in).
+    unfinished: AtomicU64,
+    /// Whether one failed (the later ones are then not run, eager sends included).
+    failed: AtomicBool,
+}
+
+/// The receiving end of a [`Queue`], which [`serve`] runs.
+#[derive(Debug)]
+pub(crate) struct Inbox<'env> {
+    rx: Receiver<Task<'env>>,
+    progress: Arc<Progress>,
 }
 
 impl<'env> Queue<'env> {
     /// A queue and the receiving end that [`serve`] runs.
-    pub(crate) fn new() -> (Self, Receiver<Task<'env>>) {
+    pub(crate) fn new() -> (Self, Inbox<'env>) {
         let (tx, rx) = unbounded();
-        (Queue { tx, next: 1 }, rx)
+        let progress = Arc::new(Progress::default());
+        let inbox = Inbox {
+            rx,
+            progress: Arc::clone(&progress),
+        };
+        (
+            Queue {
+                tx,
+                next: 1,
+                progress,
+            },
+            inbox,
+        )
     }
 
-    /// Queues `job` under `name`, with its place in the split tree's order if the
+    /// Whether every operation queued so far has finished, none failing.
+    fn idle(&self) -> bool {
+        self.progress.unfinished.load(Ordering::Acquire) == 0
+            && !self.progress.failed.load(Ordering::Acquire)
+    }
+
+    /// The next operation's index, for one that completes without the worker.
+    fn number(&mut self) -> u64 {
+        self.next += 1;
+        self.next - 1
+    }
+
+    /// Queues `work` under `name`, with its place in the split tree's order if the
     /// communicator shares its endpoint; returns its slot and index.
     pub(crate) fn submit(
         &mut self,
         name: &'static str,
         ticket: Option<Ticket>,
-        job: Job<'env>,
+        work: Work<'env>,
     ) -> (Arc<Slot>, u64) {
         let slot = Arc::new(Slot::default());
-        let index = self.next;
-        self.next += 1;
+        let index = self.number();
+        self.progress.unfinished.fetch_add(1, Ordering::AcqRel);
         let task = Task {
-            job: Some(job),
+            work: Some(work),
             ticket,
             slot: slot.clone(),
             index,
@@ -172,12 +247,51 @@ impl<'env> Queue<'env> {
 /// The worker: runs the queue's operations on `comm` in order until the queue is
 /// dropped. After a failure the later operations are not run: each fails with the
 /// failed operation's kind of error, naming it.
-pub(crate) fn serve(comm: &mut Communicator, rx: Receiver<Task<'_>>) {
+///
+/// A send or receive is run in one batch with the sends and receives already queued
+/// behind it (up to [`BATCH_MAX_OPS`]; small ones, to other ranks, on a communicator
+/// with its endpoint to itself): one pass of the transport instead of one each, and
+/// never a wait for more to come.
+pub(crate) fn serve(comm: &Mutex<&mut Communicator>, inbox: Inbox<'_>) {
+    let Inbox { rx, progress } = inbox;
+    let lock = || comm.lock().unwrap_or_else(PoisonError::into_inner);
     let mut failed: Option<(u64, &'static str, Error)> = None;
-    for mut task in rx {
-        let Some(job) = task.job.take() else {
+    let mut next: Option<Task<'_>> = None;
+    while let Some(mut task) = next.take().or_else(|| rx.recv().ok()) {
+        let Some(mut work) = task.work.take() else {
             continue;
         };
+        let mut guard = lock();
+        let comm: &mut Communicator = &mut guard;
+        if let Work::P2p(op) = work {
+            if task.ticket.is_some() || failed.is_some() || !op.batchable(comm) {
+                work = Work::P2p(op);
+            } else {
+                let mut batch = vec![(task, op)];
+                while batch.len() < BATCH_MAX_OPS {
+                    let Ok(mut t) = rx.try_recv() else { break };
+                    match t.work.take() {
+                        Some(Work::P2p(o)) if t.ticket.is_none() && o.batchable(comm) => {
+                            batch.push((t, o));
+                        }
+                        other => {
+                            t.work = other;
+                            next = Some(t);
+                            break;
+                        }
+                    }
+                }
+                if batch.len() > 1 {
+                    let n = batch.len() as u64;
+                    run_batch(comm, batch, &mut failed);
+                    progress.finished(n, failed.is_some());
+                    continue;
+                }
+                let (t, op) = batch.pop().expect("one");
+                task = t;
+                work = Work::P2p(op);
+            }
+        }
         let outcome = match &failed {
             _ if comm.is_aborted() => Err(Error::Aborted {
                 message: format!(
@@ -187,21 +301,14 @@ pub(crate) fn serve(comm: &mut Communicator, rx: Receiver<Task<'_>>) {
                     comm.rank()
                 ),
             }),
-            Some((index, name, e)) => Err(with_context(
-                e,
-                &format!(
-                    "{} (operation {}) was not run because {name} (operation {index}) on \
-                     this communicator failed before it",
-                    task.name, task.index
-                ),
-            )),
+            Some((index, name, e)) => Err(not_run(e, &task, name, *index)),
             None => {
                 let r = match &task.ticket {
-                    None => job(comm),
+                    None => work.run(comm),
                     Some(t) => {
                         let abort = comm.abort_handle();
                         match t.wait_turn(comm.timeout(), &|| abort.is_aborted()) {
-                            Ok(()) => job(comm),
+                            Ok(()) => work.run(comm),
                             Err(why) => Err(turn_error(why, &task, comm)),
                         }
                     }
@@ -216,7 +323,77 @@ pub(crate) fn serve(comm: &mut Communicator, rx: Receiver<Task<'_>>) {
             }
         };
         task.slot.fill(outcome);
+        progress.finished(1, failed.is_some());
     }
+}
+
+impl Progress {
+    /// `n` more operations finished; whether one has failed so far. Called under the
+    /// communicator's lock, after their outcomes are in.
+    fn finished(&self, n: u64, failed: bool) {
+        if failed {
+            self.failed.store(true, Ordering::Release);
+        }
+        self.unfinished.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// The error of `task`, not run because operation `index` (`name`) failed with `e`.
+fn not_run(e: &Error, task: &Task<'_>, name: &str, index: u64) -> Error {
+    with_context(
+        e,
+        &format!(
+            "{} (operation {}) was not run because {name} (operation {index}) on this \
+             communicator failed before it",
+            task.name, task.index
+        ),
+    )
+}
+
+/// Runs a batch of sends and receives ([`Communicator::p2p_batch`]) and completes
+/// their requests: all succeed, or all fail with the batch's error, each naming the
+/// batch, and the batch's first operation is what the later ones name.
+fn run_batch(
+    comm: &mut Communicator,
+    batch: Vec<(Task<'_>, P2pOp<'_>)>,
+    failed: &mut Option<(u64, &'static str, Error)>,
+) {
+    let (tasks, mut ops): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+    let r = if comm.is_aborted() {
+        Err(Error::Aborted {
+            message: format!("communicator of rank {} was aborted", comm.rank()),
+        })
+    } else {
+        comm.p2p_batch(&mut ops)
+    };
+    drop(ops);
+    match r {
+        Ok(()) => tasks.iter().for_each(|t| t.slot.fill(Ok(()))),
+        Err(e) => {
+            let (first, last) = (tasks[0].index, tasks[tasks.len() - 1].index);
+            tracing::debug!(rank = comm.rank(), first, last, error = %e, "a batch of non-blocking sends and receives failed");
+            for t in &tasks {
+                t.slot.fill(Err(with_context(
+                    &e,
+                    &format!(
+                        "{} (operation {}, run in one batch with operations {first}-{last})",
+                        t.name, t.index
+                    ),
+                )));
+            }
+            *failed = Some((first, tasks[0].name, e));
+        }
+    }
+}
+
+/// A buffer's bytes.
+fn bytes<E: bytemuck::Pod>(buf: &[E]) -> &[u8] {
+    bytemuck::cast_slice(buf)
+}
+
+/// A buffer's bytes, to write.
+fn bytes_mut<E: bytemuck::Pod>(buf: &mut [E]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(buf)
 }
 
 /// The error of an operation that did not get its turn.
@@ -266,14 +443,31 @@ pub(crate) fn with_context(e: &Error, context: &str) -> Error {
 ///
 /// A communicator runs one schedule at a time (its transport is not `Sync`). In a
 /// scope its **worker thread** (one per communicator, started by its first scope and
-/// kept) owns the communicator (`&mut`) and runs the operations started in the scope
+/// kept) holds the communicator (`&mut`, under a lock) and runs the operations started in the scope
 /// one after the other, in the order they were started (NCCL's stream order). The
 /// thread that opened the scope goes on computing; each start returns a [`Request`] to
 /// wait on or test. So operations progress on their own, whether anyone waits or not.
 ///
+/// **Sends and receives.** Two paths make a window of small point-to-point operations
+/// cost less than a hand-over to the worker each (OSU's `bw`):
+///
+/// - *Batches*: the worker runs a send or receive together with the sends and
+///   receives already queued right behind it (up to 64, each at most 4 KiB, to other
+///   ranks) as one pass of the transport; it never waits for more to come. The
+///   operations of a batch progress together, which only removes waits: each message
+///   still matches the operation it would match alone. A batch succeeds or fails as
+///   one (each request then names the batch).
+/// - *Eager sends*: a send of at most 4 KiB started when every operation started
+///   before it in the scope has finished is written by the starting thread itself when
+///   the transport can do it at once (HALO's shared-memory rings with a free cell;
+///   not on a communicator that shares its endpoint), as `MPI_Isend`'s eager path
+///   does; its request is complete when the call returns. Otherwise it is queued.
+///
+/// [`Communicator::p2p_stats`] counts both.
+///
 /// **Ordering.** As for blocking calls, every rank must start the operations of a
 /// communicator in the same order (point-to-point: the two ranks of a pair in
-/// matching order). Operations of one scope never overlap each other. Operations of
+/// matching order). Operations of one scope never overlap each other (but for the sends and receives of a batch, above). Operations of
 /// communicators with transports of their own (separate jobs) progress at the same
 /// time, each scope on its worker (scopes nested). Communicators **split from one
 /// another share one transport endpoint** per rank: their operations (in scopes, and
@@ -326,6 +520,11 @@ pub(crate) fn with_context(e: &Error, context: &str) -> Error {
 /// queued ones fail at once.
 pub struct Scope<'env> {
     queue: RefCell<Queue<'env>>,
+    /// The communicator, which the worker locks for each operation (or batch) and the
+    /// starting thread for an eager send.
+    comm: Arc<Mutex<&'env mut Communicator>>,
+    /// The one slot of every eager send's request.
+    succeeded: Arc<Slot>,
     /// Every request started, to report the errors of those never waited.
     started: RefCell<Vec<(u64, &'static str, Arc<Slot>)>>,
     rank: usize,
@@ -413,8 +612,22 @@ impl Request<'_> {
 
 impl<'env> Scope<'env> {
     fn start(&self, name: &'static str, job: Job<'env>) -> Request<'_> {
+        self.start_work(name, Work::Job(job))
+    }
+
+    fn start_work(&self, name: &'static str, work: Work<'env>) -> Request<'_> {
+        if let Work::P2p(P2pOp::Send(bytes, peer, tag)) = &work
+            && let Some(index) = self.send_now(bytes, *peer, *tag)
+        {
+            return Request {
+                slot: Arc::clone(&self.succeeded),
+                index,
+                name,
+                _scope: PhantomData,
+            };
+        }
         let ticket = self.tickets.as_ref().map(|t| t());
-        let (slot, index) = self.queue.borrow_mut().submit(name, ticket, job);
+        let (slot, index) = self.queue.borrow_mut().submit(name, ticket, work);
         self.started.borrow_mut().push((index, name, slot.clone()));
         Request {
             slot,
@@ -422,6 +635,21 @@ impl<'env> Scope<'env> {
             name,
             _scope: PhantomData,
         }
+    }
+
+    /// A send's eager path: when every operation started before has finished (none
+    /// failing) and the transport can write the message at once
+    /// ([`Communicator::try_send_now`]), this thread writes it; its index, or `None`
+    /// to queue it. The worker is idle then, so the order is the program's either way.
+    fn send_now(&self, bytes: &[u8], peer: usize, tag: u32) -> Option<u64> {
+        let mut queue = self.queue.borrow_mut();
+        if self.tickets.is_some() || !queue.idle() {
+            return None;
+        }
+        // The worker holds the lock at most until it has counted its last operation
+        // down; nothing can be queued meanwhile (this thread queues).
+        let mut comm = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
+        comm.try_send_now(bytes, peer, tag).then(|| queue.number())
     }
 
     /// This rank of the scope's communicator.
@@ -469,10 +697,7 @@ impl<'env> Scope<'env> {
 
     /// Starts [`Communicator::send`].
     pub fn send<E: bytemuck::Pod + Send + Sync>(&self, buf: &'env [E], peer: usize) -> Request<'_> {
-        self.start(
-            "send",
-            Box::new(move |c: &mut Communicator| c.send(buf, peer)),
-        )
+        self.start_work("send", Work::P2p(P2pOp::Send(bytes(buf), peer, 0)))
     }
 
     /// Starts [`Communicator::recv`].
@@ -481,10 +706,7 @@ impl<'env> Scope<'env> {
         buf: &'env mut [E],
         peer: usize,
     ) -> Request<'_> {
-        self.start(
-            "recv",
-            Box::new(move |c: &mut Communicator| c.recv(buf, peer)),
-        )
+        self.start_work("recv", Work::P2p(P2pOp::Recv(bytes_mut(buf), peer, 0)))
     }
 
     /// Starts [`Communicator::send_recv`].
@@ -550,10 +772,7 @@ impl<'env> Scope<'env> {
         peer: usize,
         tag: u32,
     ) -> Request<'_> {
-        self.start(
-            "send",
-            Box::new(move |c: &mut Communicator| c.send_tagged(buf, peer, tag)),
-        )
+        self.start_work("send", Work::P2p(P2pOp::Send(bytes(buf), peer, tag)))
     }
 
     /// Starts [`Communicator::recv_tagged`].
@@ -563,10 +782,7 @@ impl<'env> Scope<'env> {
         peer: usize,
         tag: u32,
     ) -> Request<'_> {
-        self.start(
-            "recv",
-            Box::new(move |c: &mut Communicator| c.recv_tagged(buf, peer, tag)),
-        )
+        self.start_work("recv", Work::P2p(P2pOp::Recv(bytes_mut(buf), peer, tag)))
     }
 
     /// Starts [`Communicator::reduce_scatter`].
@@ -661,24 +877,28 @@ impl Communicator {
         &'env mut self,
         f: impl for<'s> FnOnce(&'s Scope<'env>) -> Result<T>,
     ) -> Result<T> {
-        let (queue, rx) = Queue::new();
+        let pool = self.worker_pool()?;
+        let (queue, inbox) = Queue::new();
         let tickets: Option<Box<dyn Fn() -> Ticket + 'env>> = self
             .core
             .backend
             .shared_endpoint()
             .map(|s| Box::new(move || s.ticket()) as Box<dyn Fn() -> Ticket + 'env>);
+        let (rank, size, abort) = (self.rank(), self.size(), self.abort_handle());
+        let comm = Arc::new(Mutex::new(self));
         let scope = Scope {
             tickets,
             queue: RefCell::new(queue),
+            comm: Arc::clone(&comm),
+            succeeded: Arc::new(Slot::succeeded()),
             started: RefCell::new(Vec::new()),
-            rank: self.rank(),
-            size: self.size(),
-            abort: self.abort_handle(),
+            rank,
+            size,
+            abort,
             _env: PhantomData,
         };
-        let pool = self.worker_pool()?;
         let (out, started) = pool.in_place_scope(|rs| {
-            rs.spawn(move |_| serve(self, rx));
+            rs.spawn(move |_| serve(&comm, inbox));
             let out = f(&scope);
             let Scope { queue, started, .. } = scope;
             // The worker ends when the queue is gone; `in_place_scope` waits for it.

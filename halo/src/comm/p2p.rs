@@ -101,14 +101,33 @@ impl super::Ext {
         }
     }
 
-    /// Counts one more message of [`Self::count`]'s kind.
-    fn advance(&mut self, sent: bool, peer: usize, tag: u32) {
-        let c = match (tag, sent) {
+    /// Makes room for the counts of `n` ranks (the first point-to-point call).
+    fn count_ranks(&mut self, n: usize) {
+        if self.sent.len() != n {
+            self.sent.resize(n, 0);
+            self.received.resize(n, 0);
+        }
+    }
+
+    /// The counter of [`Self::count`]'s kind.
+    fn counter(&mut self, sent: bool, peer: usize, tag: u32) -> &mut u64 {
+        match (tag, sent) {
             (0, true) => &mut self.sent[peer],
             (0, false) => &mut self.received[peer],
             _ => self.tagged.entry((sent, peer, tag)).or_insert(0),
-        };
+        }
+    }
+
+    /// Counts one more message of [`Self::count`]'s kind.
+    fn advance(&mut self, sent: bool, peer: usize, tag: u32) {
+        let c = self.counter(sent, peer, tag);
         *c = c.wrapping_add(1);
+    }
+
+    /// Takes back one [`Self::advance`] (a batch that failed).
+    fn retreat(&mut self, sent: bool, peer: usize, tag: u32) {
+        let c = self.counter(sent, peer, tag);
+        *c = c.wrapping_sub(1);
     }
 
     /// The one-step schedule of a lone send (`key.0`) or receive of `key.2` bytes with
@@ -251,10 +270,7 @@ impl Communicator {
             core.check_peer(*peer, "recv")?;
         }
         let ext = &mut core.ext;
-        if ext.sent.len() != n {
-            ext.sent.resize(n, 0);
-            ext.received.resize(n, 0);
-        }
+        ext.count_ranks(n);
         // Messages to itself go through a queue: the transports reach only other ranks.
         let send = match send {
             Some((bytes, peer)) if peer == me => {
@@ -346,5 +362,181 @@ impl Communicator {
             core.ext.advance(false, s, tag);
         }
         Ok(())
+    }
+}
+
+/// The largest message of a batch of point-to-point operations
+/// ([`Communicator::p2p_batch`]): its bytes are staged through one buffer per
+/// direction, which costs a copy that only small messages repay.
+pub(crate) const BATCH_MAX_BYTES: usize = 4096;
+
+/// The most operations of one batch (OSU's window).
+pub(crate) const BATCH_MAX_OPS: usize = 64;
+
+/// How this communicator's non-blocking sends and receives ran so far
+/// ([`Communicator::p2p_stats`]): what the scope's worker batched and what the
+/// starting thread wrote itself. For tests and tuning; the paths are described on
+/// [`Scope`](super::Scope).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct P2pStats {
+    /// Batches of more than one send or receive run as one pass.
+    pub batches: u64,
+    /// Operations in those batches.
+    pub batched: u64,
+    /// Sends written by the starting thread at once (the eager path).
+    pub eager: u64,
+}
+
+/// One send or one receive of a scope, as data: what the scope's worker batches with
+/// the ones queued after it ([`Communicator::p2p_batch`]).
+#[derive(Debug)]
+pub(crate) enum P2pOp<'a> {
+    /// [`Communicator::send_tagged`]: bytes, peer, user tag.
+    Send(&'a [u8], usize, u32),
+    /// [`Communicator::recv_tagged`]: buffer, peer, user tag.
+    Recv(&'a mut [u8], usize, u32),
+}
+
+impl P2pOp<'_> {
+    /// Runs it alone, as the blocking call.
+    pub(crate) fn run(self, comm: &mut Communicator) -> Result<()> {
+        match self {
+            P2pOp::Send(bytes, peer, tag) => comm.send_tagged(bytes, peer, tag),
+            P2pOp::Recv(buf, peer, tag) => comm.recv_tagged(buf, peer, tag),
+        }
+    }
+
+    /// Whether it may run in a batch on `comm`: a valid peer other than this rank, a
+    /// valid tag, at most [`BATCH_MAX_BYTES`]. Anything else runs alone, where its
+    /// error (or its message to itself) is the blocking call's.
+    pub(crate) fn batchable(&self, comm: &Communicator) -> bool {
+        let (len, peer, tag) = match self {
+            P2pOp::Send(b, p, t) => (b.len(), *p, *t),
+            P2pOp::Recv(b, p, t) => (b.len(), *p, *t),
+        };
+        len <= BATCH_MAX_BYTES && peer < comm.size() && peer != comm.rank() && tag <= MAX_USER_TAG
+    }
+}
+
+impl Communicator {
+    /// How this communicator's non-blocking sends and receives ran so far: batched by
+    /// the scope's worker, or written at once by the starting thread (see [`Scope`](super::Scope)).
+    pub fn p2p_stats(&self) -> P2pStats {
+        self.core.ext.p2p_stats
+    }
+
+    /// A non-blocking send's eager path ([`Scope`](super::Scope)): `bytes` to `peer`
+    /// with user tag `tag`, written now if the transport can without waiting and
+    /// without a session (`Backend::try_send_now`: HALO's rings), with the tag and
+    /// count the blocking send would give it. Whether it was; when not (any doubt:
+    /// another rank's peer, this rank, a bad tag, an aborted communicator, more than
+    /// [`BATCH_MAX_BYTES`]), nothing changed and the send goes the usual way, where its
+    /// error is the blocking call's.
+    pub(crate) fn try_send_now(&mut self, bytes: &[u8], peer: usize, tag: u32) -> bool {
+        let core = &mut self.core;
+        if core.check_aborted().is_err()
+            || peer >= core.size
+            || peer == core.rank
+            || tag > MAX_USER_TAG
+            || bytes.len() > BATCH_MAX_BYTES
+        {
+            return false;
+        }
+        let ext = &mut core.ext;
+        ext.count_ranks(core.size);
+        let wire = core.comm_tag | P2P_FLAG | p2p_tag(tag, ext.count(true, peer, tag));
+        if !core.backend.try_send_now(peer, wire, bytes) {
+            return false;
+        }
+        core.ext.advance(true, peer, tag);
+        core.ext.p2p_stats.eager += 1;
+        true
+    }
+
+    /// Runs consecutive sends and receives of a scope as one pass of the transport: one
+    /// schedule whose steps are the operations, independent of each other, their bytes
+    /// staged through one buffer per direction. What a window of small non-blocking
+    /// operations costs is then the messages, not a schedule and a transport session
+    /// each. Each message carries the tag it would carry alone (its pair's and tag's
+    /// message number), so it matches the same operation at the peer, batched or not.
+    ///
+    /// Every operation must be [`P2pOp::batchable`]. On error nothing is counted (as
+    /// for a failed blocking call) and the receive buffers are untouched.
+    pub(crate) fn p2p_batch(&mut self, ops: &mut [P2pOp<'_>]) -> Result<()> {
+        let core = &mut self.core;
+        core.check_aborted()?;
+        let (n, me) = (core.size, core.rank);
+        let ext = &mut core.ext;
+        ext.count_ranks(n);
+        let mut stage_send = std::mem::take(&mut ext.batch_send);
+        let mut stage_recv = std::mem::take(&mut ext.batch_recv);
+        stage_send.clear();
+        stage_recv.clear();
+        let mut b = ScheduleBuilder::new(me, n, "send/recv batch");
+        for op in ops.iter() {
+            let (sent, peer, tag, len) = match op {
+                P2pOp::Send(bytes, peer, tag) => (true, *peer, *tag, bytes.len()),
+                P2pOp::Recv(buf, peer, tag) => (false, *peer, *tag, buf.len()),
+            };
+            // The number it would have alone: counted now, taken back on failure.
+            let wire = p2p_tag(tag, ext.count(sent, peer, tag));
+            ext.advance(sent, peer, tag);
+            match op {
+                P2pOp::Send(bytes, ..) => {
+                    b.send(
+                        peer,
+                        wire,
+                        Region::new(Buf::Send, stage_send.len(), len),
+                        &[],
+                    );
+                    stage_send.extend_from_slice(bytes);
+                }
+                P2pOp::Recv(..) => {
+                    b.recv(
+                        peer,
+                        wire,
+                        Region::new(Buf::Recv, stage_recv.len(), len),
+                        &[],
+                    );
+                    stage_recv.resize(stage_recv.len() + len, 0);
+                }
+            }
+        }
+        let schedule = b.finish();
+        let bufs = Buffers {
+            send: &stage_send,
+            recv: &mut stage_recv,
+            scratch: &mut [],
+            call: halo_collectives::Call::NONE,
+        };
+        let opts = exec_options(core.timeout, &core.abort);
+        let r = core
+            .backend
+            .run(&schedule, core.comm_tag | P2P_FLAG, bufs, &opts);
+        let ext = &mut core.ext;
+        match &r {
+            Ok(()) => {
+                ext.p2p_stats.batches += 1;
+                ext.p2p_stats.batched += ops.len() as u64;
+                let mut at = 0;
+                for op in ops.iter_mut() {
+                    if let P2pOp::Recv(buf, ..) = op {
+                        buf.copy_from_slice(&stage_recv[at..at + buf.len()]);
+                        at += buf.len();
+                    }
+                }
+            }
+            Err(_) => {
+                for op in ops.iter() {
+                    match op {
+                        P2pOp::Send(_, peer, tag) => ext.retreat(true, *peer, *tag),
+                        P2pOp::Recv(_, peer, tag) => ext.retreat(false, *peer, *tag),
+                    }
+                }
+            }
+        }
+        ext.batch_send = stage_send;
+        ext.batch_recv = stage_recv;
+        r.map_err(Into::into)
     }
 }

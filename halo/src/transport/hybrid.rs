@@ -95,6 +95,12 @@ impl HybridTransport {
             _ => self.fabric.provider_to(peer),
         }
     }
+
+    /// [`ShmTransport::try_send_now`] to a rank of this host (never one over the
+    /// fabric: `reaches` is false for those).
+    pub(crate) fn try_send_now(&mut self, peer: usize, tag: u64, bytes: &[u8]) -> bool {
+        self.shm.try_send_now(peer, tag, bytes)
+    }
 }
 
 impl Drop for HybridTransport {

@@ -202,6 +202,19 @@ impl Backend {
         }
     }
 
+    /// Writes a one-cell message with the whole tag `tag` to `peer` now if the
+    /// transport can without waiting and without a session (HALO's rings, a free
+    /// cell, nothing queued to `peer`; see `ShmTransport::try_send_now`). Whether it
+    /// did; when not, nothing changed and the message goes the usual way.
+    pub(crate) fn try_send_now(&mut self, peer: usize, tag: u64, bytes: &[u8]) -> bool {
+        match self {
+            Backend::Shm(t) => t.try_send_now(peer, tag, bytes),
+            Backend::Hybrid(t) => t.try_send_now(peer, tag, bytes),
+            // A shared endpoint's operations take turns (tickets): never out of turn.
+            Backend::Local(_) | Backend::Fabric(_) | Backend::Shared(_) => false,
+        }
+    }
+
     /// Runs one rank's program (steps or waves) over `bufs`.
     pub(crate) fn run_program(
         &mut self,

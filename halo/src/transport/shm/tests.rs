@@ -799,3 +799,39 @@ fn a_receive_behind_a_waiting_message_is_not_held_up_by_it() {
         );
     }
 }
+
+#[test]
+fn a_send_written_now_is_received_byte_exact_and_refused_when_it_would_wait() {
+    // 3 cells of 64 bytes: 32 bytes of payload each.
+    let (mut a, mut b) = pair(3, 64);
+    let tag = |k: u64| (7u64 << 48) | k;
+    let msgs: Vec<Vec<u8>> = (0..3).map(|k| pattern(0, 1, k, 10 + k)).collect();
+    for (k, m) in msgs.iter().enumerate() {
+        assert!(a.try_send_now(1, tag(k as u64), m), "message {k}");
+    }
+    // The ring is full; more than a cell's payload; to itself; to no rank.
+    assert!(!a.try_send_now(1, tag(3), &[1]));
+    assert!(!a.try_send_now(1, tag(3), &[0; 33]));
+    assert!(!a.try_send_now(0, tag(3), &[1]));
+    assert!(!a.try_send_now(2, tag(3), &[1]));
+    // Received by a session as any message with those tags, in another order.
+    let mut recv = vec![0xeeu8; 33];
+    {
+        let mut s = b.begin(7u64 << 48, receiving_into(&mut recv)).unwrap();
+        let mut at = 0;
+        for k in [2usize, 0, 1] {
+            let len = 10 + k;
+            s.post_recv(0, k as u64, Region::new(Buf::Recv, at, len), k as u32)
+                .unwrap();
+            at += len;
+        }
+        complete(&mut s, 3).unwrap();
+    }
+    assert_eq!(&recv[..12], &msgs[2][..]);
+    assert_eq!(&recv[12..22], &msgs[0][..]);
+    assert_eq!(&recv[22..], &msgs[1][..]);
+    // The cells are free again; a broken transport writes nothing.
+    assert!(a.try_send_now(1, tag(3), &[]));
+    a.broken = Some("test".into());
+    assert!(!a.try_send_now(1, tag(4), &[1]));
+}

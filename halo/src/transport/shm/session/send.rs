@@ -4,11 +4,12 @@
 //! offering a rendezvous (`rdv.rs` decides and completes it).
 
 use super::{CResult, LINE, RdvSend, SendOp, ShmSession};
+use crate::transport::shm::ShmTransport;
 use crate::transport::shm::cma::OFFERED;
 use crate::transport::shm::segment::{
     CELL_HEAD, CellHead, KIND_FIRST, KIND_MORE, KIND_POISON, KIND_RDV, publish, stamp, write_head,
 };
-use halo_collectives::{CollectiveError, Region};
+use halo_collectives::{Call, CollectiveError, Region};
 use std::ptr;
 use std::sync::atomic::Ordering;
 
@@ -103,28 +104,11 @@ impl ShmSession<'_> {
             };
             // SAFETY: the cell is `cell` bytes inside the mapping, 64-aligned, and free
             // (tail - head < slots: the receiver consumed it and will not read it until
-            // its stamp's Release store below publishes it); `op.src + sent .. + n` lies
+            // its stamp's Release store publishes it); `op.src + sent .. + n` lies
             // in the send region bounds-checked when the send was posted, in a buffer
             // the session borrows (the queue is emptied before the session ends);
             // `n <= payload` fits the cell after its header.
-            unsafe {
-                // The bytes past the first cache line first, then the first line
-                // (header and 32 bytes) and at once the stamp: the receiver polls the
-                // first line, so it is written in one short burst.
-                let first = n.min(LINE - CELL_HEAD);
-                if n > first {
-                    ptr::copy_nonoverlapping(
-                        op.src.add(op.sent + first),
-                        cell.add(LINE),
-                        n - first,
-                    );
-                }
-                if first > 0 {
-                    ptr::copy_nonoverlapping(op.src.add(op.sent), cell.add(CELL_HEAD), first);
-                }
-                write_head(cell, &head);
-                publish(cell, head.stamp);
-            }
+            unsafe { fill_cell(cell, &head, op.src.add(op.sent), n) };
             op.sent += n;
             op.started = true;
             out.tail += 1;
@@ -167,5 +151,72 @@ impl ShmSession<'_> {
         // Eager: into the ring now, if there is room.
         self.push(peer)?;
         Ok(())
+    }
+}
+
+/// Writes a cell and publishes it: the bytes past the first cache line first, then the
+/// first line (header and 32 bytes) and at once the stamp — the receiver polls the
+/// first line, so it is written in one short burst.
+///
+/// # Safety
+/// `cell` is a free cell of a ring this rank writes (the receiver does not read it
+/// until the stamp's Release store), `n` fits its payload, and `src .. src + n` is
+/// readable.
+unsafe fn fill_cell(cell: *mut u8, head: &CellHead, src: *const u8, n: usize) {
+    let first = n.min(LINE - CELL_HEAD);
+    // SAFETY: the caller's: `n` bytes after the header fit the cell, `src` has them.
+    unsafe {
+        if n > first {
+            ptr::copy_nonoverlapping(src.add(first), cell.add(LINE), n - first);
+        }
+        if first > 0 {
+            ptr::copy_nonoverlapping(src, cell.add(CELL_HEAD), first);
+        }
+        write_head(cell, head);
+        publish(cell, head.stamp);
+    }
+}
+
+impl ShmTransport {
+    /// Writes a whole message of one cell to `peer` now, outside any session, if it can
+    /// be done without waiting (MPI's eager path for a non-blocking send that finds
+    /// nothing ahead of it): the transport usable, nothing queued or unacknowledged to
+    /// `peer`, a free cell in the ring, and `bytes` small enough for one cell and not
+    /// for the single copy. `tag` is the message's whole tag, as a session makes it.
+    /// Returns whether it did; when not, nothing changed.
+    pub(crate) fn try_send_now(&mut self, peer: usize, tag: u64, bytes: &[u8]) -> bool {
+        if self.broken.is_some()
+            || !self.reaches(peer)
+            || !self.sendq[peer].is_empty()
+            || !self.rdvq[peer].is_empty()
+            || bytes.len() > self.seg.payload()
+            || ShmSession::rendezvous(self, peer, bytes.len())
+        {
+            return false;
+        }
+        let slots = self.seg.slots() as u64;
+        let me = self.rank;
+        let out = &mut self.out[peer];
+        if out.tail - out.head_cache >= slots {
+            out.head_cache = self.seg.ring(me, peer).head.load(Ordering::Acquire);
+            if out.tail - out.head_cache >= slots {
+                return false;
+            }
+        }
+        let head = CellHead {
+            tag,
+            len: bytes.len() as u64,
+            call: Call::NONE.to_raw(),
+            stamp: stamp(KIND_FIRST, out.tail),
+            chunk: bytes.len() as u32,
+        };
+        let cell = self.seg.cell(me, peer, (out.tail % slots) as usize);
+        // SAFETY: the cell is free (tail - head < slots, the receiver freed it) and
+        // inside the mapping; `bytes` fits its payload (checked above) and is borrowed
+        // for the call.
+        unsafe { fill_cell(cell, &head, bytes.as_ptr(), bytes.len()) };
+        out.tail += 1;
+        self.seg.ring_bell(peer);
+        true
     }
 }
