@@ -443,10 +443,11 @@ pub(crate) fn with_context(e: &Error, context: &str) -> Error {
 ///
 /// A communicator runs one schedule at a time (its transport is not `Sync`). In a
 /// scope its **worker thread** (one per communicator, started by its first scope and
-/// kept) holds the communicator (`&mut`, under a lock) and runs the operations started in the scope
-/// one after the other, in the order they were started (NCCL's stream order). The
-/// thread that opened the scope goes on computing; each start returns a [`Request`] to
-/// wait on or test. So operations progress on their own, whether anyone waits or not.
+/// kept) holds the communicator (`&mut`, under a lock) and runs the operations started
+/// in the scope one after the other, in the order they were started (NCCL's stream
+/// order). The thread that opened the scope goes on computing; each start returns a
+/// [`Request`] to wait on or test. So operations progress on their own, whether anyone
+/// waits or not.
 ///
 /// **Sends and receives.** Two paths make a window of small point-to-point operations
 /// cost less than a hand-over to the worker each (OSU's `bw`):
@@ -467,9 +468,10 @@ pub(crate) fn with_context(e: &Error, context: &str) -> Error {
 ///
 /// **Ordering.** As for blocking calls, every rank must start the operations of a
 /// communicator in the same order (point-to-point: the two ranks of a pair in
-/// matching order). Operations of one scope never overlap each other (but for the sends and receives of a batch, above). Operations of
-/// communicators with transports of their own (separate jobs) progress at the same
-/// time, each scope on its worker (scopes nested). Communicators **split from one
+/// matching order). Operations of one scope never overlap each other (but for the
+/// sends and receives of a batch, above). Operations of communicators with transports
+/// of their own (separate jobs) progress at the same time, each scope on its worker
+/// (scopes nested). Communicators **split from one
 /// another share one transport endpoint** per rank: their operations (in scopes, and
 /// blocking passes made meanwhile) take their turn in the order this rank started
 /// them, whichever worker gets there first — so nested scopes on an EP and a PP
